@@ -1,0 +1,174 @@
+"""The plug-in API: a strategy's settings, its runtime bound to a Communicator, and its analytic traffic.
+
+A strategy is two classes, as Bagua's Algorithm/AlgorithmImpl:
+- `StrategyConfig`: a small picklable dataclass of settings the driver sends to every actor. It knows the
+  strategy's role in training, how many server ranks it needs, and its analytic traffic.
+- `Strategy`: the runtime, made by `config.bind(comm, workers)` on every rank. Worker ranks call
+  `sync(tensor, op)`; server ranks (parameter server only) call `serve(...)`.
+
+Ranks 0..workers-1 are workers; ranks workers..world_size-1 are the strategy's servers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+
+from strategies.communicator import Communicator
+from strategies.ops import OPS, check_op
+
+# What a strategy synchronizes in training.
+GRADIENTS = "gradients"    # allreduce family: average one flat gradient buffer, then a local optimizer step
+PARAMETERS = "parameters"  # decentralized: local step, then average parameters with neighbours
+SERVER = "server"          # parameter server: servers own parameters and optimizer; workers get parameters back
+ROLES = (GRADIENTS, PARAMETERS, SERVER)
+
+
+@dataclass(frozen=True)
+class RankTraffic:
+    """What one rank sends and receives in one collective call (payload bytes and non-empty messages)."""
+
+    role: str  # "worker" or "server"
+    bytes_sent: int
+    bytes_recv: int
+    msgs_sent: int
+    msgs_recv: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A strategy's analytic cost for n workers and one message of numel elements.
+
+    ranks:      per rank (workers first, then servers): exact bytes and messages, uneven chunks included.
+    rounds:     message latencies on the critical path (the alpha term).
+    path_bytes: bytes serialized on the critical path through the busiest NIC (the beta term), for a
+                homogeneous network where a NIC sends and receives at the same time.
+    counted:    False when the bytes move inside the backend (native) and the communicator cannot see them.
+    """
+
+    ranks: tuple[RankTraffic, ...]
+    rounds: int
+    path_bytes: int
+    counted: bool = True
+
+    def workers(self) -> list[RankTraffic]:
+        return [r for r in self.ranks if r.role == "worker"]
+
+    def servers(self) -> list[RankTraffic]:
+        return [r for r in self.ranks if r.role == "server"]
+
+    @property
+    def worker_bytes_sent(self) -> int:
+        return max((r.bytes_sent for r in self.workers()), default=0)
+
+    @property
+    def busiest_bytes(self) -> int:
+        """The most bytes any one NIC carries in one direction: the link that saturates first."""
+        return max((max(r.bytes_sent, r.bytes_recv) for r in self.ranks), default=0)
+
+
+def uniform_traffic(workers: int, sent: int, recv: int, msgs_sent: int, msgs_recv: int, rounds: int,
+                    path_bytes: int) -> Traffic:
+    """Traffic of a symmetric algorithm where every worker does the same."""
+    rank = RankTraffic("worker", sent, recv, msgs_sent, msgs_recv)
+    return Traffic(tuple(rank for _ in range(workers)), rounds, path_bytes)
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Settings of one strategy. Subclasses add dataclass fields for their parameters."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    role: ClassVar[str] = GRADIENTS
+    ops: ClassVar[tuple[str, ...]] = OPS
+    exact: ClassVar[bool] = True  # False: not an exact allreduce (decentralized averaging)
+    runtime: ClassVar[type[Strategy]]
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad parameter value and what is accepted."""
+
+    def num_servers(self, workers: int) -> int:
+        return 0
+
+    def world_size(self, workers: int) -> int:
+        return workers + self.num_servers(workers)
+
+    def traffic(self, workers: int, numel: int, itemsize: int = 4) -> Traffic:
+        raise NotImplementedError(f"strategy {self.name!r} does not state its analytic traffic")
+
+    def bind(self, comm: Communicator, workers: int) -> Strategy:
+        if comm.world_size != self.world_size(workers):
+            raise ValueError(f"strategy {self.name!r} with {workers} workers needs world_size "
+                             f"{self.world_size(workers)}, the communicator has {comm.world_size}")
+        return self.runtime(self, comm, workers)
+
+    @classmethod
+    def parameters(cls) -> dict[str, object]:
+        """Parameter name -> default, for `syncbench strategies` and sweep validation."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+class Strategy:
+    """The runtime of a strategy on one rank."""
+
+    def __init__(self, config: StrategyConfig, comm: Communicator, workers: int):
+        self.config = config
+        self.comm = comm
+        self.workers = workers
+        self.rank = comm.rank
+        self.is_server = comm.rank >= workers
+        self._checked_numel: int | None = None
+
+    def sync(self, tensor: torch.Tensor, op: str = "mean") -> None:
+        """Worker ranks: synchronize `tensor` in place (an allreduce, a neighbour average, a push-pull)."""
+        check_op(op, tensor.dtype, self.config.ops)
+        if self.is_server:
+            raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not sync()")
+        self._check_size(tensor.numel())
+        if tensor.numel() == 0:
+            return
+        flat = tensor.view(-1) if tensor.is_contiguous() else None
+        if flat is None:
+            raise ValueError("sync() needs a contiguous tensor (flatten gradients into one buffer first)")
+        self._sync(flat, op)
+
+    def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
+              update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None) -> None:
+        """Server ranks: take part in one sync() of the workers. Only strategies with servers have them."""
+        raise RuntimeError(f"strategy {self.config.name!r} has no server ranks")
+
+    def _check_size(self, numel: int) -> None:
+        # One control-plane size check on the first call (and whenever this rank's size changes):
+        # ranks that disagree fail with a clear error instead of hanging or mixing wrong chunks.
+        if self._checked_numel != numel:
+            self.comm.check_same_numel(numel)
+            self._checked_numel = numel
+
+    def _sync(self, flat: torch.Tensor, op: str) -> None:
+        raise NotImplementedError
+
+
+def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Split numel elements into `parts` contiguous chunks, balanced to within one element."""
+    base, extra = divmod(numel, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def nonempty(*sizes: int) -> int:
+    """How many of these message sizes are non-empty (empty messages are never sent)."""
+    return sum(1 for s in sizes if s > 0)

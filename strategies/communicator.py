@@ -1,0 +1,209 @@
+"""The point-to-point transport every strategy talks through.
+
+A Communicator moves tensors between ranks (send/recv and their non-blocking forms), counts every payload
+byte per peer, never blocks longer than its timeout, and can emulate a network (see link.py). Transports
+subclass it and supply three raw operations; counting, emulation and timeouts live here, once.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from strategies.link import LinkClock, Network, sleep_until
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class CommError(RuntimeError):
+    """A transport failure that names this rank, the peer and the operation."""
+
+
+class CommTimeout(CommError):
+    """A peer did not answer within the communicator's timeout."""
+
+
+@dataclass
+class PeerCounters:
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+
+
+@dataclass
+class Counters:
+    """A snapshot of one rank's traffic: totals and per peer. Payload bytes only."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+    per_peer: dict[int, PeerCounters] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv,
+                "msgs_sent": self.msgs_sent, "msgs_recv": self.msgs_recv}
+
+
+class Handle:
+    """A pending send or receive; wait() completes it or raises CommError/CommTimeout."""
+
+    def __init__(self, finish):
+        self._finish = finish
+        self._done = False
+
+    def wait(self) -> None:
+        if not self._done:
+            self._done = True
+            self._finish()
+
+
+DONE = Handle(lambda: None)
+
+
+class Communicator(ABC):
+    """rank, world_size, send/recv/isend/irecv, per-peer byte counters, a timeout and link emulation."""
+
+    transport = "abstract"
+
+    def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT_S,
+                 network: Network | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}: expected 0 <= rank < world_size")
+        if not timeout > 0:
+            raise ValueError(f"timeout {timeout!r} must be a positive number of seconds")
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.network = network
+        self._clock = LinkClock(network, rank) if network else None
+        self._peers = [PeerCounters() for _ in range(world_size)]
+
+    # -- the three raw operations a transport supplies -------------------------------------------
+
+    @abstractmethod
+    def _raw_isend(self, tensor: torch.Tensor, dst: int, stamp: tuple[float, float] | None):
+        """Start sending `tensor` (and the emulation stamp, if any); return an object with wait(timeout)."""
+
+    @abstractmethod
+    def _raw_irecv(self, tensor: torch.Tensor, src: int, stamped: bool):
+        """Start receiving into `tensor`; return an object whose wait(timeout) returns the stamp or None."""
+
+    @abstractmethod
+    def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
+        """The backend's own allreduce, in place (bytes it moves are not counted: the backend hides them)."""
+
+    @abstractmethod
+    def allgather_object(self, obj) -> list:
+        """Control plane: every rank's small Python object, uncounted (size checks, rendezvous)."""
+
+    # -- point to point ---------------------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.isend(tensor, dst).wait()
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self.irecv(tensor, src).wait()
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Handle:
+        """Start sending; an empty tensor sends nothing (both sides know the sizes, so both skip it)."""
+        self._check_peer(dst, "send to")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            return DONE
+        tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+        stamp = self._clock.transmit(nbytes) if self._clock else None
+        raw = self._guard(lambda: self._raw_isend(tensor, dst, stamp), "send to", dst)
+        peer = self._peers[dst]
+        peer.bytes_sent += nbytes
+        peer.msgs_sent += 1
+
+        def finish():
+            self._guard(lambda: raw.wait(self.timeout), "send to", dst)
+            if stamp:
+                sleep_until(stamp[1])
+
+        return Handle(finish)
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> Handle:
+        """Start receiving into `tensor` (its shape and dtype are what the sender must send)."""
+        self._check_peer(src, "recv from")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            return DONE
+        if not tensor.is_contiguous():
+            raise CommError(f"rank {self.rank}: recv from rank {src} needs a contiguous buffer")
+        raw = self._guard(lambda: self._raw_irecv(tensor, src, self._clock is not None), "recv from", src)
+
+        def finish():
+            stamp = self._guard(lambda: raw.wait(self.timeout), "recv from", src)
+            peer = self._peers[src]
+            peer.bytes_recv += nbytes
+            peer.msgs_recv += 1
+            if self._clock:
+                sleep_until(self._clock.receive(nbytes, *stamp))
+
+        return Handle(finish)
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not (0 <= peer < self.world_size) or peer == self.rank:
+            raise CommError(f"rank {self.rank}: cannot {what} rank {peer}: expected another rank in "
+                            f"0..{self.world_size - 1}")
+
+    def _guard(self, fn, what: str, peer: int):
+        """Run a raw operation; turn any transport error into one that names rank, peer and operation."""
+        try:
+            return fn()
+        except CommError:
+            raise
+        except TimeoutError as e:
+            raise CommTimeout(f"rank {self.rank}: {what} rank {peer} timed out after {self.timeout:g} s "
+                              f"(peer dead, stalled, or ranks disagree on sizes): {e}") from e
+        except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
+            text = str(e).lower()
+            kind = CommTimeout if ("timed out" in text or "timeout" in text) else CommError
+            raise kind(f"rank {self.rank}: {what} rank {peer} failed: {type(e).__name__}: {e}") from e
+
+    # -- counters ---------------------------------------------------------------------------------
+
+    def counters(self) -> Counters:
+        """A snapshot of the traffic since the last reset."""
+        snap = Counters(per_peer={})
+        for peer, c in enumerate(self._peers):
+            if c.msgs_sent or c.msgs_recv:
+                snap.per_peer[peer] = PeerCounters(c.bytes_sent, c.bytes_recv, c.msgs_sent, c.msgs_recv)
+            snap.bytes_sent += c.bytes_sent
+            snap.bytes_recv += c.bytes_recv
+            snap.msgs_sent += c.msgs_sent
+            snap.msgs_recv += c.msgs_recv
+        return snap
+
+    def reset_counters(self) -> Counters:
+        """Return the snapshot and start counting from zero."""
+        snap = self.counters()
+        self._peers = [PeerCounters() for _ in range(self.world_size)]
+        return snap
+
+    # -- control plane ----------------------------------------------------------------------------
+
+    def check_same_numel(self, numel: int, what: str = "tensor") -> None:
+        """Fail on every rank, before any payload moves, if ranks pass tensors of different sizes."""
+        sizes = self.allgather_object(int(numel))
+        if len(set(sizes)) > 1:
+            detail = ", ".join(f"rank {r}: {s}" for r, s in enumerate(sizes))
+            raise CommError(f"rank {self.rank}: ranks passed {what}s of different sizes ({detail}); "
+                            f"every rank must pass the same number of elements")
+
+    def barrier(self) -> None:
+        self.allgather_object(None)
+
+    def close(self) -> None:
+        """Release transport resources (a no-op for transports that own none)."""
+
+
+def now() -> float:
+    return time.perf_counter()

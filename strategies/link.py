@@ -1,0 +1,152 @@
+"""Link emulation: a NIC per rank with a bandwidth and a latency, parsed from human strings.
+
+A message of m bytes occupies the sender's transmit side for latency + m / bandwidth and the receiver's
+receive side for m / bandwidth, so n senders into one receiver take about n times as long (incast).
+Units: MB = 10^6 bytes, Gbit = 10^9 bits.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+_BANDWIDTH_UNITS = {  # bytes per second for one unit
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+    "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
+}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1e3, "kib": 1024, "m": 1024**2, "mb": 1e6, "mib": 1024**2,
+               "g": 1024**3, "gb": 1e9, "gib": 1024**3}
+
+BANDWIDTH_HELP = "a number with a unit: '1Gbit', '25Gbit', '100Mbit', '125MB/s', '1.5GB/s'"
+LATENCY_HELP = "a number with a unit: '50us', '0.2ms', '1ms', '0s'"
+
+
+def parse_bandwidth(text: str | float | int) -> float:
+    """'1Gbit' -> 125e6 bytes/s. A bare number is taken as bytes per second."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-zA-Z/]+)\s*", str(text))
+        unit = m.group(2).lower() if m else None
+        if unit in ("gbps", "mbps", "kbps"):
+            unit = unit[0] + "bit"
+        if not m or unit not in _BANDWIDTH_UNITS:
+            raise ValueError(f"bad bandwidth {text!r}: expected {BANDWIDTH_HELP}")
+        value = float(m.group(1)) * _BANDWIDTH_UNITS[unit]
+    if not value > 0:
+        raise ValueError(f"bad bandwidth {text!r}: must be greater than zero ({BANDWIDTH_HELP})")
+    return value
+
+
+def parse_latency(text: str | float | int) -> float:
+    """'50us' -> 5e-5 seconds. A bare number is taken as seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-zµ]+)\s*", str(text).lower())
+        if not m or m.group(2) not in _TIME_UNITS:
+            raise ValueError(f"bad latency {text!r}: expected {LATENCY_HELP}")
+        value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
+    if value < 0:
+        raise ValueError(f"bad latency {text!r}: must not be negative ({LATENCY_HELP})")
+    return value
+
+
+def parse_size(text: str | int) -> int:
+    """'4K' -> 4096, '64M' -> 67108864, '16MB' -> 16000000: message sizes for the command line."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"bad size {text!r}: expected bytes like '4K', '64K', '1M', '16M', '16MB', '1024'")
+        value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if value < 0:
+        raise ValueError(f"bad size {text!r}: must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class Link:
+    """One rank's NIC: bandwidth in bytes/s (each direction) and latency in seconds per message."""
+
+    bandwidth: float
+    latency: float = 0.0
+
+    @classmethod
+    def parse(cls, bandwidth: str | float, latency: str | float = 0.0) -> Link:
+        return cls(parse_bandwidth(bandwidth), parse_latency(latency))
+
+    def describe(self) -> str:
+        return f"{self.bandwidth * 8 / 1e9:g} Gbit/s, {self.latency * 1e6:g} us"
+
+
+@dataclass(frozen=True)
+class Network:
+    """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC)."""
+
+    default: Link
+    overrides: tuple[tuple[int, Link], ...] = ()
+
+    def link(self, rank: int) -> Link:
+        for r, link in self.overrides:
+            if r == rank:
+                return link
+        return self.default
+
+    @classmethod
+    def from_spec(cls, spec: dict | None) -> Network | None:
+        """{'bandwidth': '1Gbit', 'latency': '50us', 'ranks': {3: {'bandwidth': '100Mbit'}}} -> Network."""
+        if not spec:
+            return None
+        unknown = set(spec) - {"bandwidth", "latency", "ranks"}
+        if unknown:
+            raise ValueError(f"unknown link key(s) {sorted(unknown)}: accepted are bandwidth, latency, ranks")
+        if "bandwidth" not in spec:
+            raise ValueError(f"link {spec!r} needs a bandwidth ({BANDWIDTH_HELP})")
+        default = Link.parse(spec["bandwidth"], spec.get("latency", 0.0))
+        overrides = []
+        for rank, sub in (spec.get("ranks") or {}).items():
+            overrides.append((int(rank), Link.parse(sub.get("bandwidth", default.bandwidth),
+                                                    sub.get("latency", default.latency))))
+        return cls(default, tuple(overrides))
+
+
+class LinkClock:
+    """This rank's NIC state: when its transmit and receive sides are next free (wall-clock seconds).
+
+    time.time() is used because sender and receiver stamps are compared: exact between processes of one
+    machine, as good as the clock sync (NTP/PTP) between machines.
+    """
+
+    def __init__(self, network: Network, rank: int):
+        self.network = network
+        self.link = network.link(rank)
+        self.tx_free = 0.0
+        self.rx_free = 0.0
+
+    def transmit(self, nbytes: int) -> tuple[float, float]:
+        """Book the transmit side for one message; returns (first byte on the wire, last byte delivered)."""
+        start = max(time.time(), self.tx_free)
+        end = start + self.link.latency + nbytes / self.link.bandwidth
+        self.tx_free = end
+        return start + self.link.latency, end
+
+    def receive(self, nbytes: int, first_byte: float, sender_done: float) -> float:
+        """Book the receive side for a message whose sender stamped it; returns when it is fully received."""
+        start = max(first_byte, self.rx_free)
+        done = max(sender_done, start + nbytes / self.link.bandwidth)
+        self.rx_free = done
+        return done
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep until a wall-clock deadline; the last 200 us spin, since sleep overshoots by ~60 us."""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        if left > 2e-4:
+            time.sleep(left - 1.5e-4)

@@ -1,0 +1,182 @@
+"""Collective building blocks, written once over a Communicator, on any subgroup of ranks.
+
+Every primitive takes `ranks` (the communicator ranks taking part, in group order) and works on a flat,
+contiguous tensor in place. `pos` below is this rank's position in `ranks`. Strategies are composed from
+these: ring = ring_reduce_scatter + ring_allgather; reduce_broadcast = reduce + broadcast; the parameter
+server = scatter to servers + gather from them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.communicator import Communicator
+from strategies.ops import reduce_into
+
+
+class Scratch:
+    """A receive buffer reused across calls, grown when a bigger message comes."""
+
+    def __init__(self):
+        self._buf: torch.Tensor | None = None
+
+    def get(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        buf = self._buf
+        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._buf = torch.empty(max(numel, 1), dtype=like.dtype, device=like.device)
+        return buf[:numel]
+
+
+# -- ring ---------------------------------------------------------------------------------------------
+
+
+def ring_reduce_scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], op: str,
+                        ranks: list[int], scratch: Scratch) -> int:
+    """n-1 rounds; returns the chunk this rank ends up owning, fully reduced: (pos + 1) mod n."""
+    n, pos = len(ranks), ranks.index(comm.rank)
+    right, left = ranks[(pos + 1) % n], ranks[(pos - 1) % n]
+    for rnd in range(n - 1):
+        # round r: send chunk (pos - r) to the right, receive chunk (pos - r - 1) from the left and reduce it
+        s_lo, s_hi = bounds[(pos - rnd) % n]
+        r_lo, r_hi = bounds[(pos - rnd - 1) % n]
+        incoming = scratch.get(r_hi - r_lo, flat)
+        sent = comm.isend(flat[s_lo:s_hi], right)
+        comm.irecv(incoming, left).wait()
+        reduce_into(flat[r_lo:r_hi], incoming, op)
+        sent.wait()
+    return (pos + 1) % n
+
+
+def ring_allgather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]],
+                   ranks: list[int], owned: int | None = None) -> None:
+    """n-1 rounds; starts with this rank owning chunk `owned` (default (pos + 1) mod n), ends with all."""
+    n, pos = len(ranks), ranks.index(comm.rank)
+    right, left = ranks[(pos + 1) % n], ranks[(pos - 1) % n]
+    first = (pos + 1) % n if owned is None else owned
+    for rnd in range(n - 1):
+        # round r: forward the chunk received last round (first: the owned one), receive the left's
+        s_lo, s_hi = bounds[(first - rnd) % n]
+        r_lo, r_hi = bounds[(first - rnd - 1) % n]
+        sent = comm.isend(flat[s_lo:s_hi], right)
+        comm.irecv(flat[r_lo:r_hi], left).wait()
+        sent.wait()
+
+
+# -- binomial trees -----------------------------------------------------------------------------------
+
+
+def tree_reduce(comm: Communicator, flat: torch.Tensor, op: str, ranks: list[int], root: int,
+                scratch: Scratch) -> None:
+    """Binomial-tree reduce to ranks[root]: ceil(log2 n) rounds; at mask m, vrank with bit m sends up."""
+    n, pos = len(ranks), ranks.index(comm.rank)
+    vrank = (pos - root) % n
+    mask = 1
+    while mask < n:
+        if vrank & mask:
+            comm.send(flat, ranks[(vrank - mask + root) % n])
+            return
+        if vrank + mask < n:
+            incoming = scratch.get(flat.numel(), flat)
+            comm.recv(incoming, ranks[(vrank + mask + root) % n])
+            reduce_into(flat, incoming, op)
+        mask <<= 1
+
+
+def tree_broadcast(comm: Communicator, flat: torch.Tensor, ranks: list[int], root: int) -> None:
+    """Binomial-tree broadcast from ranks[root]: the reverse of tree_reduce."""
+    n, pos = len(ranks), ranks.index(comm.rank)
+    vrank = (pos - root) % n
+    mask = 1
+    while mask < n:  # find the round in which this rank receives: its lowest set bit
+        if vrank & mask:
+            comm.recv(flat, ranks[(vrank - mask + root) % n])
+            break
+        mask <<= 1
+    mask >>= 1
+    pending = []
+    while mask > 0:  # then send down to vrank + m for every lower bit m
+        if vrank + mask < n:
+            pending.append(comm.isend(flat, ranks[(vrank + mask + root) % n]))
+        mask >>= 1
+    for h in pending:
+        h.wait()
+
+
+# -- flat (driver) patterns ---------------------------------------------------------------------------
+
+
+def flat_reduce(comm: Communicator, flat: torch.Tensor, op: str, ranks: list[int], root: int,
+                scratch: Scratch) -> None:
+    """Every rank sends its whole array straight to the root, which reduces them in rank order."""
+    if comm.rank != ranks[root]:
+        comm.send(flat, ranks[root])
+        return
+    for peer in ranks:
+        if peer != comm.rank:
+            incoming = scratch.get(flat.numel(), flat)
+            comm.recv(incoming, peer)
+            reduce_into(flat, incoming, op)
+
+
+def flat_broadcast(comm: Communicator, flat: torch.Tensor, ranks: list[int], root: int) -> None:
+    """The root sends its whole array straight to every other rank."""
+    if comm.rank != ranks[root]:
+        comm.recv(flat, ranks[root])
+        return
+    pending = [comm.isend(flat, peer) for peer in ranks if peer != comm.rank]
+    for h in pending:
+        h.wait()
+
+
+def scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int],
+            root: int) -> None:
+    """The root sends chunk i to ranks[i]; each rank receives its chunk in place."""
+    if comm.rank == ranks[root]:
+        pending = [comm.isend(flat[lo:hi], peer) for peer, (lo, hi) in zip(ranks, bounds) if peer != comm.rank]
+        for h in pending:
+            h.wait()
+    else:
+        lo, hi = bounds[ranks.index(comm.rank)]
+        comm.recv(flat[lo:hi], ranks[root])
+
+
+def gather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int],
+           root: int) -> None:
+    """Each rank sends its chunk to the root, which receives them in place."""
+    if comm.rank == ranks[root]:
+        pending = [comm.irecv(flat[lo:hi], peer) for peer, (lo, hi) in zip(ranks, bounds) if peer != comm.rank]
+        for h in pending:
+            h.wait()
+    else:
+        lo, hi = bounds[ranks.index(comm.rank)]
+        comm.send(flat[lo:hi], ranks[root])
+
+
+def allgather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int]) -> None:
+    """Every rank starts with chunk pos and ends with all of them (ring all-gather)."""
+    ring_allgather(comm, flat, bounds, ranks, owned=ranks.index(comm.rank))
+
+
+def reduce_scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], op: str,
+                   ranks: list[int], scratch: Scratch) -> tuple[int, int]:
+    """Ring reduce-scatter; returns the (lo, hi) range this rank owns fully reduced."""
+    return bounds[ring_reduce_scatter(comm, flat, bounds, op, ranks, scratch)]
+
+
+# -- traffic of the primitives (analytic; the strategies' traffic() is built from these) -------------
+
+
+def tree_traffic(n: int, nbytes: int) -> list[tuple[int, int, int, int]]:
+    """Per position (root 0): (bytes_sent, bytes_recv, msgs_sent, msgs_recv) of one binomial tree reduce."""
+    out = []
+    for v in range(n):
+        children = 0
+        mask = 1
+        while mask < n and not v & mask:
+            if v + mask < n:
+                children += 1
+            mask <<= 1
+        has_parent = v != 0
+        m = 1 if nbytes else 0
+        out.append((nbytes * has_parent, nbytes * children, m * has_parent, m * children))
+    return out
