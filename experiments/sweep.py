@@ -1,0 +1,249 @@
+"""Sweep files: TOML -> a validated Sweep -> one RunSpec per grid point.
+
+The whole file is checked before any actor starts; every problem is reported with its key, its value and
+what would be accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import strategies
+from strategies.link import BANDWIDTH_HELP, Network
+from workloads.data import DATASETS
+from workloads.models import MODELS
+
+DEVICES = ("cpu", "cuda")
+TOP_LEVEL = ("name", "description", "defaults", "grid", "strategy_params")
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot run; the message lists every problem found."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs; picklable, sent to every actor."""
+
+    sweep: str = "sweep"
+    workload: str = "resnet18"
+    dataset: str = "synthetic"
+    image_size: int = 32
+    num_classes: int = 10
+    batch_size: int = 32
+    steps: int = 20
+    warmup_steps: int = 3
+    device: str = "cpu"
+    seed: int = 0
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    strategy: str = "ring"
+    workers: int = 1
+    link: dict | None = None
+    straggler: dict | None = None
+    timeout: float = 120.0
+    strategy_params: dict = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        """Stable across invocations: the same configuration always gets the same id (resume relies on it)."""
+        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
+        link = self.link_label.replace(" ", "_").replace("(", "").replace(")", "")
+        return f"{self.strategy}-n{self.workers}-{self.workload}-{link}-{digest}"
+
+    @property
+    def link_label(self) -> str:
+        if not self.link:
+            return "full speed"
+        label = str(self.link["bandwidth"])
+        if self.link.get("latency"):
+            label += f" {self.link['latency']}"
+        if self.link.get("ranks"):
+            label += " (heterogeneous)"
+        return label
+
+    def network(self) -> Network | None:
+        return Network.from_spec(self.link)
+
+    def strategy_config(self):
+        return strategies.make(self.strategy, **self.strategy_params)
+
+    def world_size(self) -> int:
+        return self.strategy_config().world_size(self.workers)
+
+
+RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    description: str
+    runs: tuple[RunSpec, ...]
+    source: str  # the TOML text, saved beside the results
+
+
+def load(path: str | Path) -> Sweep:
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{path}: not valid TOML: {e}") from None
+    return parse(data, source=text, where=str(path))
+
+
+def parse(data: dict, source: str = "", where: str = "sweep") -> Sweep:
+    """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem."""
+    errors: list[str] = []
+    for key in data:
+        if key not in TOP_LEVEL:
+            errors.append(f"unknown top-level key {key!r}: accepted are {', '.join(TOP_LEVEL)}")
+    name = data.get("name", Path(where).stem)
+    if not isinstance(name, str) or not name.strip():
+        errors.append(f"name = {name!r}: expected a non-empty string")
+        name = "sweep"
+    defaults = _table(data, "defaults", errors)
+    grid = _table(data, "grid", errors)
+    params_by_strategy = _table(data, "strategy_params", errors)
+
+    for key, value in defaults.items():
+        _check_key(f"defaults.{key}", key, errors)
+    for key, values in grid.items():
+        _check_key(f"grid.{key}", key, errors)
+        if not isinstance(values, list) or not values:
+            errors.append(f"grid.{key} = {values!r}: expected a non-empty list of values")
+    if errors:
+        raise SweepError(_report(where, errors))
+
+    axes = [(k, v) for k, v in grid.items()]
+    runs, seen = [], set()
+    for combo in itertools.product(*[values for _, values in axes]):
+        point = {**defaults, **dict(zip([k for k, _ in axes], combo))}
+        spec = _make_spec(name, point, params_by_strategy, errors)
+        if spec is not None and spec.run_id not in seen:
+            seen.add(spec.run_id)
+            runs.append(spec)
+    for strategy_name, params in params_by_strategy.items():
+        if strategy_name not in strategies.names():
+            errors.append(f"strategy_params.{strategy_name}: unknown strategy; known are "
+                          f"{', '.join(strategies.names())}")
+        elif not isinstance(params, dict):
+            errors.append(f"strategy_params.{strategy_name} = {params!r}: expected a table of parameters")
+    if errors:
+        raise SweepError(_report(where, sorted(set(errors), key=errors.index)))
+    if not runs:
+        raise SweepError(f"{where}: the grid expands to no runs")
+    return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source)
+
+
+def _table(data: dict, key: str, errors: list[str]) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        errors.append(f"{key} = {value!r}: expected a table ([{key}])")
+        return {}
+    return value
+
+
+def _check_key(where: str, key: str, errors: list[str]) -> None:
+    if key not in RUN_KEYS:
+        errors.append(f"unknown key {where!r}: accepted are {', '.join(sorted(RUN_KEYS))}")
+
+
+def _report(where: str, errors: list[str]) -> str:
+    return f"{where}: {len(errors)} problem(s):\n" + "\n".join(f"  - {e}" for e in errors)
+
+
+_TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "image_size": int,
+          "num_classes": int, "batch_size": int, "steps": int, "warmup_steps": int, "seed": int,
+          "workers": int, "lr": float, "momentum": float, "weight_decay": float, "timeout": float}
+
+
+def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
+    """One grid point -> RunSpec, appending an error per bad value (key, value, what is accepted)."""
+    start = len(errors)
+    for key, typ in _TYPES.items():
+        if key not in point:
+            continue
+        value = point[key]
+        ok = isinstance(value, typ) and not isinstance(value, bool)
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            point[key], ok = float(value), True
+        if not ok:
+            errors.append(f"{key} = {value!r}: expected {'a number' if typ is float else typ.__name__}")
+    if len(errors) > start:
+        return None
+
+    def bad(key, accepted):
+        errors.append(f"{key} = {point[key]!r}: accepted are {accepted}")
+
+    if point.get("workload", "resnet18") not in MODELS:
+        bad("workload", ", ".join(MODELS))
+    if point.get("dataset", "synthetic") not in DATASETS:
+        bad("dataset", ", ".join(DATASETS))
+    if point.get("device", "cpu") not in DEVICES:
+        bad("device", ", ".join(DEVICES))
+    if point.get("strategy", "ring") not in strategies.names():
+        bad("strategy", ", ".join(strategies.names()))
+    for key, low in (("workers", 1), ("batch_size", 1), ("steps", 1), ("image_size", 8), ("num_classes", 2)):
+        if key in point and point[key] < low:
+            errors.append(f"{key} = {point[key]!r}: must be >= {low}")
+    steps, warmup = point.get("steps", 20), point.get("warmup_steps", 3)
+    if not 0 <= warmup < steps:
+        errors.append(f"warmup_steps = {warmup!r}: must be >= 0 and less than steps ({steps}) so some steps are timed")
+    for key in ("lr", "timeout"):
+        if key in point and not point[key] > 0:
+            errors.append(f"{key} = {point[key]!r}: must be > 0")
+    link = point.get("link")
+    if link in ("none", "off", False, "full speed"):
+        link = None
+    elif isinstance(link, str):
+        link = {"bandwidth": link}
+    if link is not None:
+        if not isinstance(link, dict):
+            errors.append(f"link = {link!r}: expected a table like {{ bandwidth = \"1Gbit\", latency = \"50us\" }} "
+                          f"or \"none\"")
+        else:
+            try:
+                Network.from_spec(link)
+            except ValueError as e:
+                errors.append(f"link = {link!r}: {e}" if "bandwidth" in str(e) else f"link: {e} ({BANDWIDTH_HELP})")
+    straggler = point.get("straggler")
+    if straggler is not None:
+        straggler = _check_straggler(straggler, point.get("workers", 1), errors)
+    if len(errors) > start:
+        return None
+    strategy = point.get("strategy", "ring")
+    params = dict(params_by_strategy.get(strategy, {})) if isinstance(params_by_strategy.get(strategy), dict) else {}
+    try:
+        config = strategies.make(strategy, **params)
+    except (ValueError, TypeError) as e:
+        errors.append(f"strategy_params.{strategy}: {e}")
+        return None
+    values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
+    return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
+
+
+def _check_straggler(value, workers: int, errors: list[str]) -> dict | None:
+    if not isinstance(value, dict) or set(value) - {"ranks", "slowdown"} or "ranks" not in value:
+        errors.append(f"straggler = {value!r}: expected {{ ranks = [1], slowdown = 2.0 }}")
+        return None
+    ranks, slowdown = value["ranks"], value.get("slowdown", 2.0)
+    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                                              for r in ranks):
+        errors.append(f"straggler.ranks = {ranks!r}: expected a list of worker ranks (integers >= 0)")
+        return None
+    if not isinstance(slowdown, (int, float)) or isinstance(slowdown, bool) or slowdown < 1:
+        errors.append(f"straggler.slowdown = {slowdown!r}: expected a number >= 1 (2.0 = compute takes twice as long)")
+        return None
+    # ranks beyond this run's worker count do not exist in it: a grid over workers keeps the ones that do
+    return {"ranks": [r for r in ranks if r < workers], "slowdown": float(slowdown)}

@@ -1,0 +1,108 @@
+"""Sweep files: every bad-config kind is rejected with its key, value and what is accepted, before Ray."""
+
+import textwrap
+
+import pytest
+
+from experiments import sweep as sweep_mod
+from experiments.sweep import SweepError
+
+GOOD = """
+name = "quick"
+[defaults]
+workload = "resnet18"
+image_size = 32
+batch_size = 32
+steps = 20
+warmup_steps = 3
+device = "cpu"
+seed = 0
+link = { bandwidth = "1Gbit", latency = "50us" }
+[grid]
+strategy = ["parameter_server", "reduce_broadcast", "all_to_all", "halving_doubling", "ring", "decentralized", "native"]
+workers = [1, 2, 4]
+[strategy_params.parameter_server]
+servers = 1
+[strategy_params.decentralized]
+topology = "ring"
+"""
+
+
+def load_text(tmp_path, text):
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(text))
+    return sweep_mod.load(path)
+
+
+def test_issue_example_expands_to_the_full_grid(tmp_path):
+    sweep = load_text(tmp_path, GOOD)
+    assert len(sweep.runs) == 21
+    assert {r.strategy for r in sweep.runs} >= {"ring", "parameter_server", "native"}
+    ps = [r for r in sweep.runs if r.strategy == "parameter_server"][0]
+    assert ps.strategy_params == {"servers": 1}
+    assert ps.world_size() == ps.workers + 1
+    assert ps.network().default.bandwidth == 125e6
+    # ids are stable (resume relies on them) and unique
+    again = load_text(tmp_path, GOOD)
+    assert [r.run_id for r in sweep.runs] == [r.run_id for r in again.runs]
+    assert len({r.run_id for r in sweep.runs}) == 21
+
+
+def test_shipped_sweeps_parse():
+    from pathlib import Path
+
+    files = sorted(Path("experiments/sweeps").glob("*.toml"))
+    assert {f.stem for f in files} >= {"quick", "bandwidth", "scaling", "convergence", "stragglers"}
+    for f in files:
+        assert sweep_mod.load(f).runs
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (("[defaults]", "[defaults]\nbatchsize = 3"), ["defaults.batchsize", "accepted are"]),
+    (("batch_size = 32", 'batch_size = "32"'), ["batch_size = '32'", "expected int"]),
+    (('"native"]', '"native", "butterfly"]'), ["strategy = 'butterfly'", "accepted are", "ring"]),
+    (('workload = "resnet18"', 'workload = "alexnet"'), ["workload = 'alexnet'", "resnet50", "tiny"]),
+    (("workers = [1, 2, 4]", "workers = [0, 2]"), ["workers = 0", ">= 1"]),
+    (('bandwidth = "1Gbit"', 'bandwidth = "fast"'), ["'fast'", "1Gbit", "125MB/s"]),
+    (('device = "cpu"', 'device = "tpu"'), ["device = 'tpu'", "cpu, cuda"]),
+    (("servers = 1", "servers = 0"), ["servers", "0", ">= 1"]),
+    (('topology = "ring"', 'topology = "star"'), ["star", "torus", "exponential"]),
+    (("[strategy_params.decentralized]", "[strategy_params.decentralised]"), ["decentralised", "unknown strategy"]),
+    (("warmup_steps = 3", "warmup_steps = 20"), ["warmup_steps = 20", "less than steps"]),
+    (('name = "quick"', 'name = "quick"\nworkers = 3'), ["unknown top-level key 'workers'"]),
+])
+def test_bad_configs_are_rejected_with_key_value_and_accepted(tmp_path, edit, expected):
+    old, new = edit
+    assert old in GOOD
+    with pytest.raises(SweepError) as info:
+        load_text(tmp_path, GOOD.replace(old, new, 1))
+    message = str(info.value)
+    for fragment in expected:
+        assert fragment in message, (fragment, message)
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    bad = GOOD.replace('workload = "resnet18"', 'workload = "alexnet"').replace('device = "cpu"', 'device = "tpu"')
+    with pytest.raises(SweepError) as info:
+        load_text(tmp_path, bad)
+    assert "alexnet" in str(info.value) and "tpu" in str(info.value)
+
+
+def test_not_toml_and_missing_file(tmp_path):
+    with pytest.raises(SweepError, match="not valid TOML"):
+        load_text(tmp_path, "name = ")
+    with pytest.raises(SweepError, match="does not exist"):
+        sweep_mod.load(tmp_path / "nope.toml")
+
+
+def test_straggler_and_link_shorthand(tmp_path):
+    text = GOOD.replace('link = { bandwidth = "1Gbit", latency = "50us" }',
+                        'link = "10Gbit"\nstraggler = { ranks = [1], slowdown = 2.0 }')
+    sweep = load_text(tmp_path, text)
+    four = [r for r in sweep.runs if r.workers == 4][0]
+    one = [r for r in sweep.runs if r.workers == 1][0]
+    assert four.straggler == {"ranks": [1], "slowdown": 2.0}
+    assert one.straggler == {"ranks": [], "slowdown": 2.0}
+    assert four.network().default.bandwidth == 10e9 / 8
+    with pytest.raises(SweepError, match="slowdown"):
+        load_text(tmp_path, text.replace("slowdown = 2.0", "slowdown = 0.5"))
