@@ -8,7 +8,6 @@ and the sweep goes on; SIGINT/SIGTERM stop between writes, never inside one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import platform
 import signal
@@ -21,6 +20,7 @@ import pandas as pd
 from experiments.group import GroupError, WorkerGroup
 from experiments.ray_runtime import ensure_ray
 from experiments.store import Store
+from experiments.summary import summarize
 from experiments.sweep import RunSpec, Sweep
 from experiments.train import train
 
@@ -77,7 +77,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
 
 
 def _run_one(group: WorkerGroup, spec: RunSpec) -> tuple[dict, list[dict]]:
-    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     start = time.perf_counter()
     try:
         results = group.run(train, spec, network=spec.network(), timeout=spec.timeout)
@@ -88,70 +88,6 @@ def _run_one(group: WorkerGroup, spec: RunSpec) -> tuple[dict, list[dict]]:
             "transport": group.backend, "gpu": group.gpu_name or "", "cores": group.cores,
             "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
-
-
-def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:
-    """The run's row (config, status, the numbers DESIGN.md defines) and its step rows."""
-    config = spec.strategy_config()
-    servers = config.num_servers(spec.workers)
-    row = {"run_id": spec.run_id, "sweep": spec.sweep, "workload": spec.workload, "dataset": spec.dataset,
-           "image_size": spec.image_size, "batch_size": spec.batch_size, "steps": spec.steps,
-           "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed, "lr": spec.lr,
-           "strategy": spec.strategy, "strategy_params": json.dumps(spec.strategy_params, sort_keys=True),
-           "workers": spec.workers, "servers": servers, "link": spec.link_label,
-           "link_bandwidth": spec.network().default.bandwidth if spec.link else math.nan,
-           "link_latency": spec.network().default.latency if spec.link else 0.0,
-           "straggler": json.dumps(spec.straggler) if spec.straggler else "",
-           "status": "failed" if results is None else "ok", "error": error,
-           "oversubscribed": spec.workers + servers > meta["cores"] or (
-               spec.device == "cuda" and spec.workers > 1 and meta.get("gpus", 1) < spec.workers),
-           **meta}
-    metrics = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
-               "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
-               "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "numel",
-               "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy")
-    row.update({k: math.nan for k in metrics})
-    if results is None:
-        return row, []
-
-    steps = pd.DataFrame([r for result in results for r in result["steps"]])
-    steps.insert(0, "run_id", spec.run_id)
-    workers = steps[(steps["role"] == "worker") & steps["timed"]].copy()
-    servers_df = steps[(steps["role"] == "server") & steps["timed"]]
-    # the group's step time is the slowest worker's compute + communication in that step
-    workers["total_s"] = workers["compute_s"] + workers["comm_s"]
-    slowest = workers.loc[workers.groupby("step")["total_s"].idxmax()]
-    samples = workers.groupby("step")["samples"].sum()
-    step_time = slowest.set_index("step")["total_s"]
-    finals = [r["final"] for r in results[: spec.workers]]
-    numel = int(finals[0]["numel"])
-    traffic = config.traffic(spec.workers, numel, 4)
-    analytic_workers = traffic.workers()
-    row.update({
-        "throughput": float(samples.sum() / step_time.sum()),
-        "step_time_s": float(step_time.mean()),
-        "compute_s": float(slowest["compute_s"].mean()),
-        "comm_s": float(slowest["comm_s"].mean()),
-        "comm_fraction": float(slowest["comm_s"].sum() / step_time.sum()),
-        "bytes_sent_per_worker": float(workers["bytes_sent"].mean()),
-        "bytes_recv_per_worker": float(workers["bytes_recv"].mean()),
-        "bytes_sent_per_server": float(servers_df["bytes_sent"].mean()) if servers else math.nan,
-        "bytes_recv_per_server": float(servers_df["bytes_recv"].mean()) if servers else math.nan,
-        "analytic_bytes_sent_per_worker": (sum(r.bytes_sent for r in analytic_workers) / len(analytic_workers)
-                                           if traffic.counted else math.nan),
-        "analytic_rounds": float(traffic.rounds),
-        "analytic_path_bytes": float(traffic.path_bytes),
-        "numel": numel,
-        "model_bytes": numel * 4,
-        "final_loss": float(sum(f["loss"] for f in finals) / len(finals)),
-        "param_norm": float(sum(f["param_norm"] for f in finals) / len(finals)),
-        "accuracy": (float(sum(f["accuracy"] for f in finals) / len(finals))
-                     if "accuracy" in finals[0] else math.nan),
-    })
-    if not config.exact:
-        row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
-        row["spectral_gap"] = float(config.spectral_gap(spec.workers))
-    return row, steps.to_dict("records")
 
 
 def _gpus_per_actor(world: int) -> float:

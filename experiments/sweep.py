@@ -116,7 +116,7 @@ def parse(data: dict, source: str = "", where: str = "sweep") -> Sweep:
     grid = _table(data, "grid", errors)
     params_by_strategy = _table(data, "strategy_params", errors)
 
-    for key, value in defaults.items():
+    for key in defaults:
         _check_key(f"defaults.{key}", key, errors)
     for key, values in grid.items():
         _check_key(f"grid.{key}", key, errors)
@@ -225,7 +225,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     strategy = point.get("strategy", "ring")
     params = dict(params_by_strategy.get(strategy, {})) if isinstance(params_by_strategy.get(strategy), dict) else {}
     try:
-        config = strategies.make(strategy, **params)
+        strategies.make(strategy, **params)
     except (ValueError, TypeError) as e:
         errors.append(f"strategy_params.{strategy}: {e}")
         return None

@@ -11,6 +11,7 @@ Each rank records one row per step; the runner turns them into the run's numbers
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import torch
@@ -23,14 +24,20 @@ from workloads.flat import FlatModel
 from workloads.models import build_model
 
 
+# Model init draws from torch's global RNG: ranks that are threads of one process (the tests' transport)
+# must not interleave their draws, or equal seeds give different models.
+_INIT_LOCK = threading.Lock()
+
+
 def train(ctx, spec) -> dict:
     """Run `spec` on this rank; returns {"steps": [row, ...], "final": {...}}."""
     torch.manual_seed(spec.seed)
     config = strategies.make(spec.strategy, **spec.strategy_params)
     runtime = config.bind(ctx.comm, spec.workers)
     device = torch.device(ctx.device)
-    model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
-                        seed=spec.seed).to(device)
+    with _INIT_LOCK:
+        model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
+                            seed=spec.seed).to(device)
     flat = FlatModel(model)
     if runtime.is_server:
         return _serve(ctx, spec, runtime, flat)
@@ -94,6 +101,7 @@ def _work(ctx, spec, config, runtime, model, flat, device) -> dict:
         if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
             row["consensus_distance"] = _consensus(comm, flat.params)
         rows.append(row)
+    ctx.state["flat"] = flat  # the last run's model, kept on the actor (tests compare parameters)
     final = {"loss": loss_value, "param_norm": float(flat.params.norm()), "numel": flat.numel,
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan}
     if hasattr(data, "eval_batches"):

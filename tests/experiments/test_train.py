@@ -1,0 +1,77 @@
+"""Training under every strategy, on thread ranks (fast): the synchronous strategies are equivalent."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import strategies
+from experiments.summary import summarize
+from experiments.sweep import RunSpec
+from experiments.train import train
+from strategies.threads import run_threads
+
+SYNCHRONOUS = ["ring", "halving_doubling", "reduce_broadcast", "all_to_all", "naive_ring", "native",
+               "parameter_server"]
+
+
+def train_on_threads(spec: RunSpec):
+    def body(comm):
+        ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device="cpu", state={})
+        result = train(ctx, spec)
+        result["params"] = ctx.state["flat"].params.clone() if comm.rank < spec.workers else None
+        return result
+
+    return run_threads(spec.world_size(), body, timeout=60)
+
+
+def spec_for(strategy, workers=3, steps=5, **kw):
+    params = {"servers": 1} if strategy == "parameter_server" else {}
+    return RunSpec(workload="tiny", image_size=16, batch_size=8, steps=steps, warmup_steps=1, strategy=strategy,
+                   workers=workers, strategy_params=params, **kw)
+
+
+def final_norms(results, workers):
+    return [r["final"]["param_norm"] for r in results[:workers]]
+
+
+def test_synchronous_strategies_end_with_the_same_parameters():
+    torch.set_num_threads(1)
+    params = {}
+    for name in SYNCHRONOUS:
+        results = train_on_threads(spec_for(name))
+        for r in results[1:3]:  # every worker holds the same parameters
+            assert torch.allclose(r["params"], results[0]["params"], atol=1e-5, rtol=0), name
+        params[name] = results[0]["params"]
+    reference = params["native"]
+    for name, p in params.items():
+        diff = float((p - reference).abs().max())
+        assert diff <= 1e-5, (name, diff)
+    # and training moved the parameters: a run of 1 step ends elsewhere
+    one_step = train_on_threads(spec_for("ring", steps=1))[0]["params"]
+    assert float((one_step - reference).abs().max()) > 1e-3
+
+
+def test_decentralized_records_consensus_and_workers_differ():
+    results = train_on_threads(spec_for("decentralized", workers=4))
+    distances = [row["consensus_distance"] for row in results[0]["steps"]]
+    assert all(d >= 0 and math.isfinite(d) for d in distances)
+    norms = final_norms(results, 4)
+    assert max(norms) - min(norms) > 0  # neighbour averaging is not an exact allreduce
+
+
+def test_summary_row_is_complete_and_plausible():
+    spec = spec_for("parameter_server", workers=2, steps=4)
+    results = train_on_threads(spec)
+    row, steps = summarize(spec, results, "", {"started_at": "t", "duration_s": 1.0, "transport": "threads",
+                                               "gpu": "", "cores": 2, "host": "h"})
+    assert row["status"] == "ok" and row["servers"] == 1
+    assert row["throughput"] > 0 and row["step_time_s"] >= row["comm_s"] > 0
+    assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"]
+    config = strategies.make("parameter_server", servers=1)
+    traffic = config.traffic(2, row["numel"], 4)
+    assert row["bytes_sent_per_server"] == traffic.servers()[0].bytes_sent
+    assert len(steps) == 4 * 3 and {s["role"] for s in steps} == {"worker", "server"}
+    assert row["oversubscribed"] is True  # 2 workers + 1 server on 2 cores
+    assert np.isfinite(row["final_loss"]) and row["param_norm"] > 0
