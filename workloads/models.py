@@ -1,0 +1,71 @@
+"""The models a run trains: torchvision ResNet/VGG (random init, no downloads) and a tiny CNN for fast tests.
+
+Every model ends in an adaptive average pool, so one model serves CIFAR-sized (32) and ImageNet-sized (224)
+inputs; only inputs too small for the model's downsampling are rejected.
+"""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+from torch import nn
+
+MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
+
+# Smallest input side each model accepts: ResNet and VGG halve the image five times (32 -> 1x1 at the last
+# stage; a VGG max pool on 1x1 fails), tiny halves it twice before a 2x2 adaptive pool.
+MIN_IMAGE_SIZE = {"resnet18": 32, "resnet50": 32, "vgg11": 32, "vgg16": 32, "tiny": 8}
+
+
+class TinyCNN(nn.Module):
+    """Two conv layers and a linear head (about 22k parameters): a real CNN that trains in milliseconds."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(64 * 2 * 2, num_classes)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = self.pool(x).flatten(1)
+        return self.fc(x)
+
+
+def check_model_args(name, num_classes, image_size):
+    """Reject an unknown model, a class count below 1 or an input too small for the model, by value."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: accepted are {', '.join(MODELS)}")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
+    min_size = MIN_IMAGE_SIZE[name]
+    if not isinstance(image_size, int) or image_size < min_size:
+        raise ValueError(f"image_size {image_size!r} is too small for {name}: it needs an integer "
+                         f">= {min_size} (it downsamples its input below 1x1 otherwise)")
+
+
+def _construct(name, num_classes):
+    if name == "tiny":
+        return TinyCNN(num_classes)
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+
+def build_model(name, num_classes=10, image_size=32, seed=0) -> nn.Module:
+    """Build `name` with random weights drawn from `seed`: the same seed gives the same model on every rank.
+
+    The global torch RNG is left as it was, so building a model does not shift the data or dropout streams.
+    """
+    check_model_args(name, num_classes, image_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _construct(name, num_classes)
+
+
+def param_count(name, num_classes=10, image_size=32) -> int:
+    """Number of trainable parameters, counted on the meta device: no memory and no init (vgg16 is 138M)."""
+    check_model_args(name, num_classes, image_size)
+    with torch.device("meta"):
+        model = _construct(name, num_classes)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
