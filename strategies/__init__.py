@@ -4,10 +4,23 @@ Built-in strategies register here, one line each; plug-ins register through the 
 `syncbench.strategies` (see registry.py).
 """
 
+from strategies.all_to_all import AllToAllConfig
+from strategies.decentralized import DecentralizedConfig
+from strategies.halving_doubling import HalvingDoublingConfig
+from strategies.naive_ring import NaiveRingConfig
+from strategies.native import NativeConfig
+from strategies.parameter_server import ParameterServerConfig
+from strategies.reduce_broadcast import ReduceBroadcastConfig
 from strategies.registry import get, make, names, register
-
 from strategies.ring import RingConfig
 
+register(ParameterServerConfig)
+register(ReduceBroadcastConfig)
+register(AllToAllConfig)
+register(HalvingDoublingConfig)
 register(RingConfig)
+register(NaiveRingConfig)
+register(DecentralizedConfig)
+register(NativeConfig)
 
 __all__ = ["get", "make", "names", "register"]

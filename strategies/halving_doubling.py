@@ -1,0 +1,103 @@
+"""Rabenseifner allreduce: recursive-halving reduce-scatter, then recursive-doubling all-gather.
+
+log2(p) rounds each, p = 2^floor(log2 n): few rounds, so it wins on small messages. The n - p extra ranks
+fold their array into a partner first and get the result back at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic
+from strategies.ops import finish_reduction, reduce_into
+from strategies.primitives import Scratch
+
+
+@dataclass(frozen=True)
+class Step:
+    """One exchange with one peer: send a range of the array, receive a range, reduce it in or copy it."""
+
+    round: int
+    peer: int
+    send: tuple[int, int]
+    recv: tuple[int, int]
+    reduce: bool
+
+
+def schedule(workers: int, numel: int, pos: int) -> tuple[list[Step], tuple[int, int] | None]:
+    """Position `pos`'s steps in wire order and the range it owns fully reduced (None: an extra rank).
+
+    The one source of truth for who sends what: the runtime runs these steps, traffic() counts them.
+    """
+    p = 1 << (workers.bit_length() - 1)
+    levels = p.bit_length() - 1
+    whole, nothing = (0, numel), (0, 0)
+    unfold_round = 2 * levels + 1
+    if pos >= p:  # an extra rank: fold into pos - p at round 0, get the result back in the last round
+        return [Step(0, pos - p, whole, nothing, True), Step(unfold_round, pos - p, nothing, whole, False)], None
+    folded = pos + p < workers
+    steps = [Step(0, pos + p, nothing, whole, True)] if folded else []
+    # Round k (1..L) of the reduce-scatter pairs pos with pos ^ (p >> k); both hold the same segment
+    # [lo, hi), split at lo + (hi - lo) // 2: the lower partner keeps the first half and sends the second,
+    # the upper the reverse. The all-gather replays these exchanges backwards with the ranges swapped.
+    lo, hi = whole
+    halves = []
+    for k in range(1, levels + 1):
+        mask = p >> k
+        mid = lo + (hi - lo) // 2
+        keep, give = ((mid, hi), (lo, mid)) if pos & mask else ((lo, mid), (mid, hi))
+        steps.append(Step(k, pos ^ mask, give, keep, True))
+        halves.append((pos ^ mask, keep, give))
+        lo, hi = keep
+    for k, (peer, keep, give) in zip(range(levels + 1, 2 * levels + 1), reversed(halves)):
+        steps.append(Step(k, peer, keep, give, False))
+    if folded:
+        steps.append(Step(unfold_round, pos + p, whole, nothing, False))
+    return steps, (lo, hi)
+
+
+class HalvingDoubling(Strategy):
+    def __init__(self, config, comm, workers):
+        super().__init__(config, comm, workers)
+        self.scratch = Scratch()
+
+    def _sync(self, flat, op):
+        steps, owned = schedule(self.workers, flat.numel(), self.rank)
+        for step in (s for s in steps if s.reduce):  # fold, then reduce-scatter
+            self._exchange(flat, step, op)
+        if owned is not None:
+            finish_reduction(flat[owned[0]:owned[1]], op, self.workers)  # mean: divide once, by the owner
+        for step in (s for s in steps if not s.reduce):  # all-gather, then unfold
+            self._exchange(flat, step, op)
+
+    def _exchange(self, flat, step, op):
+        (s_lo, s_hi), (r_lo, r_hi) = step.send, step.recv
+        sent = self.comm.isend(flat[s_lo:s_hi], step.peer)
+        if step.reduce:
+            incoming = self.scratch.get(r_hi - r_lo, flat)
+            self.comm.irecv(incoming, step.peer).wait()
+            reduce_into(flat[r_lo:r_hi], incoming, op)
+        else:
+            self.comm.irecv(flat[r_lo:r_hi], step.peer).wait()
+        sent.wait()
+
+
+@dataclass(frozen=True)
+class HalvingDoublingConfig(StrategyConfig):
+    name = "halving_doubling"
+    summary = "Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather, 2 log2 n rounds"
+    runtime = HalvingDoubling
+
+    def traffic(self, workers, numel, itemsize=4):
+        ranks, busiest = [], {}
+        for pos in range(workers):
+            steps, _ = schedule(workers, numel, pos)
+            sent = [(hi - lo) * itemsize for lo, hi in (s.send for s in steps)]
+            recv = [(hi - lo) * itemsize for lo, hi in (s.recv for s in steps)]
+            ranks.append(RankTraffic("worker", sum(sent), sum(recv), sum(1 for b in sent if b),
+                                     sum(1 for b in recv if b)))
+            for step, s, r in zip(steps, sent, recv):
+                busiest[step.round] = max(busiest.get(step.round, 0), s, r)
+        # Rounds run one after another (each waits for its partner's data), every pair in parallel: the
+        # critical path is one latency and the largest message of each round.
+        return Traffic(tuple(ranks), rounds=len(busiest), path_bytes=sum(busiest.values()))
