@@ -12,8 +12,9 @@ Ranks 0..workers-1 are workers; ranks workers..world_size-1 are the strategy's s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 

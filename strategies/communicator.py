@@ -201,7 +201,7 @@ class Communicator(ABC):
     def barrier(self) -> None:
         self.allgather_object(None)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release transport resources (a no-op for transports that own none)."""
 
 

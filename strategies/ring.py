@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.base import Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty, RankTraffic
-from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
+from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
 from strategies.ops import finish_reduction
+from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
 
 
 class Ring(Strategy):

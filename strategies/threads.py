@@ -15,7 +15,7 @@ import torch
 
 from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.link import Network
-from strategies.ops import reduce_into, finish_reduction
+from strategies.ops import finish_reduction, reduce_into
 
 _POLL_S = 0.05
 
