@@ -1,5 +1,6 @@
+# syncbench: `make demo` runs the main job, `make test` runs the checks. Both install on first use.
 PY := .venv/bin/python
-VENV_STAMP := .venv/.installed
+VENV_STAMP := .venv/.installed-stamp
 
 .PHONY: install demo test bench lint clean
 
@@ -12,14 +13,20 @@ $(VENV_STAMP): pyproject.toml
 install: $(VENV_STAMP)
 
 demo: $(VENV_STAMP)
-	.venv/bin/syncbench run experiments/sweeps/quick.toml
+	.venv/bin/syncbench run experiments/sweeps/quick.toml --overwrite
 
 test: $(VENV_STAMP)
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -q
+	$(PY) -m pytest -q
 
 bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --transport
+	.venv/bin/syncbench bench --workers 4 --sizes 4K,64K,1M,16M,64M
+	.venv/bin/syncbench bench --workers 8 --sizes 4K,16K,64K --strategies ring,halving_doubling,native
+	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check .
+
+clean:
+	rm -rf .venv results .pytest_cache .ruff_cache
