@@ -1,0 +1,188 @@
+"""The torch.distributed transport: gloo for host tensors, NCCL when every rank owns its own GPU.
+
+Every message is a small float64 header (payload bytes, dtype, emulation stamp) followed by the payload on
+the same pair, both posted at once. The header lets the receiver refuse a payload of the wrong size or
+dtype: gloo itself silently truncates a shorter payload. Over gloo, CUDA tensors (ranks sharing one GPU)
+are staged through host memory. Two caveats of gloo on the wire, measured:
+a send completes only once the peer has posted the matching receive (post irecv before waiting on a
+send), and a longer payload than the receive buffer aborts the receiving process in gloo's own thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import pickle
+import time
+
+import torch
+import torch.distributed as dist
+
+from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, CommTimeout, Communicator
+from strategies.link import Network
+from strategies.ops import check_op
+
+# dtype codes carried in the header; a dtype not listed travels as -1 and only its byte count is checked
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_HEADER = 4  # float64: payload bytes, dtype code, first byte on the wire, sender done (NaN: no emulation)
+_POLL_S = 50e-6
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else -1
+
+
+def _dtype_name(code: int) -> str:
+    return str(_DTYPES[code]).removeprefix("torch.") if 0 <= code < len(_DTYPES) else "unlisted dtype"
+
+
+def _wait_work(work, deadline: float, cuda: bool) -> None:
+    """Wait for one torch.distributed request until a monotonic deadline; TimeoutError if it passes."""
+    left = deadline - time.monotonic()
+    if left <= 0 and not work.is_completed():
+        raise TimeoutError("deadline passed before the operation completed")
+    if not cuda:
+        work.wait(timeout=dt.timedelta(seconds=max(left, 1e-3)))  # gloo raises on timeout
+        return
+    # NCCL: poll the CUDA event, so that a peer that never answers cannot block this thread
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise TimeoutError("NCCL operation did not complete")
+        time.sleep(_POLL_S)
+    work.wait()
+
+
+class _Sent:
+    """A posted header + payload send."""
+
+    def __init__(self, works, keep, cuda):
+        self.works, self.keep, self.cuda = works, keep, cuda
+
+    def wait(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        for work in self.works:
+            _wait_work(work, deadline, self.cuda)
+
+
+class _Posted:
+    """A posted header + payload receive; wait() checks the header against the buffer, returns the stamp."""
+
+    def __init__(self, header, header_work, payload_work, tensor, cuda, target=None):
+        self.header, self.header_work, self.payload_work = header, header_work, payload_work
+        self.tensor, self.cuda, self.target = tensor, cuda, target
+
+    def wait(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        _wait_work(self.header_work, deadline, self.cuda)
+        nbytes, code, first_byte, sender_done = self.header.tolist()
+        want_bytes = self.tensor.numel() * self.tensor.element_size()
+        want_code = _dtype_code(self.tensor.dtype)
+        if int(nbytes) != want_bytes or int(code) != want_code:
+            raise CommError(f"sender sent {int(nbytes)} bytes of {_dtype_name(int(code))}, this rank expected "
+                            f"{want_bytes} bytes of {_dtype_name(want_code)} ({self.tensor.numel()} elements): "
+                            f"ranks disagree on the tensor's size or dtype")
+        _wait_work(self.payload_work, deadline, self.cuda)
+        if self.target is not None:  # a CUDA buffer received through a host staging buffer (gloo)
+            self.target.copy_(self.tensor)
+        return None if math.isnan(first_byte) else (first_byte, sender_done)
+
+
+class TorchCommunicator(Communicator):
+    """Point to point over an initialized torch.distributed process group (default: the world group).
+
+    `control_group` carries allgather_object: pass a gloo group when `group` is NCCL (default: `group`).
+    """
+
+    def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT_S,
+                 network: Network | None = None, group=None, control_group=None):
+        super().__init__(rank, world_size, timeout, network)
+        if not dist.is_initialized():
+            raise CommError(f"rank {rank}: torch.distributed is not initialized: call init_process_group "
+                            f"(or use experiments.group.WorkerGroup) before TorchCommunicator")
+        self.group = group
+        self.backend = str(dist.get_backend(group))
+        self.cuda = self.backend == "nccl"
+        self.transport = f"torch-{self.backend}"
+        self.control_group = control_group if control_group is not None else group
+        if self.cuda and str(dist.get_backend(self.control_group)) != "gloo":
+            raise CommError(f"rank {rank}: an NCCL communicator needs a gloo control_group for "
+                            f"allgather_object, got backend {dist.get_backend(self.control_group)!r}")
+        if dist.get_world_size(group) != world_size or dist.get_rank(group) != rank:
+            raise CommError(f"rank {rank}: the process group has rank {dist.get_rank(group)} of "
+                            f"{dist.get_world_size(group)}, expected rank {rank} of {world_size}")
+        self._header_device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
+
+    def _check_device(self, tensor: torch.Tensor) -> None:
+        if self.cuda and not tensor.is_cuda:
+            raise CommError(f"rank {self.rank}: the nccl transport needs CUDA tensors, got one on "
+                            f"{tensor.device}: move it to the rank's GPU first")
+
+    def _raw_isend(self, tensor, dst, stamp):
+        self._check_device(tensor)
+        if tensor.is_cuda and not self.cuda:
+            tensor = tensor.cpu()
+        first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
+        header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype),
+                               first_byte, sender_done], dtype=torch.float64, device=self._header_device)
+        peer = self._group_rank(dst)
+        works = [dist.isend(header, peer, group=self.group), dist.isend(tensor, peer, group=self.group)]
+        return _Sent(works, (header, tensor), self.cuda)
+
+    def _raw_irecv(self, tensor, src, stamped):
+        self._check_device(tensor)
+        target = tensor if tensor.is_cuda and not self.cuda else None
+        if target is not None:
+            tensor = torch.empty(tensor.shape, dtype=tensor.dtype)
+        header = torch.empty(_HEADER, dtype=torch.float64, device=self._header_device)
+        peer = self._group_rank(src)
+        header_work = dist.irecv(header, peer, group=self.group)
+        payload_work = dist.irecv(tensor, peer, group=self.group)
+        return _Posted(header, header_work, payload_work, tensor, self.cuda, target)
+
+    def _group_rank(self, rank: int) -> int:
+        """isend/irecv take global ranks; translate when running on a subgroup."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
+        """dist.all_reduce in place; gloo has no AVG, so a mean is a SUM divided by world_size."""
+        check_op(op, tensor.dtype)
+        self._check_device(tensor)
+        reduce_op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+                     "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}[op]
+        staged = tensor.cpu() if tensor.is_cuda and not self.cuda else tensor
+        work = dist.all_reduce(staged, reduce_op, group=self.group, async_op=True)
+        self._control(lambda deadline: _wait_work(work, deadline, self.cuda), "all_reduce")
+        if op == "mean":
+            staged.div_(self.world_size)
+        if staged is not tensor:
+            tensor.copy_(staged)
+
+    def allgather_object(self, obj) -> list:
+        """Every rank's picklable object in rank order, over the (gloo) control group, with the timeout."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+        def exchange(deadline):
+            size = torch.tensor([data.numel()], dtype=torch.int64)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+            _wait_work(dist.all_gather(sizes, size, group=self.control_group, async_op=True), deadline, False)
+            longest = max(int(s) for s in sizes)
+            padded = torch.zeros(longest, dtype=torch.uint8)
+            padded[:data.numel()] = data
+            gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+            _wait_work(dist.all_gather(gathered, padded, group=self.control_group, async_op=True), deadline, False)
+            return [pickle.loads(g[:int(s)].numpy().tobytes()) for g, s in zip(gathered, sizes)]
+
+        return self._control(exchange, "allgather_object")
+
+    def _control(self, fn, what: str):
+        """Run a collective with this communicator's timeout; errors name this rank and the operation."""
+        try:
+            return fn(time.monotonic() + self.timeout)
+        except TimeoutError as e:
+            raise CommTimeout(f"rank {self.rank}: {what} timed out after {self.timeout:g} s "
+                              f"(a peer dead, stalled, or not calling {what}): {e}") from e
+        except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
+            text = str(e).lower()
+            kind = CommTimeout if ("timed out" in text or "timeout" in text) else CommError
+            raise kind(f"rank {self.rank}: {what} failed: {type(e).__name__}: {e}") from e
