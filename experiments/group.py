@@ -1,0 +1,270 @@
+"""A group of Ray worker actors joined by torch.distributed: start, run a function on every rank, tear down.
+
+    with WorkerGroup(4) as group:
+        results = group.run(fn, arg)   # fn(ctx, arg) on every rank at once, results in rank order
+
+The actors live in one placement group (PACK). Rank 0's actor opens the rendezvous store on a free port of
+its node; gloo binds to `lo` when every actor is on one node (this machine's hostname may resolve to
+127.0.0.1), else to the interface that holds each actor's node IP.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from strategies.communicator import DEFAULT_TIMEOUT_S
+from strategies.link import Network
+
+STARTUP_TIMEOUT_S = 120.0
+# after the first rank fails, how long the others get to report their own errors before run() raises
+GRACE_S = 2.0
+
+
+class GroupError(RuntimeError):
+    """One or more ranks failed (raised, or their actor died); names the ranks and the cause."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@dataclass
+class RankContext:
+    """What a function run on the group sees on its rank."""
+
+    rank: int
+    world_size: int
+    comm: object  # a TorchCommunicator, fresh for each run() call
+    device: str  # "cpu" or "cuda"
+    state: dict = field(default_factory=dict)  # persists on the actor across run() calls
+
+
+def cpu_model() -> str:
+    """The CPU's model name, e.g. 'AMD EPYC 7B13' (platform.processor() is empty on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _interface_of(ip: str) -> str | None:
+    """The network interface that holds `ip` (gloo binds on it), or None."""
+    import psutil  # vendored by Ray
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return None
+
+
+@ray.remote
+class GroupWorker:
+    """One rank: a torch.distributed member that runs functions sent to it."""
+
+    def __init__(self, rank: int, world_size: int, sys_path: list[str]):
+        for path in reversed(sys_path):  # so functions pickled by reference (tests, scripts) import here
+            if path not in sys.path and os.path.isdir(path):
+                sys.path.insert(0, path)
+        torch.set_num_threads(1)
+        self.rank, self.world_size = rank, world_size
+        self.state: dict = {}
+        self.store = None
+        self.control_group = None
+        self.backend = "gloo"
+
+    def address(self) -> tuple[str, str]:
+        """This actor's node IP and the interface that holds it."""
+        ip = ray.util.get_node_ip_address()
+        return ip, _interface_of(ip)
+
+    def open_store(self, host: str, timeout: float) -> int:
+        """Rank 0: start the rendezvous store on a free port (the OS picks it, no race); return the port."""
+        self.store = torch.distributed.TCPStore(host, 0, self.world_size, is_master=True,
+                                                timeout=dt.timedelta(seconds=timeout), wait_for_workers=False)
+        return self.store.port
+
+    def join(self, host: str, port: int, ifname: str, backend: str, timeout: float) -> dict:
+        """Join the process group (and, for NCCL, a gloo control group); return facts about this rank."""
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        store = self.store or torch.distributed.TCPStore(host, port, self.world_size, is_master=False,
+                                                         timeout=dt.timedelta(seconds=timeout))
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray made this actor's own GPU the only visible one
+        torch.distributed.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
+                                             timeout=dt.timedelta(seconds=timeout))
+        if backend == "nccl":
+            self.control_group = torch.distributed.new_group(backend="gloo")
+        self.backend = backend
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and ray.get_gpu_ids() else None
+        return {"host": socket.gethostname(), "cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu,
+                "pid": os.getpid()}
+
+    def run(self, fn, args: tuple, network: Network | None, timeout: float):
+        from strategies.torch_dist import TorchCommunicator
+
+        comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
+        device = "cuda" if ray.get_gpu_ids() else "cpu"
+        ctx = RankContext(self.rank, self.world_size, comm, device, self.state)
+        try:
+            return fn(ctx, *args)
+        finally:
+            comm.close()
+
+    def leave(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class WorkerGroup:
+    """n worker actors in a placement group, joined by torch.distributed; see the module docstring."""
+
+    def __init__(self, world_size: int, num_cpus: float = 1, num_gpus: float = 0,
+                 timeout: float = DEFAULT_TIMEOUT_S, startup_timeout: float = STARTUP_TIMEOUT_S):
+        if world_size < 1:
+            raise ValueError(f"world_size {world_size!r} must be at least 1")
+        if num_cpus < 0 or num_gpus < 0 or (num_gpus > 1 and num_gpus != int(num_gpus)):
+            raise ValueError(f"num_cpus {num_cpus!r} / num_gpus {num_gpus!r}: expected num_cpus >= 0 and "
+                             f"num_gpus 0, a fraction of one GPU, or a whole number of GPUs")
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialized: call experiments.ray_runtime.ensure_ray() first")
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.uses_gpu = num_gpus > 0
+        # NCCL needs a whole GPU per rank; ranks sharing a GPU talk gloo through host memory
+        self.backend = "nccl" if num_gpus >= 1 else "gloo"
+        self.broken = False
+        self.actors: list = []
+        self.pg = None
+        self.info: list[dict] = []
+        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        try:
+            self._start(bundle, startup_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, bundle: dict, startup_timeout: float) -> None:
+        self.pg = placement_group([dict(bundle)] * self.world_size, strategy="PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=startup_timeout)
+        if not ready:
+            raise RuntimeError(f"placement group of {self.world_size} x {bundle} not placed within "
+                               f"{startup_timeout:g} s; the cluster has {ray.available_resources()} available")
+        env = {"env_vars": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}}
+        self.actors = [
+            GroupWorker.options(
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=env,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
+            ).remote(rank, self.world_size, list(sys.path))
+            for rank in range(self.world_size)]
+        addresses = self._get([a.address.remote() for a in self.actors], startup_timeout, "start")
+        one_node = len({ip for ip, _ in addresses}) == 1
+        host = "127.0.0.1" if one_node else addresses[0][0]
+        ifnames = ["lo" if one_node else ifname for _, ifname in addresses]
+        if None in ifnames:
+            rank = ifnames.index(None)
+            raise RuntimeError(f"rank {rank}: no network interface holds its node IP {addresses[rank][0]}, "
+                               f"so gloo cannot tell where to bind")
+        port = self._get([self.actors[0].open_store.remote(host, self.timeout)], startup_timeout, "start")[0]
+        self.port = port
+        self.info = self._get([a.join.remote(host, port, ifname, self.backend, self.timeout)
+                               for a, ifname in zip(self.actors, ifnames)], startup_timeout, "rendezvous")
+
+    @property
+    def host(self) -> str:
+        return self.info[0]["host"] if self.info else ""
+
+    @property
+    def cores(self) -> int:
+        return self.info[0]["cores"] if self.info else 0
+
+    @property
+    def cpu(self) -> str:
+        return self.info[0]["cpu"] if self.info else ""
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.info[0]["gpu"] if self.info else None
+
+    def run(self, fn, *args, network: Network | None = None, timeout: float | None = None) -> list:
+        """fn(ctx, *args) on every rank at once; results in rank order. `timeout`: overall deadline (s)."""
+        if self.broken:
+            raise GroupError("the worker group is broken by an earlier failure: shut it down and start a new one",
+                             [])
+        refs = [a.run.remote(fn, args, network, self.timeout) for a in self.actors]
+        return self._get(refs, timeout, f"run({getattr(fn, '__name__', fn)})")
+
+    def _get(self, refs: list, timeout: float | None, what: str) -> list:
+        """Results of one call per rank, in rank order; GroupError naming the first failed rank(s)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        pending = dict(zip(refs, range(len(refs))))
+        while pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if errors:  # a rank failed: the others get a short grace to report, not their full timeout
+                left = GRACE_S if left is None else min(left, GRACE_S)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            if not done:
+                break
+            for ref in done:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except RayActorError as e:
+                    errors[rank] = f"its actor died: {_first_line(e)}"
+                except RayTaskError as e:
+                    cause = e.cause if e.cause is not None else e
+                    errors[rank] = f"{type(cause).__name__}: {cause}"
+        if errors or pending:
+            self.broken = True
+            first = next(iter(errors), None)  # the earliest failure: usually the cause of the others
+            lines = [f"rank {r} failed: {msg}" for r, msg in errors.items()]
+            if pending:
+                lines.append(f"rank(s) {sorted(pending.values())} still running "
+                             + (f"{GRACE_S:g} s after rank {first} failed" if errors
+                                else f"after the {timeout:g} s deadline"))
+            head = f"{what} failed on rank {first}" if errors else f"{what} timed out"
+            raise GroupError(head + ":\n  " + "\n  ".join(lines), sorted(errors) or sorted(pending.values()))
+        return [results[r] for r in range(len(refs))]
+
+    def shutdown(self) -> None:
+        """Leave the process groups, kill the actors, remove the placement group; safe to call twice."""
+        if self.actors and not self.broken:
+            try:
+                ray.get([a.leave.remote() for a in self.actors], timeout=10)
+            except Exception:  # noqa: BLE001 - the actors are killed below either way
+                pass
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+        self.broken = True
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
