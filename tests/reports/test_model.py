@@ -1,0 +1,115 @@
+"""The cost model: the worked case of issue 5, the formulas, the calibration and the `syncbench model` table."""
+
+import math
+
+import numpy as np
+import pytest
+
+import strategies
+from reports.model import (
+    EXTRAPOLATION_LINKS,
+    EXTRAPOLATION_WORKERS,
+    MB,
+    bandwidth_needed,
+    calibrate,
+    comm_time,
+    extrapolate,
+    format_model_table,
+    model_numel,
+    model_table,
+    parallel_efficiency,
+)
+
+# VGG-16, ring, n = 4, 125 MB/s, Ts = 0.55 s -> P = 0.0765, Tp = 7.19 s, S(P=0.9) = 13,582 MB/s.
+WORKED = dict(workers=4, bandwidth=125e6, step_time=0.55, target_efficiency=0.9, strategies=["ring"])
+
+
+def test_worked_case_with_model_bytes():
+    row = model_table(None, 553.36e6, **WORKED).iloc[0]
+    assert round(row["efficiency"], 4) == 0.0765
+    assert round(row["step_s"], 2) == 7.19
+    assert round(row["bandwidth_needed"] / MB) == 13582
+    assert row["path_bytes"] == 1.5 * 553.36e6  # ring: 2(n-1)/n x d
+
+
+def test_worked_case_with_torchvision_vgg16():
+    assert model_numel("vgg16") == pytest.approx(138.36e6, rel=1e-4)
+    row = model_table("vgg16", None, **WORKED).iloc[0]
+    assert round(row["efficiency"], 4) == 0.0765
+    assert round(row["step_s"], 2) == 7.19
+    assert row["bandwidth_needed"] / MB == pytest.approx(13582, rel=1e-3)
+
+
+def test_format_model_table_is_a_plain_table():
+    text = format_model_table(model_table(None, 553.36e6, **WORKED))
+    assert "13,582" in text and "0.0765" in text and "7.19" in text and "MB = 10^6 bytes" in text
+    assert "<" not in text
+
+
+def test_every_registered_strategy_gets_a_row():
+    df = model_table(None, 100e6, workers=4, bandwidth=1.25e9, step_time=0.1)
+    assert list(df["strategy"]) == strategies.names()
+    ok = df.dropna(subset=["comm_s"])
+    assert "ring" in set(ok["strategy"])
+    assert ((ok["efficiency"] > 0) & (ok["efficiency"] <= 1)).all()
+    if "native" in set(df["strategy"]):
+        native = df.set_index("strategy").loc["native"]
+        ring = df.set_index("strategy").loc["ring"]
+        assert native["path_bytes"] == ring["path_bytes"] and "ring" in native["note"]
+
+
+def test_bandwidth_needed_formula():
+    # Zero latency: S = bytes x P / ((1-P) Ts).
+    assert bandwidth_needed(1e9, 0.5, 0.8) == pytest.approx(1e9 * 0.8 / (0.2 * 0.5))
+    # Latency eats the budget first: P = 0.8 of Ts = 0.4 s allows 0.1 s of communication; 10 rounds x 2 ms
+    # leave 0.08 s for the bytes.
+    assert bandwidth_needed(1e9, 0.4, 0.8, rounds=10, latency=2e-3) == pytest.approx(1e9 / 0.08)
+    assert bandwidth_needed(1e9, 0.4, 0.8, rounds=50, latency=2e-3) == math.inf
+    assert bandwidth_needed(0, 1.0, 0.9) == 0.0
+    # The needed bandwidth gives exactly the target efficiency back.
+    s = bandwidth_needed(5e8, 0.3, 0.75, rounds=6, latency=1e-4)
+    assert parallel_efficiency(0.3, comm_time(6, 5e8, s, 1e-4)) == pytest.approx(0.75)
+
+
+def test_calibrate_recovers_alpha_and_beta():
+    rng = np.random.default_rng(1)
+    rounds = rng.integers(1, 40, 30)
+    path_bytes = rng.uniform(1e6, 1e9, 30)
+    comm = rounds * 80e-6 + path_bytes / 1.25e8
+    fit = calibrate(rounds, path_bytes, comm)
+    assert fit.alpha == pytest.approx(80e-6, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(1.25e8, rel=1e-9)
+    assert fit.runs == 30 and fit.rmse < 1e-9
+
+
+def test_calibrate_keeps_alpha_and_beta_non_negative():
+    # Time that falls with rounds would need a negative alpha: the fit sets alpha to 0 instead.
+    fit = calibrate([10, 1, 5], [1e6, 1e6, 2e6], [0.01, 0.02, 0.03])
+    assert fit.alpha == 0.0 and fit.beta > 0
+    fit = calibrate([1, 2, float("nan")], [0, 0, 1], [1e-3, 2e-3, 5.0])  # NaN rows are dropped
+    assert fit.runs == 2 and fit.alpha == pytest.approx(1e-3) and fit.beta == 0.0
+    with pytest.raises(ValueError, match="calibrate"):
+        calibrate([], [], [])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model="vgg16", model_bytes=1e6), "not both"),
+    (dict(model=None, model_bytes=None), "neither"),
+    (dict(model="gpt2", model_bytes=None), "unknown model 'gpt2'"),
+    (dict(model=None, model_bytes=1e6, workers=0), "bad workers 0"),
+    (dict(model=None, model_bytes=1e6, bandwidth=-1), "bad bandwidth -1"),
+    (dict(model=None, model_bytes=1e6, target_efficiency=1.5), "bad target efficiency 1.5"),
+    (dict(model=None, model_bytes=1e6, strategies=["carrier_pigeon"]), "unknown strategy 'carrier_pigeon'"),
+])
+def test_model_table_errors_name_the_bad_value(kwargs, match):
+    args = dict(workers=4, bandwidth=125e6, step_time=0.5) | kwargs
+    with pytest.raises(ValueError, match=match):
+        model_table(**args)
+
+
+def test_extrapolation_covers_8_to_1024_at_four_links():
+    df = extrapolate(1_000_000, [("ring", "ring", "{}")], alpha=50e-6, compute_s=0.1)
+    assert sorted(df["workers"].unique()) == list(EXTRAPOLATION_WORKERS)
+    assert set(df["link"]) == set(EXTRAPOLATION_LINKS)
+    one = df[(df["workers"] == 8) & (df["link"] == "10 Gbit")].iloc[0]
+    assert one["comm_s"] == pytest.approx(14 * 50e-6 + 2 * 7 * 125_000 * 4 / 1.25e9)
