@@ -1,0 +1,37 @@
+"""The report in a real headless Chromium, offline: no console errors, every plot rendered, a screenshot."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--window-size=1400,4000", "--virtual-time-budget=5000"]
+EXPECTED_PLOTS = 11
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                   "(apt-get install -y chromium; .ci/run installs it)")
+def test_report_renders_in_headless_chromium(built_report, evil_sweep, tmp_path):
+    screenshot = built_report.parent / "report.png"
+    done = subprocess.run([str(CHROMIUM), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           f"--screenshot={screenshot}", "--dump-dom", built_report.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, "console messages:\n" + "\n".join(console)
+
+    dom = done.stdout
+    plots = re.split(r'<div id="[^"]*" class="plotly-graph-div', dom)[1:]
+    assert len(plots) == EXPECTED_PLOTS
+    blank = [i for i, plot in enumerate(plots) if 'class="main-svg"' not in plot.split("plotly-graph-div")[0]]
+    assert not blank, f"plots {blank} did not render (no svg.main-svg)"
+    # The sweep's name is text on the page, not a script.
+    assert evil_sweep.replace("<", "&lt;").replace(">", "&gt;") in dom
+
+    assert screenshot.exists() and screenshot.stat().st_size > 50_000
+    shutil.copy(screenshot, tmp_path / "report.png")  # kept with the test's own files
