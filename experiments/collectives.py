@@ -72,7 +72,7 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
         strategies.get(name)  # unknown names fail here, before any actor starts
     if workers < 1 or numel < 0:
         raise ValueError(f"--workers {workers} / --numel {numel}: need workers >= 1 and numel >= 0")
-    started = ensure_ray(address)
+    started = ensure_ray(address, num_cpus=max(_cores(), workers + 1))
     all_ok = True
     out(f"verify: {workers} workers, {numel} float32 elements, op {op}, gloo between Ray actors")
     out(f"{'strategy':18s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
@@ -147,7 +147,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     network = Network.from_spec(link)
     if workers < 2:
         raise ValueError(f"--workers {workers}: a benchmark needs at least 2 workers")
-    started = ensure_ray(address)
+    started = ensure_ray(address, num_cpus=max(_cores(), workers + 1))
     results: dict = {}
     try:
         for world, group_names in _groups(names, workers):

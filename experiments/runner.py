@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import platform
 import signal
 import sys
@@ -43,21 +44,29 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     if not todo:
         return store.runs()
 
-    started_ray = ensure_ray(address)
+    # an embedded Ray gets a logical CPU per rank: oversubscribing the cores is allowed, and reported
+    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in todo)))
     previous = _stop_on_sigterm()
     group: WorkerGroup | None = None
     started = time.perf_counter()
     try:
         for i, spec in enumerate(todo, 1):
             world, cuda = spec.world_size(), spec.device == "cuda"
-            if group is None or group.broken or group.world_size != world or group.uses_gpu != cuda:
-                if group is not None:
-                    group.shutdown()
-                group = WorkerGroup(world, num_gpus=_gpus_per_actor(world) if cuda else 0,
-                                    timeout=spec.timeout)
             eta = _eta(started, i - 1, len(todo))
             print(f"[run {i}/{len(todo)}] {spec.strategy} workers={spec.workers} {spec.workload} "
                   f"link={spec.link_label} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
+            if group is None or group.broken or group.world_size != world or group.uses_gpu != cuda:
+                if group is not None:
+                    group.shutdown()
+                    group = None
+                try:
+                    group = WorkerGroup(world, num_gpus=_gpus_per_actor(world) if cuda else 0,
+                                        timeout=spec.timeout)
+                except (RuntimeError, ValueError) as e:
+                    run_row, _ = summarize(spec, None, f"worker group did not start: {e}", _no_group_meta())
+                    store.append(run_row, [])
+                    print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
+                    continue
             run_row, step_rows = _run_one(group, spec)
             store.append(run_row, step_rows)
             status = (f"{run_row['throughput']:.1f} samples/s, step {run_row['step_time_s'] * 1e3:.0f} ms, "
@@ -80,7 +89,7 @@ def _run_one(group: WorkerGroup, spec: RunSpec) -> tuple[dict, list[dict]]:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     start = time.perf_counter()
     try:
-        results = group.run(train, spec, network=spec.network(), timeout=spec.timeout)
+        results = group.run(train, spec, network=spec.network())  # the communicator timeout bounds every wait
         error = ""
     except GroupError as e:
         results, error = None, str(e)
@@ -88,6 +97,12 @@ def _run_one(group: WorkerGroup, spec: RunSpec) -> tuple[dict, list[dict]]:
             "transport": group.backend, "gpu": group.gpu_name or "", "cores": group.cores,
             "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
+
+
+def _no_group_meta() -> dict:
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {"started_at": now, "duration_s": 0.0, "transport": "", "gpu": "", "cores": os.cpu_count() or 1,
+            "host": platform.node()}
 
 
 def _gpus_per_actor(world: int) -> float:
