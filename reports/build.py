@@ -224,7 +224,8 @@ def html_table(df: pd.DataFrame, formats: dict[str, str] | None = None, sortable
                 cells.append(f"<td>{esc('' if value is None else value)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     attrs = (f' id="{esc(table_id)}"' if table_id else "") + (' class="sortable"' if sortable else "")
-    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="scroll"><table{attrs}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+            f"</table></div>")
 
 
 def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
@@ -630,7 +631,7 @@ table.sortable th { cursor: pointer; background: #f4f4f4; } table.sortable th:ho
 .note { background: #fff4e0; border-left: 5px solid #e69500; padding: 8px 12px; margin: 8px 0; }
 .model-label { background: #eef3ff; border-left: 5px solid #3b6fd8; padding: 8px 12px; margin: 8px 0;
                font-weight: 600; }
-.muted { color: #666; } pre { background: #f7f7f7; padding: 8px; overflow-x: auto; }
+.scroll { overflow-x: auto; } .muted { color: #666; } pre { background: #f7f7f7; padding: 8px; overflow-x: auto; }
 """
 
 SORT_SCRIPT = """
