@@ -43,7 +43,12 @@ def _wait_work(work, deadline: float, cuda: bool) -> None:
     if left <= 0 and not work.is_completed():
         raise TimeoutError("deadline passed before the operation completed")
     if not cuda:
-        work.wait(timeout=dt.timedelta(seconds=max(left, 1e-3)))  # gloo raises on timeout
+        try:
+            work.wait(timeout=dt.timedelta(seconds=max(left, 1e-3)))
+        except RuntimeError as e:  # gloo says "Timed out waiting ..." or "Operation timed out!"
+            if "timed out" in str(e).lower():
+                raise TimeoutError(str(e)) from e
+            raise
         return
     # NCCL: poll the CUDA event, so that a peer that never answers cannot block this thread
     while not work.is_completed():
@@ -79,7 +84,7 @@ class _Posted:
         want_bytes = self.tensor.numel() * self.tensor.element_size()
         want_code = _dtype_code(self.tensor.dtype)
         if int(nbytes) != want_bytes or int(code) != want_code:
-            raise CommError(f"sender sent {int(nbytes)} bytes of {_dtype_name(int(code))}, this rank expected "
+            raise RuntimeError(f"sender sent {int(nbytes)} bytes of {_dtype_name(int(code))}, this rank expected "
                             f"{want_bytes} bytes of {_dtype_name(want_code)} ({self.tensor.numel()} elements): "
                             f"ranks disagree on the tensor's size or dtype")
         _wait_work(self.payload_work, deadline, self.cuda)

@@ -1,0 +1,90 @@
+"""The gloo transport between Ray actors: exact payloads and counters, no hang on a silent peer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.ray
+
+SIZES = (0, 1, 1000, 2**20)
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def payload(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Values that use every bit pattern class of the dtype: signs, large magnitudes, fractions."""
+    g = torch.Generator().manual_seed(numel)
+    if dtype.is_floating_point:
+        return (torch.randn(numel, generator=g, dtype=torch.float64) * 1e3).to(dtype)
+    return torch.randint(-(2**62), 2**62, (numel,), generator=g, dtype=dtype)
+
+
+def _round_trip(ctx, dtype):
+    """Rank 0 sends every size to rank 1, which sends it back; returns (exact?, counters) per rank."""
+    comm = ctx.comm
+    exact = True
+    for numel in SIZES:
+        sent = payload(numel, dtype)
+        buf = torch.full((numel,), 7, dtype=dtype)
+        if ctx.rank == 0:
+            comm.send(sent, 1)
+            comm.recv(buf, 1)
+            exact &= torch.equal(buf, sent)
+        else:
+            comm.recv(buf, 0)
+            exact &= torch.equal(buf, sent)
+            comm.send(buf, 0)
+    c = comm.counters()
+    return exact, c.as_dict(), {peer: vars(p) for peer, p in c.per_peer.items()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gloo_payload_round_trips_exactly_with_exact_counters(group2, dtype):
+    results = group2.run(_round_trip, dtype)
+    nbytes = sum(n * dtype.itemsize for n in SIZES)
+    messages = sum(1 for n in SIZES if n)  # an empty tensor sends nothing
+    for rank, (exact, totals, per_peer) in enumerate(results):
+        assert exact, f"rank {rank}: payload of {dtype} changed on the wire"
+        assert totals == {"bytes_sent": nbytes, "bytes_recv": nbytes, "msgs_sent": messages,
+                          "msgs_recv": messages}
+        assert per_peer == {1 - rank: {"bytes_sent": nbytes, "bytes_recv": nbytes, "msgs_sent": messages,
+                                       "msgs_recv": messages}}
+
+
+def _mismatched_sizes(ctx):
+    """Rank 0 sends 10 floats, rank 1 expects 20 (gloo alone would silently fill half the buffer)."""
+    if ctx.rank == 0:
+        ctx.comm.send(torch.ones(10), 1)
+    else:
+        ctx.comm.recv(torch.zeros(20), 0)
+
+
+def test_gloo_shorter_payload_than_buffer_is_an_error(group2):
+    from experiments.group import GroupError
+
+    with pytest.raises(GroupError) as err:  # breaks group2: the fixture starts a fresh one if needed
+        group2.run(_mismatched_sizes)
+    assert err.value.ranks == [1]
+    assert "rank 1: recv from rank 0 failed" in str(err.value)
+    assert "sender sent 40 bytes of float32, this rank expected 80 bytes of float32" in str(err.value)
+
+
+def _recv_from_silent_peer(ctx):
+    if ctx.rank == 0:
+        ctx.comm.recv(torch.zeros(4), 1)  # rank 1 never sends
+
+
+def test_recv_from_silent_peer_fails_within_timeout_naming_the_peer(ray_session):
+    from experiments.group import GroupError, WorkerGroup
+
+    timeout = 3.0
+    with WorkerGroup(2, timeout=timeout) as group:
+        start = time.monotonic()
+        with pytest.raises(GroupError) as err:
+            group.run(_recv_from_silent_peer)
+        elapsed = time.monotonic() - start
+    assert elapsed < timeout + 5
+    assert err.value.ranks == [0]
+    assert "rank 0: recv from rank 1 timed out" in str(err.value)
