@@ -136,8 +136,8 @@ class Strategy:
         if self.is_server:
             raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not sync()")
         self._check_size(tensor.numel())
-        if tensor.numel() == 0:
-            return
+        if tensor.numel() == 0 or self.comm.world_size == 1:
+            return  # nothing to agree on: no elements, or one rank alone (the mean of one is itself)
         flat = tensor.view(-1) if tensor.is_contiguous() else None
         if flat is None:
             raise ValueError("sync() needs a contiguous tensor (flatten gradients into one buffer first)")
