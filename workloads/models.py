@@ -6,6 +6,8 @@ inputs; only inputs too small for the model's downsampling are rejected.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torchvision
 from torch import nn
@@ -15,6 +17,9 @@ MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
 # Smallest input side each model accepts: ResNet and VGG halve the image five times (32 -> 1x1 at the last
 # stage; a VGG max pool on 1x1 fails), tiny halves it twice before a 2x2 adaptive pool.
 MIN_IMAGE_SIZE = {"resnet18": 32, "resnet50": 32, "vgg11": 32, "vgg16": 32, "tiny": 8}
+
+# torchvision initializes from torch's global RNG: ranks that are threads of one process take turns.
+_BUILD_LOCK = threading.Lock()
 
 
 class TinyCNN(nn.Module):
@@ -58,7 +63,7 @@ def build_model(name, num_classes=10, image_size=32, seed=0) -> nn.Module:
     The global torch RNG is left as it was, so building a model does not shift the data or dropout streams.
     """
     check_model_args(name, num_classes, image_size)
-    with torch.random.fork_rng(devices=[]):
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _construct(name, num_classes)
 

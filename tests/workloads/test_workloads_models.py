@@ -79,3 +79,13 @@ def test_too_small_image_rejected(name):
 def test_bad_num_classes_rejected():
     with pytest.raises(ValueError, match="num_classes must be an integer >= 1, got 0"):
         build_model("tiny", num_classes=0)
+
+
+def test_threads_building_at_once_get_the_seeded_model():
+    """Ranks that are threads of one process build concurrently: each still gets exactly its seed's model."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    expected = build_model("tiny", seed=2).state_dict()
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda _: build_model("tiny", seed=2).state_dict(), range(8)))
+    assert all(torch.equal(state[k], expected[k]) for state in built for k in expected)
