@@ -16,7 +16,7 @@ from pathlib import Path
 import strategies
 from strategies.link import BANDWIDTH_HELP, Network
 from workloads.data import DATASETS
-from workloads.models import MODELS
+from workloads.models import MODELS, check_model_args
 
 DEVICES = ("cpu", "cuda")
 TOP_LEVEL = ("name", "description", "defaults", "grid", "strategy_params")
@@ -197,6 +197,14 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     for key, low in (("workers", 1), ("batch_size", 1), ("steps", 1), ("image_size", 8), ("num_classes", 2)):
         if key in point and point[key] < low:
             errors.append(f"{key} = {point[key]!r}: must be >= {low}")
+    if point.get("workload", "resnet18") in MODELS:
+        try:
+            check_model_args(point.get("workload", "resnet18"), point.get("num_classes", 10),
+                             point.get("image_size", 32))
+        except ValueError as e:
+            errors.append(f"workload {point.get('workload', 'resnet18')!r}: {e}")
+    if point.get("dataset") == "digits" and point.get("num_classes", 10) < 10:
+        errors.append(f"num_classes = {point['num_classes']!r}: the digits data set has 10 classes, need >= 10")
     steps, warmup = point.get("steps", 20), point.get("warmup_steps", 3)
     if not 0 <= warmup < steps:
         errors.append(f"warmup_steps = {warmup!r}: must be >= 0 and less than steps ({steps}) so some steps are timed")

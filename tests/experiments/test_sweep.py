@@ -63,6 +63,7 @@ def test_shipped_sweeps_parse():
     (('"native"]', '"native", "butterfly"]'), ["strategy = 'butterfly'", "accepted are", "ring"]),
     (('workload = "resnet18"', 'workload = "alexnet"'), ["workload = 'alexnet'", "resnet50", "tiny"]),
     (("workers = [1, 2, 4]", "workers = [0, 2]"), ["workers = 0", ">= 1"]),
+    (("image_size = 32", "image_size = 16"), ["resnet18", "16", "32"]),
     (('bandwidth = "1Gbit"', 'bandwidth = "fast"'), ["'fast'", "1Gbit", "125MB/s"]),
     (('device = "cpu"', 'device = "tpu"'), ["device = 'tpu'", "cpu, cuda"]),
     (("servers = 1", "servers = 0"), ["servers", "0", ">= 1"]),
