@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -39,7 +38,7 @@ def wait_until(condition, seconds: float = 20.0) -> bool:
 
 
 def assert_nothing_left(ray, resources_before: dict, pids: list[int], port: int) -> None:
-    """The placement group's resources are back, the actor processes are gone, the store port is free."""
+    """The placement group's resources are back, the actor processes are gone, nothing listens on the port."""
     import psutil  # vendored by Ray
 
     def resources_back():
@@ -50,9 +49,12 @@ def assert_nothing_left(ray, resources_before: dict, pids: list[int], port: int)
     assert wait_until(resources_back), f"resources not returned: {ray.available_resources()}"
     alive = lambda: [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]  # noqa: E731
     assert wait_until(lambda: not alive()), f"actor processes still running: {alive()}"
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))  # raises if the rendezvous store still listens
+
+    def listening():  # the rendezvous store's port (another process may reuse it as a client port)
+        return [c for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port
+                and c.status == psutil.CONN_LISTEN]
+
+    assert wait_until(lambda: not listening()), f"port {port} still listened on: {listening()}"
 
 
 def test_group_starts_runs_and_stops_three_times_leaving_nothing(ray_session):
