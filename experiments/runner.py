@@ -27,8 +27,11 @@ from experiments.train import train
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-              address: str | None = None, log=sys.stderr) -> pd.DataFrame:
-    """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame."""
+              address: str | None = None, log=sys.stderr, train_fn=train) -> pd.DataFrame:
+    """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
+
+    `train_fn(ctx, spec)` is what every rank executes (experiments.train.train; tests substitute their own).
+    """
     store = Store(out_dir)
     if not resume and not store.runs().empty:
         if not overwrite:
@@ -67,7 +70,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                     store.append(run_row, [])
                     print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
                     continue
-            run_row, step_rows = _run_one(group, spec)
+            run_row, step_rows = _run_one(group, spec, train_fn)
             store.append(run_row, step_rows)
             status = (f"{run_row['throughput']:.1f} samples/s, step {run_row['step_time_s'] * 1e3:.0f} ms, "
                       f"comm {run_row['comm_fraction'] * 100:.0f}%" if run_row["status"] == "ok"
@@ -85,11 +88,11 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     return store.runs()
 
 
-def _run_one(group: WorkerGroup, spec: RunSpec) -> tuple[dict, list[dict]]:
+def _run_one(group: WorkerGroup, spec: RunSpec, train_fn) -> tuple[dict, list[dict]]:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     start = time.perf_counter()
     try:
-        results = group.run(train, spec, network=spec.network())  # the communicator timeout bounds every wait
+        results = group.run(train_fn, spec, network=spec.network())  # the communicator timeout bounds every wait
         error = ""
     except GroupError as e:
         results, error = None, str(e)

@@ -1,0 +1,100 @@
+"""Training and collectives through Ray actors over gloo (the real transport)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import strategies
+from experiments import sweep as sweep_mod
+from experiments.collectives import verify
+from experiments.runner import run_sweep
+from experiments.store import Store
+
+pytestmark = pytest.mark.ray
+
+TINY = """
+name = "tiny"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+steps = 3
+warmup_steps = 1
+workers = 3
+[grid]
+strategy = {strategies}
+[strategy_params.parameter_server]
+servers = 1
+"""
+
+
+def tiny_sweep(tmp_path, names):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(strategies=json.dumps(names)))
+    return sweep_mod.load(path)
+
+
+@pytest.mark.parametrize("workers, op", [(3, "sum"), (4, "max")])
+def test_every_strategy_is_correct_over_gloo(ray_session, workers, op):
+    lines = []
+    assert verify(workers=workers, numel=1001, op=op, out=lines.append), "\n".join(lines)
+    assert len(lines) == 2 + len(strategies.names())
+
+
+def test_every_strategy_trains_through_ray(ray_session, tmp_path):
+    names = strategies.names()
+    runs = run_sweep(tiny_sweep(tmp_path, names), tmp_path / "out")
+    assert sorted(runs["strategy"]) == sorted(names)
+    assert (runs["status"] == "ok").all(), runs[["strategy", "error"]]
+    for column in ("throughput", "step_time_s", "compute_s", "comm_s", "final_loss", "param_norm"):
+        assert (runs[column] > 0).all(), column
+    assert (runs["step_time_s"] >= runs["comm_s"]).all()
+    counted = runs[runs["strategy"] != "native"]
+    assert (counted["bytes_sent_per_worker"] == counted["analytic_bytes_sent_per_worker"]).all()
+    ps = runs[runs["strategy"] == "parameter_server"].iloc[0]
+    assert ps["servers"] == 1 and ps["bytes_sent_per_server"] == 3 * ps["model_bytes"]
+    assert runs["transport"].eq("gloo").all() and runs["oversubscribed"].all()  # 3-4 ranks on 2 cores
+    steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
+    assert len(steps) == sum(3 * strategies.make(n, **({"servers": 1} if n == "parameter_server" else {}))
+                             .world_size(3) for n in names)
+    dec = runs[runs["strategy"] == "decentralized"].iloc[0]
+    assert dec["consensus_distance"] >= 0 and 0 < dec["spectral_gap"] <= 1
+
+
+def test_a_failed_run_is_recorded_and_resume_completes_it(ray_session, tmp_path):
+    from tests.experiments.flaky_train import train_unless_marked
+
+    marker = tmp_path / "fail.json"
+    marker.write_text(json.dumps(["halving_doubling"]))
+    sweep = tiny_sweep(tmp_path, ["ring", "halving_doubling"])
+    out = tmp_path / "out"
+    first = run_sweep(sweep, out, train_fn=_with_env(train_unless_marked, str(marker)))
+    status = dict(zip(first["strategy"], first["status"]))
+    assert status == {"ring": "ok", "halving_doubling": "failed"}
+    failed = first[first["strategy"] == "halving_doubling"].iloc[0]
+    assert "injected failure" in failed["error"] and "rank" in failed["error"]
+    ring_id = first[first["strategy"] == "ring"]["run_id"].item()
+    ring_steps = Store(out).steps().query("run_id == @ring_id")
+
+    marker.write_text(json.dumps([]))
+    second = run_sweep(sweep, out, resume=True, train_fn=_with_env(train_unless_marked, str(marker)))
+    assert sorted(second["strategy"]) == ["halving_doubling", "ring"]  # nothing duplicated
+    assert (second["status"] == "ok").all()
+    assert second["run_id"].is_unique
+    steps = Store(out).steps()
+    pd.testing.assert_frame_equal(steps.query("run_id == @ring_id").reset_index(drop=True),
+                                  ring_steps.reset_index(drop=True))  # the finished run was not re-run
+    assert len(steps) == 2 * 3 * 3
+
+
+def _with_env(fn, marker):
+    """fn with the marker file's path set in the actor's environment (actors do not share the test's)."""
+
+    def wrapped(ctx, spec):
+        import os
+
+        os.environ["SYNCBENCH_TEST_FAIL_FILE"] = marker
+        return fn(ctx, spec)
+
+    return wrapped
