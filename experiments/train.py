@@ -23,7 +23,6 @@ from workloads.data import make_dataset
 from workloads.flat import FlatModel
 from workloads.models import build_model
 
-
 # Model init draws from torch's global RNG: ranks that are threads of one process (the tests' transport)
 # must not interleave their draws, or equal seeds give different models.
 _INIT_LOCK = threading.Lock()

@@ -75,7 +75,7 @@ def test_a_failed_run_is_recorded_and_resume_completes_it(ray_session, tmp_path)
     failed = first[first["strategy"] == "halving_doubling"].iloc[0]
     assert "injected failure" in failed["error"] and "rank" in failed["error"]
     ring_id = first[first["strategy"] == "ring"]["run_id"].item()
-    ring_steps = Store(out).steps().query("run_id == @ring_id")
+    ring_steps = Store(out).steps().loc[lambda d: d["run_id"] == ring_id]
 
     marker.write_text(json.dumps([]))
     second = run_sweep(sweep, out, resume=True, train_fn=_with_env(train_unless_marked, str(marker)))
@@ -83,7 +83,7 @@ def test_a_failed_run_is_recorded_and_resume_completes_it(ray_session, tmp_path)
     assert (second["status"] == "ok").all()
     assert second["run_id"].is_unique
     steps = Store(out).steps()
-    pd.testing.assert_frame_equal(steps.query("run_id == @ring_id").reset_index(drop=True),
+    pd.testing.assert_frame_equal(steps[steps["run_id"] == ring_id].reset_index(drop=True),
                                   ring_steps.reset_index(drop=True))  # the finished run was not re-run
     assert len(steps) == 2 * 3 * 3
 
