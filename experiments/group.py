@@ -233,8 +233,11 @@ class WorkerGroup:
                     errors[rank] = f"{type(cause).__name__}: {cause}"
         if errors or pending:
             self.broken = True
-            first = next(iter(errors), None)  # the earliest failure: usually the cause of the others
-            lines = [f"rank {r} failed: {msg}" for r, msg in errors.items()]
+            # the cause: a rank whose actor died (its peers then fail on a broken connection, often first),
+            # else the earliest failure
+            died = [r for r, msg in errors.items() if msg.startswith("its actor died")]
+            first = died[0] if died else next(iter(errors), None)
+            lines = [f"rank {r} failed: {msg}" for r, msg in sorted(errors.items(), key=lambda e: e[0] != first)]
             if pending:
                 lines.append(f"rank(s) {sorted(pending.values())} still running "
                              + (f"{GRACE_S:g} s after rank {first} failed" if errors
