@@ -1,0 +1,219 @@
+"""Faults cost the run they hit and nothing else: a killed worker, a stopped sweep, ranks that disagree on sizes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 10  # the communicator's timeout in these runs: a dead peer must fail the run within it
+IN_LOOP_BYTES = 2_000_000  # written by the rank to kill: 20+ gradient messages, so well into the step loop
+LONG = 100_000  # steps: a run that only a fault ends
+
+KILL_SWEEP = """
+name = "faults"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+warmup_steps = 1
+workers = 2
+timeout = {timeout}
+link = {{ bandwidth = "100Mbit" }}   # 88 kB of gradients per message: each step is mostly communication
+strategy = "{strategy}"
+[grid]
+steps = [{long}, 3]   # the long run is killed; the short one after it must start and succeed
+[strategy_params.parameter_server]
+servers = 1
+[strategy_params.decentralized]
+topology = "ring"
+"""
+
+
+def _kill_rank_in_loop(group, rank: int, record: dict) -> None:
+    """SIGKILL rank's actor process (as a crash or an OOM kill would) once it is inside the step loop.
+
+    Inside the loop means: the process has written IN_LOOP_BYTES more (its gradient messages; nothing before
+    the loop writes that much), and as the emulated link makes every step mostly communication, the kill
+    lands in the middle of a collective.
+    """
+    import psutil  # vendored by Ray
+
+    record["pids"] = [info["pid"] for info in group.info]
+    process = psutil.Process(group.info[rank]["pid"])
+    written = process.io_counters().write_chars
+    deadline = time.monotonic() + 60
+    while process.io_counters().write_chars - written < IN_LOOP_BYTES and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record["killed_at"] = time.monotonic()
+    process.kill()
+
+
+@pytest.mark.parametrize("strategy", ["ring", "parameter_server", "decentralized"])
+def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds(ray_session, monkeypatch,
+                                                                                   tmp_path, strategy):
+    import psutil  # vendored by Ray
+
+    import experiments.runner as runner
+    from experiments.sweep import parse
+
+    ray = ray_session
+    before = ray.available_resources()
+    text = KILL_SWEEP.format(timeout=TIMEOUT_S, strategy=strategy, long=LONG)
+    sweep = parse(tomllib.loads(text), source=text)
+    record: dict = {}
+    run_one = runner._run_one
+
+    def run_one_killing_rank_1(group, spec, *args):
+        if spec.steps == LONG:
+            threading.Thread(target=_kill_rank_in_loop, args=(group, 1, record), daemon=True).start()
+        result = run_one(group, spec, *args)
+        if spec.steps == LONG:
+            record["ended_at"] = time.monotonic()
+        return result
+
+    monkeypatch.setattr(runner, "_run_one", run_one_killing_rank_1)
+    runs = runner.run_sweep(sweep, tmp_path, log=sys.stdout).set_index("steps")
+
+    killed, after = runs.loc[LONG], runs.loc[3]
+    assert killed["status"] == "failed"
+    assert "rank 1" in killed["error"] and "actor died" in killed["error"], killed["error"]
+    assert killed["error"].startswith("run(train) failed on rank 1"), killed["error"]
+    took = record["ended_at"] - record["killed_at"]
+    assert took < TIMEOUT_S, f"the run took {took:.1f} s to fail after rank 1 was killed"
+    assert after["status"] == "ok", after["error"]
+    # the broken group's actors are gone and every placement group is removed
+    alive = lambda: [p for p in record["pids"] if psutil.pid_exists(p)  # noqa: E731
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert _wait_until(lambda: not alive()), f"actors of the killed run still running: {alive()}"
+    assert _wait_until(lambda: _resources_back(ray, before)), f"resources not returned: {ray.available_resources()}"
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert set(steps["run_id"]) == {after["run_id"]}  # the failed run left no steps behind
+
+
+def _resources_back(ray, before: dict) -> bool:
+    now = ray.available_resources()
+    return now.get("CPU") == before.get("CPU") and not any(k.startswith("bundle_group") for k in now)
+
+
+def _wait_until(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+# -- SIGTERM and --resume ----------------------------------------------------------------------------------
+
+STOP_SWEEP = """
+name = "stopped"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+warmup_steps = 1
+workers = 2
+strategy = "ring"
+link = { bandwidth = "100Mbit" }
+[grid]
+steps = [3, 150, 4]   # SIGTERM lands while the 150-step run is in flight
+"""
+
+
+def _syncbench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "experiments", *args]
+
+
+def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(ray_session, tmp_path):
+    sweep = tmp_path / "stopped.toml"
+    sweep.write_text(STOP_SWEEP)
+    out = tmp_path / "out"
+    # the sweep processes join the session's Ray (--address) rather than each starting one of their own
+    address = ["--address", ray_session.get_runtime_context().gcs_address]
+    proc = subprocess.Popen(_syncbench("run", str(sweep), "--out", str(out), "--no-report", *address), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _wait_until(lambda: _run_count(out) >= 1 or proc.poll() is not None, 120), "no run finished"
+        assert proc.poll() is None, f"the sweep ended before SIGTERM:\n{proc.communicate()[0]}"
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        print(f"SIGTERM -> exit in {time.monotonic() - stopped:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output, output
+    runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
+    assert list(runs["steps"]) == [3] and list(runs["status"]) == ["ok"], runs[["steps", "status"]]
+    assert len(steps) == 3 * 2 and set(steps["run_id"]) == set(runs["run_id"])
+    assert not list(out.glob("*.tmp")), "a half-written file was left behind"
+    first = runs.loc[0, ["run_id", "started_at"]].to_dict()
+
+    resumed = subprocess.run(_syncbench("run", str(sweep), "--out", str(out), "--resume", "--no-report", *address),
+                             cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "3 runs, 1 already done" in resumed.stderr, resumed.stderr
+    runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
+    assert sorted(runs["steps"]) == [3, 4, 150] and set(runs["status"]) == {"ok"}
+    assert runs["run_id"].is_unique
+    assert runs.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]  # not run again
+    assert len(steps) == (3 + 150 + 4) * 2
+    assert not steps.duplicated(["run_id", "step", "rank"]).any()
+
+
+def _run_count(out: Path) -> int:
+    try:
+        return len(pd.read_parquet(out / "runs.parquet"))
+    except (OSError, ValueError):  # not there yet
+        return 0
+
+
+# -- ranks that disagree on a tensor's size -----------------------------------------------------------------
+
+def _allreduce_rank_sized(ctx, strategy):
+    """Every rank allreduces a tensor whose size depends on its rank: 10 elements on rank 0, 11 on rank 1."""
+    import strategies
+
+    runtime = strategies.make(strategy).bind(ctx.comm, ctx.world_size)
+    runtime.sync(torch.ones(10 + ctx.rank), "mean")
+
+
+def _send_10_receive_12(ctx):
+    """Point to point: rank 0 sends 10 elements, rank 1 posts a receive for 12."""
+    if ctx.rank == 0:
+        ctx.comm.send(torch.ones(10), 1)
+    else:
+        ctx.comm.recv(torch.zeros(12), 0)
+
+
+def test_ranks_that_disagree_on_the_size_fail_saying_so(group2):
+    from experiments.group import GroupError
+
+    with pytest.raises(GroupError) as err:
+        group2.run(_allreduce_rank_sized, "ring")
+    text = str(err.value)
+    assert "different sizes" in text and "rank 0: 10" in text and "rank 1: 11" in text, text
+
+
+def test_a_receive_of_the_wrong_size_fails_saying_so(group2):
+    from experiments.group import GroupError
+
+    with pytest.raises(GroupError) as err:
+        group2.run(_send_10_receive_12)
+    text = str(err.value)
+    assert err.value.ranks == [1], text
+    assert "sender sent 40 bytes" in text and "expected 48 bytes" in text and "disagree on the tensor's size" in text
