@@ -170,9 +170,20 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
             t = results[(name, nbytes)]
             algbw = nbytes / t / 1e9
             rows.append({"size": nbytes, "strategy": name, "time_ms": t * 1e3, "algbw_GBps": algbw,
-                         "busbw_GBps": algbw * factor, "vs_native": (native / t) if native else math.nan})
+                         "busbw_GBps": algbw * factor, "vs_native": (native / t) if native else math.nan,
+                         "model_ms": _predicted(name, workers, nbytes, network) * 1e3})
     out(format_bench(rows, workers, link))
     return rows
+
+
+def _predicted(name: str, workers: int, nbytes: int, network: Network | None) -> float:
+    """The alpha-beta time on the emulated links: rounds x latency + critical-path bytes / bandwidth."""
+    config = strategies.make(name)
+    if network is None or not config.traffic(workers, 0).counted:
+        return math.nan  # no emulation, or a backend the emulation does not slow (native)
+    traffic = config.traffic(workers, nbytes // 4, 4)
+    link = network.default
+    return traffic.rounds * link.latency + traffic.path_bytes / link.bandwidth
 
 
 def format_bench(rows: list[dict], workers: int, link: dict | None) -> str:
@@ -183,10 +194,13 @@ def format_bench(rows: list[dict], workers: int, link: dict | None) -> str:
              f"{_cores()} cores; times are medians of the slowest rank per iteration",
              "# GB = 1e9 bytes; busbw = algbw x 2(n-1)/n (nccl-tests); vs_native > 1 means faster than native",
              f"{'size':>10s} {'strategy':>18s} {'time(ms)':>10s} {'algbw(GB/s)':>12s} {'busbw(GB/s)':>12s} "
-             f"{'vs_native':>9s}"]
+             f"{'vs_native':>9s}" + (f" {'model(ms)':>10s} {'meas/model':>10s}" if link else "")]
     for r in rows:
-        lines.append(f"{r['size']:>10d} {r['strategy']:>18s} {r['time_ms']:10.3f} {r['algbw_GBps']:12.3f} "
-                     f"{r['busbw_GBps']:12.3f} {r['vs_native']:9.2f}")
+        line = (f"{r['size']:>10d} {r['strategy']:>18s} {r['time_ms']:10.3f} {r['algbw_GBps']:12.3f} "
+                f"{r['busbw_GBps']:12.3f} {r['vs_native']:9.2f}")
+        if link:
+            line += f" {r['model_ms']:10.3f} {r['time_ms'] / r['model_ms']:10.3f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
