@@ -21,6 +21,7 @@ test: $(VENV_STAMP)
 
 bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --transport
+	.venv/bin/syncbench bench --harness
 	.venv/bin/syncbench bench --workers 4 --sizes 4K,64K,1M,16M,64M
 	.venv/bin/syncbench bench --workers 8 --sizes 4K,16K,64K --strategies ring,halving_doubling,native
 	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us

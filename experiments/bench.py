@@ -100,3 +100,79 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"  {row['kind']:>9} {row['size_bytes']:>12} {row['count']:>6} "
                      f"{row['time_s'] * 1e6:>12.1f} {row['algbw_GBps']:>13.3f}")
     return "\n".join(lines)
+
+
+# -- harness overhead: syncbench's training step vs a plain PyTorch loop ------------------------------
+
+
+def _plain_loop(ctx, spec) -> float:
+    """The loop a user would write: same model, batch, optimizer and thread count; returns samples/s."""
+    import torch.nn.functional as F
+
+    from workloads.data import make_dataset
+    from workloads.models import build_model
+
+    device = torch.device(ctx.device)
+    model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
+                        seed=spec.seed).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    data = make_dataset(spec.dataset, spec.batch_size, spec.image_size, spec.num_classes, seed=spec.seed,
+                        device=device)
+    times = []
+    for step in range(spec.steps):
+        start = time.perf_counter()
+        x, y = data.next_batch()
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if step >= spec.warmup_steps:
+            times.append(time.perf_counter() - start)
+    return spec.batch_size * len(times) / sum(times)
+
+
+def _syncbench_loop(ctx, spec) -> float:
+    from experiments.train import train
+
+    rows = [r for r in train(ctx, spec)["steps"] if r["timed"]]
+    return sum(r["samples"] for r in rows) / sum(r["compute_s"] + r["comm_s"] for r in rows)
+
+
+def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: int = 32, steps: int = 30,
+                  rounds: int = 3, device: str = "cpu") -> list[dict]:
+    """1 worker, no synchronization (ring on one rank), vs the plain loop, alternated in one actor."""
+    import ray
+
+    from experiments.ray_runtime import ensure_ray
+    from experiments.sweep import RunSpec
+
+    spec = RunSpec(workload=workload, image_size=image_size, batch_size=batch_size, steps=steps,
+                   warmup_steps=min(5, steps - 1), strategy="ring", workers=1, device=device)
+    started = ensure_ray() if not ray.is_initialized() else False
+    rows = []
+    try:
+        with WorkerGroup(1, num_gpus=1 if device == "cuda" else 0) as group:
+            for i in range(rounds):  # alternate, so drift in the machine's load hits both alike
+                plain = group.run(_plain_loop, spec)[0]
+                ours = group.run(_syncbench_loop, spec)[0]
+                rows.append({"round": i, "plain_samples_per_s": plain, "syncbench_samples_per_s": ours,
+                             "ratio": ours / plain, "cpu": group.cpu, "cores": group.cores,
+                             "gpu": group.gpu_name or ""})
+    finally:
+        if started:
+            ray.shutdown()
+    return rows
+
+
+def format_harness(rows: list[dict]) -> str:
+    first = rows[0]
+    lines = [f"# harness overhead: 1 worker, no synchronization, vs a plain PyTorch loop in the same actor "
+             f"(1 thread); {first['gpu'] or first['cpu']}, {first['cores']} cores",
+             f"# {'round':>5} {'plain (samples/s)':>18} {'syncbench (samples/s)':>22} {'ratio':>6}"]
+    for r in rows:
+        lines.append(f"  {r['round']:>5} {r['plain_samples_per_s']:>18.1f} {r['syncbench_samples_per_s']:>22.1f} "
+                     f"{r['ratio']:>6.3f}")
+    median = statistics.median(r["ratio"] for r in rows)
+    lines.append(f"# median ratio {median:.3f} (target >= 0.97)")
+    return "\n".join(lines)

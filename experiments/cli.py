@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--transport", action="store_true",
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
+    p.add_argument("--harness", action="store_true",
+                   help="instead: 1-worker training through syncbench vs a plain PyTorch loop (overhead)")
+    p.add_argument("--workload", default="resnet18", help="with --harness: the model (default resnet18)")
+    p.add_argument("--batch-size", type=int, default=32, help="with --harness: batch size (default 32)")
+    p.add_argument("--image-size", type=int, default=32, help="with --harness: input size (default 32)")
+    p.add_argument("--device", default="cpu", help="with --harness: cpu or cuda")
     p.add_argument("--address", help="Ray cluster address")
 
     args = parser.parse_args(argv)
@@ -134,6 +140,12 @@ def _verify(args) -> int:
 def _bench(args) -> int:
     from strategies.link import parse_size
 
+    if args.harness:
+        from experiments.bench import format_harness, harness_bench
+
+        print(format_harness(harness_bench(workload=args.workload, batch_size=args.batch_size,
+                                           image_size=args.image_size, device=args.device)))
+        return 0
     if args.transport:
         from experiments.bench import format_table, transport_bench
         from experiments.ray_runtime import ensure_ray

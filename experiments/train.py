@@ -127,7 +127,7 @@ def _serve(ctx, spec, runtime, flat) -> dict:
     for step in range(spec.steps):
         comm.reset_counters()
         start = time.perf_counter()
-        runtime.serve(numel, flat.params.dtype, "mean", update)
+        runtime.serve(numel, flat.params.dtype, "mean", update, device=flat.params.device)
         counters = comm.counters()
         rows.append({"step": step, "rank": ctx.rank, "role": "server", "timed": step >= spec.warmup_steps,
                      "compute_s": 0.0, "comm_s": time.perf_counter() - start, "bytes_sent": counters.bytes_sent,

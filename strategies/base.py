@@ -144,8 +144,9 @@ class Strategy:
         self._sync(flat, op)
 
     def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
-              update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None) -> None:
-        """Server ranks: take part in one sync() of the workers. Only strategies with servers have them."""
+              update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None,
+              device: torch.device | str = "cpu") -> None:
+        """Server ranks: take part in one sync() of the workers (buffers on `device`). Servers only."""
         raise RuntimeError(f"strategy {self.config.name!r} has no server ranks")
 
     def _check_size(self, numel: int) -> None:

@@ -33,14 +33,14 @@ class ParameterServer(Strategy):
         for handle in pulls:
             handle.wait()
 
-    def serve(self, numel, dtype, op="mean", update=None):
+    def serve(self, numel, dtype, op="mean", update=None, device="cpu"):
         """Receive this server's shard from every worker, reduce it, (update it,) send the result back."""
         check_op(op, dtype, self.config.ops)
         self._check_size(numel)
         lo, hi = chunk_bounds(numel, self.servers)[self.rank - self.workers]
         if hi == lo:
             return  # an empty shard: no parameters here, nothing moves
-        incoming = self.scratch.get(self.workers * (hi - lo), torch.empty(0, dtype=dtype))
+        incoming = self.scratch.get(self.workers * (hi - lo), torch.empty(0, dtype=dtype, device=device))
         incoming = incoming.view(self.workers, hi - lo)
         pushes = [self.comm.irecv(incoming[w], w) for w in range(self.workers)]
         for handle in pushes:
