@@ -7,6 +7,7 @@ and the sweep goes on; SIGINT/SIGTERM stop between writes, never inside one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import os
@@ -49,7 +50,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
 
     # an embedded Ray gets a logical CPU per rank: oversubscribing the cores is allowed, and reported
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in todo)))
-    previous = _stop_on_sigterm()
+    previous = _stop_on_signals()
     group: WorkerGroup | None = None
     started = time.perf_counter()
     try:
@@ -67,11 +68,13 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                                         timeout=spec.timeout)
                 except (RuntimeError, ValueError) as e:
                     run_row, _ = summarize(spec, None, f"worker group did not start: {e}", _no_group_meta())
-                    store.append(run_row, [])
+                    with _signals_held():
+                        store.append(run_row, [])
                     print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
                     continue
             run_row, step_rows = _run_one(group, spec, train_fn)
-            store.append(run_row, step_rows)
+            with _signals_held():
+                store.append(run_row, step_rows)
             status = (f"{run_row['throughput']:.1f} samples/s, step {run_row['step_time_s'] * 1e3:.0f} ms, "
                       f"comm {run_row['comm_fraction'] * 100:.0f}%" if run_row["status"] == "ok"
                       else f"FAILED: {run_row['error'][:300]}")
@@ -79,8 +82,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     finally:
         if group is not None:
             group.shutdown()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if started_ray:
             import ray
 
@@ -125,12 +128,31 @@ def _eta(started: float, finished: int, total: int) -> str:
     return f"{int(left // 60)}m{int(left % 60):02d}s"
 
 
-def _stop_on_sigterm():
-    """SIGTERM behaves like Ctrl-C: the run in flight is abandoned, everything finished stays on disk."""
+_HOLD = {"holding": False, "signum": None}
+
+
+def _stop_on_signals() -> dict:
+    """SIGINT and SIGTERM stop the sweep (KeyboardInterrupt): the run in flight is abandoned, everything
+    finished stays on disk; one that arrives while a run is being stored stops the sweep right after."""
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        if _HOLD["holding"]:
+            _HOLD["signum"] = signum
+            return
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     try:
-        return signal.signal(signal.SIGTERM, handler)
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: leave signals alone
-        return None
+        return {}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Defer SIGINT/SIGTERM to the end of the block, so that a run is stored whole or not at all."""
+    _HOLD["holding"], _HOLD["signum"] = True, None
+    try:
+        yield
+    finally:
+        _HOLD["holding"] = False
+    if _HOLD["signum"] is not None:
+        raise KeyboardInterrupt(signal.Signals(_HOLD["signum"]).name)

@@ -14,8 +14,6 @@ import pandas as pd
 import pytest
 import torch
 
-pytestmark = pytest.mark.ray
-
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10  # the communicator's timeout in these runs: a dead peer must fail the run within it
 IN_LOOP_BYTES = 2_000_000  # written by the rank to kill: 20+ gradient messages, so well into the step loop
@@ -60,6 +58,7 @@ def _kill_rank_in_loop(group, rank: int, record: dict) -> None:
     process.kill()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("strategy", ["ring", "parameter_server", "decentralized"])
 def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds(ray_session, monkeypatch,
                                                                                    tmp_path, strategy):
@@ -137,6 +136,7 @@ def _syncbench(*args: str) -> list[str]:
     return [sys.executable, "-m", "experiments", *args]
 
 
+@pytest.mark.ray
 def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(ray_session, tmp_path):
     sweep = tmp_path / "stopped.toml"
     sweep.write_text(STOP_SWEEP)
@@ -175,6 +175,33 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     assert not steps.duplicated(["run_id", "step", "rank"]).any()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_store_write_stops_the_sweep_after_the_write(tmp_path, signum):
+    """The runner defers SIGINT/SIGTERM while a run is being stored: the run lands whole, then the sweep stops."""
+    import os
+
+    from experiments.runner import _signals_held, _stop_on_signals
+    from experiments.store import Store
+
+    store = Store(tmp_path)
+    previous = _stop_on_signals()
+    try:
+        with pytest.raises(KeyboardInterrupt, match=signal.Signals(signum).name):
+            with _signals_held():
+                store.append({"run_id": "a", "status": "ok"}, [{"run_id": "a", "step": 0}])
+                os.kill(os.getpid(), signum)  # arrives between the two writes of one run
+                time.sleep(0.1)  # the handler has run by now (it only records the signal)
+                store.append({"run_id": "b", "status": "ok"}, [{"run_id": "b", "step": 0}])
+        with pytest.raises(KeyboardInterrupt):  # outside a write, a signal stops at once
+            os.kill(os.getpid(), signum)
+            time.sleep(1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert list(store.runs()["run_id"]) == ["a", "b"] and list(store.steps()["run_id"]) == ["a", "b"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def _run_count(out: Path) -> int:
     try:
         return len(pd.read_parquet(out / "runs.parquet"))
@@ -200,20 +227,23 @@ def _send_10_receive_12(ctx):
         ctx.comm.recv(torch.zeros(12), 0)
 
 
-def test_ranks_that_disagree_on_the_size_fail_saying_so(group2):
-    from experiments.group import GroupError
+@pytest.mark.ray
+def test_ranks_that_disagree_on_the_size_fail_saying_so(ray_session):
+    from experiments.group import GroupError, WorkerGroup
 
-    with pytest.raises(GroupError) as err:
-        group2.run(_allreduce_rank_sized, "ring")
+    # a group of its own, shut down at the end: the failure breaks it (the shared group2 would linger broken)
+    with WorkerGroup(2, timeout=20) as group, pytest.raises(GroupError) as err:
+        group.run(_allreduce_rank_sized, "ring")
     text = str(err.value)
     assert "different sizes" in text and "rank 0: 10" in text and "rank 1: 11" in text, text
 
 
-def test_a_receive_of_the_wrong_size_fails_saying_so(group2):
-    from experiments.group import GroupError
+@pytest.mark.ray
+def test_a_receive_of_the_wrong_size_fails_saying_so(ray_session):
+    from experiments.group import GroupError, WorkerGroup
 
-    with pytest.raises(GroupError) as err:
-        group2.run(_send_10_receive_12)
+    with WorkerGroup(2, timeout=20) as group, pytest.raises(GroupError) as err:
+        group.run(_send_10_receive_12)
     text = str(err.value)
     assert err.value.ranks == [1], text
     assert "sender sent 40 bytes" in text and "expected 48 bytes" in text and "disagree on the tensor's size" in text
