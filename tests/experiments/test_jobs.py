@@ -2,13 +2,14 @@
 
 The head gets its own temp dir and free ports, runs from this venv (so the job's `python` is ours), and is
 stopped by killing the processes of its own session: `ray stop` would stop every Ray on the machine.
-Token authentication is disabled here (RAY_AUTH_MODE=disabled): the README says how to keep it on.
+Token authentication stays on (RAY_AUTH_MODE=token) with a token of the test's own in RAY_AUTH_TOKEN.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -136,9 +137,11 @@ def ray_head():
     temp_dir = tempfile.mkdtemp(prefix="sbhead-")  # short: Ray's socket paths must stay under ~107 chars
     ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS))))
     first_worker_port = _free_range(WORKER_PORTS)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
-           "RAY_USAGE_STATS_ENABLED": "0"}
-    for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    # token authentication on, as on a real cluster, with a token of its own in the environment (RAY_AUTH_TOKEN):
+    # the head, the job CLI and the job's driver all read it; ~/.ray/auth_token is neither read nor written
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": uuid.uuid4().hex, "RAY_USAGE_STATS_ENABLED": "0"}
+    for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
         env.pop(var, None)
     # Ray replaces a loopback --node-ip-address by the host's IP, so none is given; the job API (dashboard)
     # listens on 127.0.0.1 only
@@ -165,6 +168,7 @@ def ray_head():
             head.kill()
         left = _stop_session(sid)
         assert not left, f"head processes still running after SIGKILL: {[p.pid for p in left]}"
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_sweep_as_a_ray_job_on_a_real_head(ray_head, tmp_path):
@@ -182,20 +186,26 @@ def test_sweep_as_a_ray_job_on_a_real_head(ray_head, tmp_path):
     submit = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     log = submit.stdout + submit.stderr
 
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    client = JobSubmissionClient(url)
+    client = JobSubmissionClient(url, headers={"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
     status = client.get_job_status(job_id)
-    assert status == JobStatus.SUCCEEDED, f"job {job_id} ended {status}:\n{log}\n{client.get_job_logs(job_id)}"
+    job_log = client.get_job_logs(job_id)
+    assert status == JobStatus.SUCCEEDED, f"job {job_id} ended {status}:\n{log}\n{job_log}"
     assert submit.returncode == 0, log
     print(f"job {job_id} SUCCEEDED in {time.monotonic() - start:.0f} s")
+    with pytest.raises(AuthenticationError):  # without the head's token, the job API refuses
+        JobSubmissionClient(url, headers={"Authorization": "Bearer not-the-token"}).get_job_status(job_id)
 
-    # the sweep joined the head's cluster (RAY_ADDRESS set by the job) instead of starting its own Ray
-    from ray.util.state import list_actors
-
-    workers = list_actors(address=url, filters=[("class_name", "=", "GroupWorker")], raise_on_missing_output=False)
+    # the sweep joined the head's cluster (RAY_ADDRESS, set by Ray for the job) instead of starting its own Ray
+    listed = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", url, "--filter",
+                             "class_name=GroupWorker", "--format", "json"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    workers = json.loads(listed.stdout)
     assert len(workers) == 2, f"expected the run's 2 GroupWorker actors on the head, found {workers}"
-    assert "Started a local Ray instance" not in client.get_job_logs(job_id)
+    assert "Started a local Ray instance" not in job_log
 
     runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
     assert list(runs["status"]) == ["ok"], runs.to_dict("records")
