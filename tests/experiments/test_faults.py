@@ -90,6 +90,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
     assert "rank 1" in killed["error"] and "actor died" in killed["error"], killed["error"]
     assert killed["error"].startswith("run(train) failed on rank 1"), killed["error"]
     took = record["ended_at"] - record["killed_at"]
+    print(f"{strategy}: rank 1 killed, run failed {took:.1f} s later")
     assert took < TIMEOUT_S, f"the run took {took:.1f} s to fail after rank 1 was killed"
     assert after["status"] == "ok", after["error"]
     # the broken group's actors are gone and every placement group is removed
@@ -138,6 +139,7 @@ def _syncbench(*args: str) -> list[str]:
 
 @pytest.mark.ray
 def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(ray_session, tmp_path):
+    before = ray_session.available_resources()
     sweep = tmp_path / "stopped.toml"
     sweep.write_text(STOP_SWEEP)
     out = tmp_path / "out"
@@ -173,6 +175,8 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     assert runs.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]  # not run again
     assert len(steps) == (3 + 150 + 4) * 2
     assert not steps.duplicated(["run_id", "step", "rank"]).any()
+    # both sweep processes' actors and placement groups are released (Ray frees them asynchronously)
+    assert _wait_until(lambda: _resources_back(ray_session, before)), ray_session.available_resources()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -219,31 +223,15 @@ def _allreduce_rank_sized(ctx, strategy):
     runtime.sync(torch.ones(10 + ctx.rank), "mean")
 
 
-def _send_10_receive_12(ctx):
-    """Point to point: rank 0 sends 10 elements, rank 1 posts a receive for 12."""
-    if ctx.rank == 0:
-        ctx.comm.send(torch.ones(10), 1)
-    else:
-        ctx.comm.recv(torch.zeros(12), 0)
-
-
 @pytest.mark.ray
 def test_ranks_that_disagree_on_the_size_fail_saying_so(ray_session):
     from experiments.group import GroupError, WorkerGroup
 
+    before = ray_session.available_resources()
     # a group of its own, shut down at the end: the failure breaks it (the shared group2 would linger broken)
     with WorkerGroup(2, timeout=20) as group, pytest.raises(GroupError) as err:
         group.run(_allreduce_rank_sized, "ring")
     text = str(err.value)
     assert "different sizes" in text and "rank 0: 10" in text and "rank 1: 11" in text, text
-
-
-@pytest.mark.ray
-def test_a_receive_of_the_wrong_size_fails_saying_so(ray_session):
-    from experiments.group import GroupError, WorkerGroup
-
-    with WorkerGroup(2, timeout=20) as group, pytest.raises(GroupError) as err:
-        group.run(_send_10_receive_12)
-    text = str(err.value)
-    assert err.value.ranks == [1], text
-    assert "sender sent 40 bytes" in text and "expected 48 bytes" in text and "disagree on the tensor's size" in text
+    # (a point-to-point receive of the wrong size over gloo: tests/strategies/test_transport_torch.py)
+    assert _wait_until(lambda: _resources_back(ray_session, before)), ray_session.available_resources()
