@@ -207,7 +207,11 @@ class WorkerGroup:
             raise GroupError("the worker group is broken by an earlier failure: shut it down and start a new one",
                              [])
         refs = [a.run.remote(fn, args, network, self.timeout) for a in self.actors]
-        return self._get(refs, timeout, f"run({getattr(fn, '__name__', fn)})")
+        try:
+            return self._get(refs, timeout, f"run({getattr(fn, '__name__', fn)})")
+        except KeyboardInterrupt:  # Ctrl-C/SIGTERM: the ranks are still busy with fn, so shutdown() kills them
+            self.broken = True
+            raise
 
     def _get(self, refs: list, timeout: float | None, what: str) -> list:
         """Results of one call per rank, in rank order; GroupError naming the first failed rank(s)."""
