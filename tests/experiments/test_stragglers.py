@@ -46,7 +46,7 @@ def test_a_straggler_stretches_its_compute_and_the_synchronous_step_waits_for_it
           f"step: base {base_row['step_time_s'] * 1e3:.1f} ms, straggler {slow_row['step_time_s'] * 1e3:.1f} ms")
     # the delay stretches the straggler's measured compute by the slowdown (rank 0's compute stands in for
     # what rank 1's would have been; the two ranks share 2 cores, so allow for noise around 3)
-    assert 2.0 < ratio < 4.5, f"straggler compute x{ratio:.2f} of the fast rank's, expected about x{SLOWDOWN:g}"
+    assert 2.0 < ratio < 5.0, f"straggler compute x{ratio:.2f} of the fast rank's, expected about x{SLOWDOWN:g}"
     # synchronous: the fast rank's step (compute + waiting in the allreduce) lasts as long as the straggler's
     fast_step = slow["total_s"][0].median()
     assert fast_step > 0.9 * straggler_compute, (fast_step, straggler_compute)
