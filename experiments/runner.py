@@ -14,6 +14,7 @@ import os
 import platform
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                         store.append(run_row, [])
                     print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
                     continue
-            run_row, step_rows = _run_one(group, spec, train_fn)
+            run_row, step_rows = _run_one(group, spec, train_fn, log)
             with _signals_held():
                 store.append(run_row, step_rows)
             status = (f"{run_row['throughput']:.1f} samples/s, step {run_row['step_time_s'] * 1e3:.0f} ms, "
@@ -91,11 +92,14 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     return store.runs()
 
 
-def _run_one(group: WorkerGroup, spec: RunSpec, train_fn) -> tuple[dict, list[dict]]:
+def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dict, list[dict]]:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     start = time.perf_counter()
     try:
-        results = group.run(train_fn, spec, network=spec.network())  # the communicator timeout bounds every wait
+        if log is not None and log.isatty():  # a live step counter for a person watching a terminal
+            results = _with_step_progress(group, spec, train_fn, log)
+        else:  # the communicator timeout bounds every wait
+            results = group.run(train_fn, spec, network=spec.network())
         error = ""
     except GroupError as e:
         results, error = None, str(e)
@@ -103,6 +107,44 @@ def _run_one(group: WorkerGroup, spec: RunSpec, train_fn) -> tuple[dict, list[di
             "transport": group.backend, "gpu": group.gpu_name or "", "cores": group.cores,
             "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
+
+
+def _with_step_progress(group: WorkerGroup, spec: RunSpec, train_fn, log) -> list:
+    """group.run in a thread while rank 0 reports finished steps through a Ray queue; redraw one line."""
+    from ray.util.queue import Queue
+
+    queue = Queue(actor_options={"num_cpus": 0})
+    outcome: dict = {}
+
+    def call():
+        try:
+            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
+    start = time.perf_counter()
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+            step = None
+            while not queue.empty():
+                step = queue.get_nowait()
+            if step:
+                elapsed = time.perf_counter() - start
+                eta = elapsed / step * (spec.steps - step)
+                print(f"\r           step {step}/{spec.steps}, {elapsed:.0f} s, ETA run {eta:.0f} s   ",
+                      end="", file=log, flush=True)
+    except BaseException:
+        group.broken = True  # interrupted: shutdown kills the busy ranks instead of waiting for them
+        raise
+    finally:
+        print("\r" + " " * 60 + "\r", end="", file=log, flush=True)
+        queue.shutdown()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _no_group_meta() -> dict:

@@ -28,8 +28,11 @@ from workloads.models import build_model
 _INIT_LOCK = threading.Lock()
 
 
-def train(ctx, spec) -> dict:
-    """Run `spec` on this rank; returns {"steps": [row, ...], "final": {...}}."""
+def train(ctx, spec, progress=None) -> dict:
+    """Run `spec` on this rank; returns {"steps": [row, ...], "final": {...}}.
+
+    `progress`: a queue rank 0 puts each finished step number on (the runner's live display), or None.
+    """
     torch.manual_seed(spec.seed)
     config = strategies.make(spec.strategy, **spec.strategy_params)
     runtime = config.bind(ctx.comm, spec.workers)
@@ -40,14 +43,14 @@ def train(ctx, spec) -> dict:
     flat = FlatModel(model)
     if runtime.is_server:
         return _serve(ctx, spec, runtime, flat)
-    return _work(ctx, spec, config, runtime, model, flat, device)
+    return _work(ctx, spec, config, runtime, model, flat, device, progress)
 
 
 def _optimizer(spec, params):
     return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
 
 
-def _work(ctx, spec, config, runtime, model, flat, device) -> dict:
+def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
     data = make_dataset(spec.dataset, batch_size=spec.batch_size, image_size=spec.image_size,
                         num_classes=spec.num_classes, rank=ctx.rank, world_size=spec.workers, seed=spec.seed,
                         device=device)
@@ -100,6 +103,8 @@ def _work(ctx, spec, config, runtime, model, flat, device) -> dict:
         if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
             row["consensus_distance"] = _consensus(comm, flat.params)
         rows.append(row)
+        if progress is not None and ctx.rank == 0:  # outside the timed part of the step
+            progress.put_nowait(step + 1)
     ctx.state["flat"] = flat  # the last run's model, kept on the actor (tests compare parameters)
     final = {"loss": loss_value, "param_norm": float(flat.params.norm()), "numel": flat.numel,
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan}
