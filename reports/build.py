@@ -43,6 +43,7 @@ SECTIONS = {  # id -> heading, in page order
     "bandwidth": "6. Bandwidth requirement",
     "cost-model": "7. Cost model (alpha-beta)",
     "convergence": "8. Convergence",
+    "stragglers": "9. Stragglers and slow links",
 }
 IDEAL = "ideal linear scaling"
 COMPUTE_LINE = "compute time Ts (measured)"
@@ -610,6 +611,55 @@ def convergence_section(ok: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[s
     return text, figures, note
 
 
+# ---- 9. stragglers --------------------------------------------------------------------------------------
+
+def imbalance(straggler: str, link: str) -> tuple[float, str]:
+    """How a run was unbalanced, as (sort key, label): a compute slowdown, a slower NIC, or none."""
+    spec = json.loads(straggler) if isinstance(straggler, str) and straggler.strip() else {}
+    if spec.get("ranks") and spec.get("slowdown", 1.0) != 1.0:
+        ranks = ",".join(str(r) for r in spec["ranks"])
+        return float(spec["slowdown"]), f"rank {ranks} computes {spec['slowdown']:g}x slower"
+    if "(heterogeneous)" in str(link):
+        return 0.5, str(link)
+    return 1.0, "balanced"
+
+
+def stragglers_frame(ok: pd.DataFrame) -> pd.DataFrame:
+    """Throughput of each unbalanced run relative to the same strategy's balanced run (same workers)."""
+    df = ok.copy()
+    keys = [imbalance(s, link) for s, link in zip(df["straggler"], df["link"])]
+    df["order"] = [k for k, _ in keys]
+    df["imbalance"] = [label for _, label in keys]
+    df["base_link"] = df["link"].astype(str).str.replace(" (heterogeneous)", "", regex=False)
+    keys = ["workload", "label", "workers", "base_link"]  # a slow NIC is compared with its uniform network
+    balanced = df[df["imbalance"] == "balanced"].groupby(keys)["throughput"].mean()
+    df["relative"] = [t / balanced.get(k, math.nan)
+                      for t, k in zip(df["throughput"], df[keys].itertuples(index=False, name=None))]
+    return df.sort_values(["order", "imbalance"])
+
+
+def stragglers_figure(df: pd.DataFrame, ok: pd.DataFrame) -> go.Figure:
+    fig = px.bar(for_plot(df), x="imbalance", y="relative", color="label", barmode="group",
+                 color_discrete_map=palette(ok), facet_col="workload",
+                 labels={"imbalance": "imbalance", "relative": "throughput / balanced throughput",
+                         "label": "strategy"})
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    return tidy(fig, 1, "Throughput with one slow rank, relative to the same strategy with none")
+
+
+def stragglers_section(ok: pd.DataFrame) -> str:
+    has_straggler = ok["straggler"].astype(str).str.strip().ne("").any()
+    has_slow_link = ok["link"].astype(str).str.contains("(heterogeneous)", regex=False).any()
+    if not (has_straggler or has_slow_link):
+        return "<p>This sweep has no straggler and no slower link: every rank had the same compute and NIC.</p>"
+    df = stragglers_frame(ok)
+    text = ("<p>A synchronous strategy waits for its slowest rank every step, so one slow rank slows the group; "
+            "how much the others lose, and whether decentralized averaging or a parameter server hides it, is "
+            "measured here, not assumed. A straggler's compute is stretched by a measured delay "
+            "((slowdown - 1) x its own compute time).</p>")
+    return text + distortion_note(df, "throughputs") + figure_html(stragglers_figure(df, ok))
+
+
 # ---- the page ---------------------------------------------------------------------------------------------
 
 def figure_html(fig: go.Figure | None) -> str:
@@ -696,6 +746,7 @@ def build(results_dir: str | os.PathLike) -> Path:
                              + figure_html(figures[0]) + model_label + figure_html(figures[1])))
         text, figures, note = convergence_section(ok, steps)
         parts.append(section("convergence", text + note + "".join(figure_html(f) for f in figures)))
+        parts.append(section("stragglers", stragglers_section(ok)))
 
     title = f"syncbench report: {', '.join(str(s) for s in runs['sweep'].unique())}"
     nav = "".join(f'<a href="#{sid}">{heading}</a>' for sid, heading in SECTIONS.items())

@@ -128,3 +128,24 @@ def test_all_runs_failed(tmp_path, fake_results):
 def test_missing_results_name_the_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no runs.parquet in"):
         build(tmp_path)
+
+
+def test_stragglers_section_shows_relative_throughput(results_dir):
+    runs = pd.read_parquet(results_dir / "runs.parquet")
+    slow = runs[(runs["workers"] == 4) & (runs["link"] == "1Gbit")].copy()
+    slow["run_id"] += "-straggler"
+    slow["straggler"] = '{"ranks": [1], "slowdown": 2.0}'
+    slow["throughput"] /= 1.5
+    pd.concat([runs, slow]).to_parquet(results_dir / "runs.parquet")
+    page = build(results_dir).read_text()
+    section = page.split('id="stragglers"')[1]
+    assert "rank 1 computes 2x slower" in section and 'class="plotly-graph-div"' in section
+    ok = report.load_runs(results_dir)
+    df = report.stragglers_frame(ok[ok["ok"]])
+    ratios = df[df["imbalance"] != "balanced"]["relative"]
+    assert len(ratios) == 3 and ratios.round(6).eq(round(1 / 1.5, 6)).all()
+
+
+def test_no_straggler_says_so(results_dir):
+    section = build(results_dir).read_text().split('id="stragglers"')[1]
+    assert "no straggler" in section and "plotly-graph-div" not in section.split("</section>")[0]
