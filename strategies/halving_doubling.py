@@ -72,13 +72,13 @@ class HalvingDoubling(Strategy):
 
     def _exchange(self, flat, step, op):
         (s_lo, s_hi), (r_lo, r_hi) = step.send, step.recv
+        # post the receive first: a gloo send completes only once the peer's receive is posted
+        incoming = self.scratch.get(r_hi - r_lo, flat) if step.reduce else flat[r_lo:r_hi]
+        received = self.comm.irecv(incoming, step.peer)
         sent = self.comm.isend(flat[s_lo:s_hi], step.peer)
+        received.wait()
         if step.reduce:
-            incoming = self.scratch.get(r_hi - r_lo, flat)
-            self.comm.irecv(incoming, step.peer).wait()
             reduce_into(flat[r_lo:r_hi], incoming, op)
-        else:
-            self.comm.irecv(flat[r_lo:r_hi], step.peer).wait()
         sent.wait()
 
 

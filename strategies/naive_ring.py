@@ -25,8 +25,9 @@ class NaiveRing(Strategy):
         forward.copy_(flat)
         for _ in range(n - 1):
             # round r: send the array of rank (rank - r) to the right, receive rank (rank - r - 1)'s from the left
+            arrival = self.comm.irecv(received, left)  # posted first: gloo sends wait for a posted receive
             sent = self.comm.isend(forward, right)
-            self.comm.irecv(received, left).wait()
+            arrival.wait()
             reduce_into(flat, received, op)
             sent.wait()
             forward, received = received, forward

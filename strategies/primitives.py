@@ -32,34 +32,48 @@ class Scratch:
 
 def ring_reduce_scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], op: str,
                         ranks: list[int], scratch: Scratch) -> int:
-    """n-1 rounds; returns the chunk this rank ends up owning, fully reduced: (pos + 1) mod n."""
+    """n-1 rounds; returns the chunk this rank ends up owning, fully reduced: (pos + 1) mod n.
+
+    Every receive is posted before the first send, each into its own scratch slot: a peer's send then never
+    waits for this rank to get round to posting (gloo sends complete only against a posted receive), and
+    round r+1's transfer overlaps round r's reduction.
+    """
     n, pos = len(ranks), ranks.index(comm.rank)
     right, left = ranks[(pos + 1) % n], ranks[(pos - 1) % n]
+    # round r: send chunk (pos - r) to the right, receive chunk (pos - r - 1) from the left and reduce it
+    recv_chunks = [bounds[(pos - rnd - 1) % n] for rnd in range(n - 1)]
+    slot = max((hi - lo for lo, hi in bounds), default=0)
+    slots = scratch.get(slot * (n - 1), flat)
+    incoming = [slots[rnd * slot: rnd * slot + hi - lo] for rnd, (lo, hi) in enumerate(recv_chunks)]
+    pending = [comm.irecv(buf, left) for buf in incoming]
     for rnd in range(n - 1):
-        # round r: send chunk (pos - r) to the right, receive chunk (pos - r - 1) from the left and reduce it
-        s_lo, s_hi = bounds[(pos - rnd) % n]
-        r_lo, r_hi = bounds[(pos - rnd - 1) % n]
-        incoming = scratch.get(r_hi - r_lo, flat)
+        s_lo, s_hi = bounds[(pos - rnd) % n]  # round 0: our own chunk; later: the one reduced last round
         sent = comm.isend(flat[s_lo:s_hi], right)
-        comm.irecv(incoming, left).wait()
-        reduce_into(flat[r_lo:r_hi], incoming, op)
+        pending[rnd].wait()
+        r_lo, r_hi = recv_chunks[rnd]
+        reduce_into(flat[r_lo:r_hi], incoming[rnd], op)
         sent.wait()
     return (pos + 1) % n
 
 
 def ring_allgather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]],
                    ranks: list[int], owned: int | None = None) -> None:
-    """n-1 rounds; starts with this rank owning chunk `owned` (default (pos + 1) mod n), ends with all."""
+    """n-1 rounds; starts with this rank owning chunk `owned` (default (pos + 1) mod n), ends with all.
+
+    Each round's chunk lands in its own place in `flat`, so all receives are posted up front.
+    """
     n, pos = len(ranks), ranks.index(comm.rank)
     right, left = ranks[(pos + 1) % n], ranks[(pos - 1) % n]
     first = (pos + 1) % n if owned is None else owned
+    # round r: forward the chunk received last round (round 0: the owned one), receive the left's
+    pending = [comm.irecv(flat[lo:hi], left) for lo, hi in (bounds[(first - rnd - 1) % n] for rnd in range(n - 1))]
+    sends = []
     for rnd in range(n - 1):
-        # round r: forward the chunk received last round (first: the owned one), receive the left's
         s_lo, s_hi = bounds[(first - rnd) % n]
-        r_lo, r_hi = bounds[(first - rnd - 1) % n]
-        sent = comm.isend(flat[s_lo:s_hi], right)
-        comm.irecv(flat[r_lo:r_hi], left).wait()
-        sent.wait()
+        sends.append(comm.isend(flat[s_lo:s_hi], right))
+        pending[rnd].wait()
+    for handle in sends:
+        handle.wait()
 
 
 # -- binomial trees -----------------------------------------------------------------------------------
