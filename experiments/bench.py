@@ -140,7 +140,7 @@ def _syncbench_loop(ctx, spec) -> float:
 
 
 def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: int = 32, steps: int = 30,
-                  rounds: int = 3, device: str = "cpu") -> list[dict]:
+                  rounds: int = 7, device: str = "cpu") -> list[dict]:
     """1 worker, no synchronization (ring on one rank), vs the plain loop, alternated in one actor."""
     import ray
 

@@ -32,6 +32,12 @@ STARTUP_TIMEOUT_S = 120.0
 GRACE_S = 2.0
 
 
+# glibc otherwise unmaps every large tensor freed in a step (activations, fresh gradients) and faults the
+# pages in again the next step: measured 34 ms of a 190 ms resnet18 step on 1 thread, 8 ms with these.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296",
+              "MALLOC_TOP_PAD_": "268435456"}
+
+
 class GroupError(RuntimeError):
     """One or more ranks failed (raised, or their actor died); names the ranks and the cause."""
 
@@ -165,7 +171,7 @@ class WorkerGroup:
         if not ready:
             raise RuntimeError(f"placement group of {self.world_size} x {bundle} not placed within "
                                f"{startup_timeout:g} s; the cluster has {ray.available_resources()} available")
-        env = {"env_vars": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}}
+        env = {"env_vars": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1", **MALLOC_ENV}}
         self.actors = [
             GroupWorker.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=env,

@@ -33,11 +33,11 @@ def train(ctx, spec, progress=None) -> dict:
 
     `progress`: a queue rank 0 puts each finished step number on (the runner's live display), or None.
     """
-    torch.manual_seed(spec.seed)
     config = strategies.make(spec.strategy, **spec.strategy_params)
     runtime = config.bind(ctx.comm, spec.workers)
     device = torch.device(ctx.device)
     with _INIT_LOCK:
+        torch.manual_seed(spec.seed + ctx.rank)  # the global stream (dropout): reproducible, rank-specific
         model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
                             seed=spec.seed).to(device)
     flat = FlatModel(model)
@@ -50,11 +50,19 @@ def _optimizer(spec, params):
     return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
 
 
+def _as_one_parameter(flat) -> torch.nn.Parameter:
+    """The flat buffers as one parameter: SGD's elementwise update in one pass instead of one per tensor
+    (the same arithmetic; resnet18's 62 small updates cost as much as the flat gradients' zeroing)."""
+    param = torch.nn.Parameter(flat.params)  # shares storage: updating it updates the model
+    param.grad = flat.grads
+    return param
+
+
 def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
     data = make_dataset(spec.dataset, batch_size=spec.batch_size, image_size=spec.image_size,
                         num_classes=spec.num_classes, rank=ctx.rank, world_size=spec.workers, seed=spec.seed,
                         device=device)
-    optimizer = _optimizer(spec, model.parameters()) if config.role != SERVER else None
+    optimizer = _optimizer(spec, [_as_one_parameter(flat)]) if config.role != SERVER else None
     slowdown = _slowdown(spec, ctx.rank)
     comm = ctx.comm
     rows = []
