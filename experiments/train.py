@@ -40,7 +40,8 @@ def train(ctx, spec, progress=None) -> dict:
         torch.manual_seed(spec.seed + ctx.rank)  # the global stream (dropout): reproducible, rank-specific
         model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
                             seed=spec.seed).to(device)
-    flat = FlatModel(model)
+    # the flat buffers feed a collective; a rank alone has none and trains exactly as a plain loop would
+    flat = FlatModel(model) if ctx.comm.world_size > 1 else None
     if runtime.is_server:
         return _serve(ctx, spec, runtime, flat)
     return _work(ctx, spec, config, runtime, model, flat, device, progress)
@@ -62,7 +63,9 @@ def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
     data = make_dataset(spec.dataset, batch_size=spec.batch_size, image_size=spec.image_size,
                         num_classes=spec.num_classes, rank=ctx.rank, world_size=spec.workers, seed=spec.seed,
                         device=device)
-    optimizer = _optimizer(spec, [_as_one_parameter(flat)]) if config.role != SERVER else None
+    optimizer = None
+    if config.role != SERVER:
+        optimizer = _optimizer(spec, [_as_one_parameter(flat)] if flat else model.parameters())
     slowdown = _slowdown(spec, ctx.rank)
     comm = ctx.comm
     rows = []
@@ -74,7 +77,10 @@ def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
         step_start = time.perf_counter()
         # -- compute: forward, backward (and the local optimizer step for decentralized) --------------
         x, y = data.next_batch()
-        flat.zero_grad()
+        if flat is not None:
+            flat.zero_grad()
+        else:
+            optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         if config.role == PARAMETERS:
@@ -86,11 +92,11 @@ def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
             compute_s = time.perf_counter() - step_start
         # -- communication: the strategy's hook -----------------------------------------------------
         comm_start = time.perf_counter()
-        if config.role == GRADIENTS:
-            runtime.sync(flat.grads, "mean")
+        if flat is None:
+            pass  # one rank: nothing to agree on
         elif config.role == PARAMETERS:
             runtime.sync(flat.params, "mean")
-        else:  # SERVER: gradients go up, parameters come back in the same buffer
+        else:  # GRADIENTS: average them; SERVER: gradients go up, parameters come back in the same buffer
             runtime.sync(flat.grads, "mean")
         _synchronize(device)
         comm_s = time.perf_counter() - comm_start
@@ -109,12 +115,13 @@ def _work(ctx, spec, config, runtime, model, flat, device, progress) -> dict:
                "bytes_recv": counters.bytes_recv, "loss": loss_value, "samples": int(y.shape[0]),
                "consensus_distance": math.nan, "wall_s": time.perf_counter() - run_start}
         if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
-            row["consensus_distance"] = _consensus(comm, flat.params)
+            row["consensus_distance"] = _consensus(comm, flat.params) if flat else 0.0
         rows.append(row)
         if progress is not None and ctx.rank == 0:  # outside the timed part of the step
             progress.put_nowait(step + 1)
-    ctx.state["flat"] = flat  # the last run's model, kept on the actor (tests compare parameters)
-    final = {"loss": loss_value, "param_norm": float(flat.params.norm()), "numel": flat.numel,
+    params = flat.params if flat else torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    ctx.state["params"] = params  # the last run's parameters, kept on the actor (tests compare them)
+    final = {"loss": loss_value, "param_norm": float(params.norm()), "numel": params.numel(),
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan}
     if hasattr(data, "eval_batches"):
         final["accuracy"] = _accuracy(model, data)

@@ -22,8 +22,8 @@ def test_training_on_cuda_tensors(strategy):
     def body(comm):
         ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device="cuda", state={})
         result = train(ctx, spec)
-        flat = ctx.state.get("flat")
-        return result, (flat.params.device.type if flat is not None else None)
+        params = ctx.state.get("params")
+        return result, (params.device.type if params is not None else None)
 
     results = run_threads(spec.world_size(), body, timeout=60)
     for (result, device_type), rank in zip(results, range(spec.workers)):

@@ -20,7 +20,7 @@ def train_on_threads(spec: RunSpec):
     def body(comm):
         ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device="cpu", state={})
         result = train(ctx, spec)
-        result["params"] = ctx.state["flat"].params.clone() if comm.rank < spec.workers else None
+        result["params"] = ctx.state["params"].clone() if comm.rank < spec.workers else None
         return result
 
     return run_threads(spec.world_size(), body, timeout=60)
