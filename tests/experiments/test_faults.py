@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.helpers import resources_back, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10  # the communicator's timeout in these runs: a dead peer must fail the run within it
 IN_LOOP_BYTES = 2_000_000  # written by the rank to kill: 20+ gradient messages, so well into the step loop
@@ -96,24 +98,10 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
     # the broken group's actors are gone and every placement group is removed
     alive = lambda: [p for p in record["pids"] if psutil.pid_exists(p)  # noqa: E731
                      and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert _wait_until(lambda: not alive()), f"actors of the killed run still running: {alive()}"
-    assert _wait_until(lambda: _resources_back(ray, before)), f"resources not returned: {ray.available_resources()}"
+    assert wait_until(lambda: not alive()), f"actors of the killed run still running: {alive()}"
+    assert wait_until(lambda: resources_back(ray, before)), f"resources not returned: {ray.available_resources()}"
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert set(steps["run_id"]) == {after["run_id"]}  # the failed run left no steps behind
-
-
-def _resources_back(ray, before: dict) -> bool:
-    now = ray.available_resources()
-    return now.get("CPU") == before.get("CPU") and not any(k.startswith("bundle_group") for k in now)
-
-
-def _wait_until(condition, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 # -- SIGTERM and --resume ----------------------------------------------------------------------------------
@@ -148,7 +136,7 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     proc = subprocess.Popen(_syncbench("run", str(sweep), "--out", str(out), "--no-report", *address), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert _wait_until(lambda: _run_count(out) >= 1 or proc.poll() is not None, 120), "no run finished"
+        assert wait_until(lambda: _run_count(out) >= 1 or proc.poll() is not None, 120), "no run finished"
         assert proc.poll() is None, f"the sweep ended before SIGTERM:\n{proc.communicate()[0]}"
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
@@ -178,7 +166,7 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     assert len(steps) == (3 + 500 + 4) * 2
     assert not steps.duplicated(["run_id", "step", "rank"]).any()
     # both sweep processes' actors and placement groups are released (Ray frees them asynchronously)
-    assert _wait_until(lambda: _resources_back(ray_session, before)), ray_session.available_resources()
+    assert wait_until(lambda: resources_back(ray_session, before)), ray_session.available_resources()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -236,4 +224,4 @@ def test_ranks_that_disagree_on_the_size_fail_saying_so(ray_session):
     text = str(err.value)
     assert "different sizes" in text and "rank 0: 10" in text and "rank 1: 11" in text, text
     # (a point-to-point receive of the wrong size over gloo: tests/strategies/test_transport_torch.py)
-    assert _wait_until(lambda: _resources_back(ray_session, before)), ray_session.available_resources()
+    assert wait_until(lambda: resources_back(ray_session, before)), ray_session.available_resources()

@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from tests.helpers import resources_back, wait_until
+
 pytestmark = pytest.mark.ray
 
 
@@ -28,25 +30,12 @@ def _raise_on_rank_1(ctx):
     ctx.comm.recv(torch.zeros(1), 1)  # would wait for rank 1 until the communicator's timeout
 
 
-def wait_until(condition, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
-
-
 def assert_nothing_left(ray, resources_before: dict, pids: list[int], port: int) -> None:
     """The placement group's resources are back, the actor processes are gone, nothing listens on the port."""
     import psutil  # vendored by Ray
 
-    def resources_back():  # groups other tests hold (a shared fixture's) may stay; this one's must go
-        now = ray.available_resources()
-        bundles = lambda res: {k for k in res if k.startswith("bundle_group")}  # noqa: E731
-        return now.get("CPU", 0) >= resources_before.get("CPU", 0) and bundles(now) <= bundles(resources_before)
-
-    assert wait_until(resources_back), f"resources not returned: {ray.available_resources()}"
+    assert wait_until(lambda: resources_back(ray, resources_before)), \
+        f"resources not returned: {ray.available_resources()}"
     alive = lambda: [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]  # noqa: E731
     assert wait_until(lambda: not alive()), f"actor processes still running: {alive()}"
 
