@@ -229,9 +229,17 @@ def html_table(df: pd.DataFrame, formats: dict[str, str] | None = None, sortable
             f"</table></div>")
 
 
+def not_emulated(ok: pd.DataFrame) -> pd.Series:
+    """Runs whose bytes bypassed the emulated link: the backend's own allreduce (native) on an emulated link."""
+    return (ok["strategy"] == "native") & ok["link_bandwidth"].notna()
+
+
 def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
-    """The fastest strategy per (workload, workers, link), by mean throughput, and its lead over the next."""
-    agg = mean_per_config(ok, ["workload", "workers", "link", "label"])
+    """The fastest strategy per (workload, workers, link), by mean throughput, and its lead over the next.
+
+    On an emulated link `native` ran at full speed (its bytes never pass the emulation), so it cannot win there.
+    """
+    agg = mean_per_config(ok[~not_emulated(ok)], ["workload", "workers", "link", "label"])
     rows = []
     for (workload, workers, link), g in agg.groupby(["workload", "workers", "link"]):
         g = g.sort_values("throughput", ascending=False)
@@ -268,6 +276,15 @@ def runs_table(runs: pd.DataFrame) -> str:
                            "workers": "d", "servers": "d", "seed": "d"}, sortable=True, table_id="runs")
 
 
+def native_note(ok: pd.DataFrame) -> str:
+    if not not_emulated(ok).any():
+        return ""
+    return ('<div class="note"><b>Not emulated:</b> <code>native</code> is the backend\'s own allreduce; its bytes '
+            "never pass through the communicator, so the emulated link does not slow it. Its runs on emulated "
+            "links show the real loopback network and are left out of this table; compare it on full-speed "
+            "links.</div>")
+
+
 def summary_section(runs: pd.DataFrame, sweep_text: str | None, links: list[str]) -> str:
     """The sweep, the machine, the best strategy per configuration and every run."""
     ok = runs[runs["ok"]]
@@ -296,7 +313,7 @@ def summary_section(runs: pd.DataFrame, sweep_text: str | None, links: list[str]
         else "<p>No run succeeded, so there is no best strategy.</p>"
     return (f"<p><b>Sweep:</b> {sweeps}</p>{description}{machine}{counts}"
             f"<h3>Best strategy per workload, workers and link (highest throughput)</h3>"
-            f"{distortion_note(ok, 'throughputs')}{best_html}"
+            f"{distortion_note(ok, 'throughputs')}{native_note(ok)}{best_html}"
             f"<h3>All runs</h3><p class=\"muted\">Click a column heading to sort. MB = 10^6 bytes; "
             f"times are means over timed steps, a step being the slowest rank's.</p>{runs_table(runs)}")
 
@@ -724,11 +741,11 @@ def build(results_dir: str | os.PathLike) -> Path:
         for sid in list(SECTIONS)[1:]:
             parts.append(section(sid, "<p>No run succeeded: nothing to plot.</p>"))
     else:
-        parts.append(section("throughput", skipped + distortion_note(ok, "throughputs")
+        parts.append(section("throughput", skipped + distortion_note(ok, "throughputs") + native_note(ok)
                              + figure_html(throughput_figure(ok, links))))
         parts.append(section("scaling", distortion_note(ok, "scaling efficiencies")
                              + figure_html(scaling_figure(ok, links))))
-        parts.append(section("step-time", distortion_note(ok, "compute and communication times")
+        parts.append(section("step-time", distortion_note(ok, "compute and communication times") + native_note(ok)
                              + figure_html(step_time_figure(ok, links))))
         parts.append(section("traffic", "<p>Bytes are per rank per step; analytic bytes come from each strategy's "
                              "stated traffic. MB = 10^6 bytes.</p>" + traffic_check(ok)

@@ -149,3 +149,20 @@ def test_stragglers_section_shows_relative_throughput(results_dir):
 def test_no_straggler_says_so(results_dir):
     section = build(results_dir).read_text().split('id="stragglers"')[1]
     assert "no straggler" in section and "plotly-graph-div" not in section.split("</section>")[0]
+
+
+def test_native_on_an_emulated_link_is_flagged_and_cannot_win(results_dir):
+    runs = pd.read_parquet(results_dir / "runs.parquet")
+    fast = runs[runs["strategy"] == "ring"].copy()
+    fast["strategy"], fast["strategy_params"] = "native", "{}"
+    fast["run_id"] += "-native"
+    fast["throughput"] *= 100  # full loopback speed: it never paid the emulated link
+    pd.concat([runs, fast]).to_parquet(results_dir / "runs.parquet")
+    loaded = report.load_runs(results_dir)
+    ok = loaded[loaded["ok"]]
+    best = report.best_strategies(ok, report.link_order(loaded))
+    assert set(best.loc[best["link"] == "1Gbit", "best strategy"]) and \
+        "native" not in set(best.loc[best["link"] == "1Gbit", "best strategy"])
+    assert set(best.loc[best["link"] == "full speed", "best strategy"]) == {"native"}
+    page = build(results_dir).read_text()
+    assert page.count("Not emulated:") == 3  # summary, throughput, step time
