@@ -8,7 +8,9 @@ and the sweep goes on; SIGINT/SIGTERM stop between writes, never inside one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
+import json
 import math
 import os
 import platform
@@ -42,6 +44,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         for name in ("runs.parquet", "steps.parquet"):
             (store.dir / name).unlink(missing_ok=True)
     store.write_text("sweep.toml", sweep.source)
+    store.write_text("sweep.resolved.json", resolved(sweep))
     done = store.done() if resume else set()
     todo = sorted((s for s in sweep.runs if s.run_id not in done), key=lambda s: s.world_size())
     print(f"sweep {sweep.name!r}: {len(sweep.runs)} runs, {len(sweep.runs) - len(todo)} already done, "
@@ -58,8 +61,10 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         for i, spec in enumerate(todo, 1):
             world, cuda = spec.world_size(), spec.device == "cuda"
             eta = _eta(started, i - 1, len(todo))
+            straggler = (f" straggler=ranks {spec.straggler['ranks']} x{spec.straggler['slowdown']:g}"
+                         if spec.straggler and spec.straggler["ranks"] else "")
             print(f"[run {i}/{len(todo)}] {spec.strategy} workers={spec.workers} {spec.workload} "
-                  f"link={spec.link_label} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
+                  f"link={spec.link_label}{straggler} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
             if group is None or group.broken or group.world_size != world or group.uses_gpu != cuda:
                 if group is not None:
                     group.shutdown()
@@ -90,6 +95,12 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
 
             ray.shutdown()
     return store.runs()
+
+
+def resolved(sweep: Sweep) -> str:
+    """Every run of the sweep with every setting spelled out (defaults included) and its run id, as JSON."""
+    runs = [{"run_id": spec.run_id, **dataclasses.asdict(spec)} for spec in sweep.runs]
+    return json.dumps({"name": sweep.name, "description": sweep.description, "runs": runs}, indent=1) + "\n"
 
 
 def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dict, list[dict]]:
