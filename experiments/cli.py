@@ -93,6 +93,8 @@ def _print_runs(runs) -> None:
         return
     cols = ["strategy", "workers", "link", "status", "throughput", "step_time_s", "compute_s", "comm_s",
             "bytes_sent_per_worker"]
+    if "accuracy" in runs and runs["accuracy"].notna().any():  # a real data set: held-out accuracy too
+        cols += ["final_loss", "accuracy"]
     table = runs[cols].sort_values(["link", "workers", "strategy"]).copy()
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",
