@@ -261,7 +261,8 @@ RUN_COLUMNS = {  # runs.parquet column -> runs-table heading
     "link": "link", "status": "status", "throughput": "samples/s", "step_time_s": "step s",
     "compute_s": "compute s", "comm_s": "comm s", "comm_fraction": "comm share",
     "bytes_sent_per_worker": "sent MB/worker", "bytes_recv_per_worker": "recv MB/worker",
-    "final_loss": "final loss", "accuracy": "test accuracy", "oversubscribed": "oversubscribed", "seed": "seed", "error": "error",
+    "final_loss": "final loss", "accuracy": "test accuracy", "oversubscribed": "oversubscribed", "seed": "seed",
+    "error": "error",
 }
 
 
