@@ -138,10 +138,9 @@ class Strategy:
         self._check_size(tensor.numel())
         if tensor.numel() == 0 or self.comm.world_size == 1:
             return  # nothing to agree on: no elements, or one rank alone (the mean of one is itself)
-        flat = tensor.view(-1) if tensor.is_contiguous() else None
-        if flat is None:
+        if not tensor.is_contiguous():
             raise ValueError("sync() needs a contiguous tensor (flatten gradients into one buffer first)")
-        self._sync(flat, op)
+        self._sync(tensor.view(-1), op)
 
     def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
               update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None,

@@ -7,7 +7,6 @@ subclass it and supply three raw operations; counting, emulation and timeouts li
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -154,19 +153,20 @@ class Communicator(ABC):
             raise CommError(f"rank {self.rank}: cannot {what} rank {peer}: expected another rank in "
                             f"0..{self.world_size - 1}")
 
-    def _guard(self, fn, what: str, peer: int):
-        """Run a raw operation; turn any transport error into one that names rank, peer and operation."""
+    def _guard(self, fn, what: str, peer: int | None = None, hint: str = "peer dead, stalled, or ranks disagree "
+               "on sizes"):
+        """Run a backend operation; turn any error into a CommError naming this rank, the operation and peer."""
+        where = f"rank {self.rank}: {what}" + (f" rank {peer}" if peer is not None else "")
         try:
             return fn()
         except CommError:
             raise
         except TimeoutError as e:
-            raise CommTimeout(f"rank {self.rank}: {what} rank {peer} timed out after {self.timeout:g} s "
-                              f"(peer dead, stalled, or ranks disagree on sizes): {e}") from e
+            raise CommTimeout(f"{where} timed out after {self.timeout:g} s ({hint}): {e}") from e
         except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
             text = str(e).lower()
             kind = CommTimeout if ("timed out" in text or "timeout" in text) else CommError
-            raise kind(f"rank {self.rank}: {what} rank {peer} failed: {type(e).__name__}: {e}") from e
+            raise kind(f"{where} failed: {type(e).__name__}: {e}") from e
 
     # -- counters ---------------------------------------------------------------------------------
 
@@ -203,7 +203,3 @@ class Communicator(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release transport resources (a no-op for transports that own none)."""
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, CommTimeout, Communicator
+from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.link import Network
 from strategies.ops import check_op
 
@@ -182,12 +182,5 @@ class TorchCommunicator(Communicator):
 
     def _control(self, fn, what: str):
         """Run a collective with this communicator's timeout; errors name this rank and the operation."""
-        try:
-            return fn(time.monotonic() + self.timeout)
-        except TimeoutError as e:
-            raise CommTimeout(f"rank {self.rank}: {what} timed out after {self.timeout:g} s "
-                              f"(a peer dead, stalled, or not calling {what}): {e}") from e
-        except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
-            text = str(e).lower()
-            kind = CommTimeout if ("timed out" in text or "timeout" in text) else CommError
-            raise kind(f"rank {self.rank}: {what} failed: {type(e).__name__}: {e}") from e
+        deadline = time.monotonic() + self.timeout
+        return self._guard(lambda: fn(deadline), what, hint=f"a peer dead, stalled, or not calling {what}")
