@@ -34,7 +34,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
               address: str | None = None, log=sys.stderr, train_fn=train) -> pd.DataFrame:
     """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
 
-    `train_fn(ctx, spec)` is what every rank executes (experiments.train.train; tests substitute their own).
+    `train_fn(ctx, spec[, progress])` is what every rank executes (experiments.train.train; tests substitute
+    their own; `progress` is passed only when the log is a terminal).
     """
     store = Store(out_dir)
     if not resume and not store.runs().empty:
