@@ -14,10 +14,7 @@ import pytest
 
 import strategies
 from strategies.ops import reference
-from strategies.testing import run_collective
-
-WORLD_SIZES = (1, 2, 3, 4, 5, 7, 8)
-NUMELS = (0, 1, 3, 7, 1000, 4099)
+from strategies.testing import NUMELS, WORLD_SIZES, check_strategy, check_traffic, make_inputs, run_collective
 
 # Extra settings to cover for the built-ins that have parameters; any other strategy runs with its defaults.
 VARIANTS = {
@@ -39,61 +36,11 @@ def label(name, params):
     return name + "".join(f"[{k}={v}]" for k, v in params.items())
 
 
-def make_inputs(workers, numel, op, dtype=np.float32):
-    """Rank-dependent inputs; values near 1 for prod so that it neither overflows nor underflows."""
-    out = []
-    for rank in range(workers):
-        rng = np.random.default_rng([workers, numel, rank])
-        if np.issubdtype(dtype, np.integer):
-            out.append(rng.integers(-50, 50, numel).astype(dtype) + rank)
-        elif op == "prod":
-            out.append(rng.uniform(0.9, 1.1, numel).astype(dtype))
-        else:
-            out.append((rng.standard_normal(numel) + rank).astype(dtype))
-    return out
-
-
-def expected(config, inputs, op):
-    """The exact allreduce for exact strategies; W @ X for a neighbour-averaging one."""
-    if config.exact:
-        ref = reference(inputs, op)
-        return [ref] * len(inputs)
-    w = config.mixing_matrix(len(inputs))
-    x = np.stack([a.astype(np.float64) for a in inputs])
-    return list(w @ x)
-
-
-def check_traffic(config, workers, numel, itemsize, measured, case):
-    analytic = config.traffic(workers, numel, itemsize)
-    assert len(analytic.ranks) == config.world_size(workers), f"{case}: analytic traffic has wrong rank count"
-    if not analytic.counted:
-        for rank, t in enumerate(measured):
-            counters = {k: t[k] for k in ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv")}
-            assert not any(counters.values()), f"{case}: rank {rank} counted {counters} for an uncounted backend"
-        return
-    for rank, (want, got) in enumerate(zip(analytic.ranks, measured)):
-        assert want.as_dict() == got, f"{case}: rank {rank} analytic {want.as_dict()} != measured {got}"
-    assert analytic.rounds >= 0 and analytic.path_bytes >= 0, f"{case}: negative rounds or path_bytes"
-
-
 @pytest.mark.parametrize("workers", WORLD_SIZES)
 @pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
 def test_results_and_traffic(name, params, workers):
-    config = strategies.make(name, **params)
-    for numel, op in itertools.product(NUMELS, config.ops):
-        case = f"{label(name, params)} workers={workers} numel={numel} op={op}"
-        inputs = make_inputs(workers, numel, op)
-        outputs, traffic = run_collective(name, inputs, op=op, timeout=20, **params)
-        assert len(outputs) == workers, case
-        for rank, (got, want) in enumerate(zip(outputs, expected(config, inputs, op))):
-            assert got.shape == (numel,) and got.dtype == np.float32, f"{case}: rank {rank} shape/dtype"
-            if op in ("min", "max"):
-                np.testing.assert_array_equal(got, want, err_msg=f"{case}: rank {rank}")
-            else:
-                np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{case}: rank {rank}")
-        roles = ["worker"] * workers + ["server"] * config.num_servers(workers)
-        assert [t["role"] for t in traffic] == roles, f"{case}: roles"
-        check_traffic(config, workers, numel, 4, traffic, case)
+    cases = check_strategy(name, world_sizes=(workers,), **params)
+    assert cases == len(NUMELS) * len(strategies.make(name, **params).ops)
 
 
 @pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
