@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed-stamp
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint clean gpu-results
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -31,3 +31,10 @@ lint: $(VENV_STAMP)
 
 clean:
 	rm -rf .venv results .pytest_cache .ruff_cache
+
+# On a GPU machine: the scaling sweep (ResNet-50, VGG-16 at 224x224, 1-8 workers sharing the GPU) and its
+# results under docs/results/<gpu name>/, plus the 1-worker harness ratio on the GPU.
+gpu-results: $(VENV_STAMP)
+	.venv/bin/syncbench run experiments/sweeps/scaling.toml --out results/scaling --resume
+	.venv/bin/python -m experiments.publish results/scaling
+	.venv/bin/syncbench bench --harness --device cuda --workload resnet50 --image-size 224

@@ -1,0 +1,31 @@
+"""Copy a sweep's results into docs/results/<gpu or cpu name>/ so they can be committed with the code.
+
+    python -m experiments.publish results/scaling
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def publish(results_dir: str | Path, docs: str | Path = "docs/results") -> Path:
+    results_dir = Path(results_dir)
+    runs = pd.read_parquet(results_dir / "runs.parquet")
+    names = [g for g in runs["gpu"].dropna().unique() if g] or [runs["host"].iloc[0]]
+    target = Path(docs) / re.sub(r"[^A-Za-z0-9._-]+", "-", names[0]).strip("-") / results_dir.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("runs.parquet", "report.html", "sweep.toml", "sweep.resolved.json"):
+        if (results_dir / name).exists():
+            shutil.copy2(results_dir / name, target / name)
+    return target
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m experiments.publish RESULTS_DIR")
+    print(publish(sys.argv[1]))

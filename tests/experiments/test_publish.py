@@ -1,0 +1,22 @@
+"""Publishing results: a sweep's files land under docs/results/<gpu name>/<sweep>/."""
+
+import pandas as pd
+
+from experiments.publish import publish
+
+
+def test_publish_names_the_gpu(tmp_path):
+    results = tmp_path / "results" / "scaling"
+    results.mkdir(parents=True)
+    pd.DataFrame([{"gpu": "NVIDIA H100 80GB HBM3", "host": "node1"}]).to_parquet(results / "runs.parquet")
+    (results / "report.html").write_text("<html></html>")
+    target = publish(results, tmp_path / "docs")
+    assert target == tmp_path / "docs" / "NVIDIA-H100-80GB-HBM3" / "scaling"
+    assert sorted(p.name for p in target.iterdir()) == ["report.html", "runs.parquet"]
+
+
+def test_publish_without_a_gpu_uses_the_host(tmp_path):
+    results = tmp_path / "quick"
+    results.mkdir()
+    pd.DataFrame([{"gpu": "", "host": "my host"}]).to_parquet(results / "runs.parquet")
+    assert publish(results, tmp_path / "docs") == tmp_path / "docs" / "my-host" / "quick"
