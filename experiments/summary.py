@@ -23,8 +23,9 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "link_latency": spec.network().default.latency if spec.link else 0.0,
            "straggler": json.dumps(spec.straggler) if spec.straggler else "",
            "status": "failed" if results is None else "ok", "error": error,
+           # more ranks than cores, or GPU ranks sharing a GPU (they fall back from NCCL to gloo)
            "oversubscribed": spec.workers + servers > meta["cores"] or (
-               spec.device == "cuda" and spec.workers > 1 and meta.get("gpus", 1) < spec.workers),
+               spec.device == "cuda" and spec.workers > 1 and meta["transport"] != "nccl"),
            **meta}
     metrics = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
                "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
