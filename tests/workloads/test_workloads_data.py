@@ -9,14 +9,6 @@ from workloads.data import DATASETS, make_dataset
 from workloads.models import build_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_synthetic_batch_shape_and_labels():
     data = make_dataset("synthetic", batch_size=4, image_size=32, num_classes=10, rank=0, world_size=2)
     x, y = data.next_batch()

@@ -10,14 +10,6 @@ from workloads.flat import FlatModel, consensus_distance
 from workloads.models import build_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def batch(seed, image_size=8, n=4):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 3, image_size, image_size, generator=generator)

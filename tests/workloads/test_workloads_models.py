@@ -7,14 +7,6 @@ import torch.nn.functional as F
 from workloads.models import MIN_IMAGE_SIZE, MODELS, build_model, param_count
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("name,image_size", [("resnet18", 32), ("tiny", 8), ("tiny", 32)])
 def test_model_trains_one_step(name, image_size):
     model = build_model(name, num_classes=10, image_size=image_size)
