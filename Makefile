@@ -13,7 +13,7 @@ $(VENV_STAMP): pyproject.toml
 install: $(VENV_STAMP)
 
 demo: $(VENV_STAMP)
-	.venv/bin/syncbench run experiments/sweeps/quick.toml --overwrite
+	.venv/bin/syncbench run experiments/config/sweeps/quick.toml --overwrite
 
 test: $(VENV_STAMP)
 	.venv/bin/ruff check .
@@ -35,6 +35,6 @@ clean:
 # On a GPU machine: the scaling sweep (ResNet-50, VGG-16 at 224x224, 1-8 workers sharing the GPU) and its
 # results under docs/results/<gpu name>/, plus the 1-worker harness ratio on the GPU.
 gpu-results: $(VENV_STAMP)
-	.venv/bin/syncbench run experiments/sweeps/scaling.toml --out results/scaling --resume
-	.venv/bin/python -m experiments.publish results/scaling
+	.venv/bin/syncbench run experiments/config/sweeps/scaling.toml --out results/scaling --resume
+	.venv/bin/python -m experiments.pipeline.publish results/scaling
 	.venv/bin/syncbench bench --harness --device cuda --workload resnet50 --image-size 224

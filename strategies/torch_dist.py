@@ -104,7 +104,7 @@ class TorchCommunicator(Communicator):
         super().__init__(rank, world_size, timeout, network)
         if not dist.is_initialized():
             raise CommError(f"rank {rank}: torch.distributed is not initialized: call init_process_group "
-                            f"(or use experiments.group.WorkerGroup) before TorchCommunicator")
+                            f"(or use experiments.cluster.group.WorkerGroup) before TorchCommunicator")
         self.group = group
         self.backend = str(dist.get_backend(group))
         self.cuda = self.backend == "nccl"

@@ -10,7 +10,7 @@ def ray_session():
     """An embedded Ray with 8 logical CPUs (8 one-CPU actors fit on 2 cores), no dashboard, own temp dir."""
     import ray
 
-    from experiments.ray_runtime import ensure_ray
+    from experiments.cluster.ray_runtime import ensure_ray
 
     started = ensure_ray(num_cpus=8)
     yield ray
@@ -29,7 +29,7 @@ def _shared_groups():
 @pytest.fixture
 def group2(ray_session, _shared_groups):
     """A healthy 2-rank gloo WorkerGroup shared across tests; replaced if an earlier test broke it."""
-    from experiments.group import WorkerGroup
+    from experiments.cluster.group import WorkerGroup
 
     group = _shared_groups.get(2)
     if group is None or group.broken:

@@ -3,7 +3,7 @@
 import json
 import os
 
-from experiments.train import train
+from experiments.pipeline.train import train
 
 
 def train_unless_marked(ctx, spec):

@@ -66,8 +66,8 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
                                                                                    tmp_path, strategy):
     import psutil  # vendored by Ray
 
-    import experiments.runner as runner
-    from experiments.sweep import parse
+    import experiments.pipeline.runner as runner
+    from experiments.config.sweep import parse
 
     ray = ray_session
     before = ray.available_resources()
@@ -174,8 +174,8 @@ def test_a_signal_during_a_store_write_stops_the_sweep_after_the_write(tmp_path,
     """The runner defers SIGINT/SIGTERM while a run is being stored: the run lands whole, then the sweep stops."""
     import os
 
-    from experiments.runner import _signals_held, _stop_on_signals
-    from experiments.store import Store
+    from experiments.pipeline.runner import _signals_held, _stop_on_signals
+    from experiments.pipeline.store import Store
 
     store = Store(tmp_path)
     previous = _stop_on_signals()
@@ -215,7 +215,7 @@ def _allreduce_rank_sized(ctx, strategy):
 
 @pytest.mark.ray
 def test_ranks_that_disagree_on_the_size_fail_saying_so(ray_session):
-    from experiments.group import GroupError, WorkerGroup
+    from experiments.cluster.group import GroupError, WorkerGroup
 
     before = ray_session.available_resources()
     # a group of its own, shut down at the end: the failure breaks it (the shared group2 would linger broken)

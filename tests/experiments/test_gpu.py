@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from experiments.sweep import RunSpec
-from experiments.train import train
+from experiments.config.sweep import RunSpec
+from experiments.pipeline.train import train
 from strategies.threads import run_threads
 
 pytestmark = [pytest.mark.gpu,

@@ -47,7 +47,7 @@ def assert_nothing_left(ray, resources_before: dict, pids: list[int], port: int)
 
 
 def test_group_starts_runs_and_stops_three_times_leaving_nothing(ray_session):
-    from experiments.group import WorkerGroup
+    from experiments.cluster.group import WorkerGroup
 
     ray = ray_session
     before = ray.available_resources()
@@ -65,7 +65,7 @@ def test_group_starts_runs_and_stops_three_times_leaving_nothing(ray_session):
 
 
 def test_a_failing_rank_raises_group_error_naming_it_and_shutdown_cleans_up(ray_session):
-    from experiments.group import GroupError, WorkerGroup
+    from experiments.cluster.group import GroupError, WorkerGroup
 
     ray = ray_session
     before = ray.available_resources()

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from experiments.publish import publish
+from experiments.pipeline.publish import publish
 
 
 def test_publish_names_the_gpu(tmp_path):

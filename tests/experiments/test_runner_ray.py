@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 import strategies
-from experiments import sweep as sweep_mod
-from experiments.collectives import verify
-from experiments.runner import run_sweep
-from experiments.store import Store
+from experiments.bench.collectives import verify
+from experiments.config import sweep as sweep_mod
+from experiments.pipeline.runner import run_sweep
+from experiments.pipeline.store import Store
 
 pytestmark = pytest.mark.ray
 

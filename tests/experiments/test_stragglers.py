@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.sweep import RunSpec, load
+from experiments.config.sweep import RunSpec, load
 
 SWEEPS = Path(__file__).resolve().parents[2] / "experiments" / "sweeps"
 SLOWDOWN = 3.0
@@ -22,8 +22,8 @@ def _spec(slowdown: float) -> RunSpec:
 
 
 def _timed_steps(group, spec) -> tuple[dict, pd.DataFrame]:
-    from experiments.summary import summarize
-    from experiments.train import train
+    from experiments.pipeline.summary import summarize
+    from experiments.pipeline.train import train
 
     results = group.run(train, spec, network=spec.network())
     row, steps = summarize(spec, results, "", {"started_at": "", "duration_s": 0.0, "transport": "gloo",

@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from experiments import sweep as sweep_mod
-from experiments.sweep import SweepError
+from experiments.config import sweep as sweep_mod
+from experiments.config.sweep import SweepError
 
 GOOD = """
 name = "quick"
@@ -51,7 +51,7 @@ def test_issue_example_expands_to_the_full_grid(tmp_path):
 def test_shipped_sweeps_parse():
     from pathlib import Path
 
-    files = sorted(Path("experiments/sweeps").glob("*.toml"))
+    files = sorted(Path("experiments/config/sweeps").glob("*.toml"))
     assert {f.stem for f in files} >= {"quick", "bandwidth", "scaling", "convergence", "stragglers"}
     for f in files:
         assert sweep_mod.load(f).runs

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 import strategies
-from experiments.summary import summarize
-from experiments.sweep import RunSpec
-from experiments.train import train
+from experiments.config.sweep import RunSpec
+from experiments.pipeline.summary import summarize
+from experiments.pipeline.train import train
 from strategies.threads import run_threads
 
 SYNCHRONOUS = ["ring", "halving_doubling", "reduce_broadcast", "all_to_all", "naive_ring", "native",

@@ -62,7 +62,7 @@ def _mismatched_sizes(ctx):
 
 
 def test_gloo_shorter_payload_than_buffer_is_an_error(group2):
-    from experiments.group import GroupError
+    from experiments.cluster.group import GroupError
 
     with pytest.raises(GroupError) as err:  # breaks group2: the fixture starts a fresh one if needed
         group2.run(_mismatched_sizes)
@@ -77,7 +77,7 @@ def _recv_from_silent_peer(ctx):
 
 
 def test_recv_from_silent_peer_fails_within_timeout_naming_the_peer(ray_session):
-    from experiments.group import GroupError, WorkerGroup
+    from experiments.cluster.group import GroupError, WorkerGroup
 
     timeout = 3.0
     with WorkerGroup(2, timeout=timeout) as group:

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 import strategies
-from experiments.group import WorkerGroup
-from experiments.ray_runtime import ensure_ray
+from experiments.cluster.group import WorkerGroup
+from experiments.cluster.ray_runtime import ensure_ray
 from strategies.link import Network
 from strategies.ops import reference
 

@@ -22,19 +22,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.group import GroupError, WorkerGroup
-from experiments.ray_runtime import ensure_ray
-from experiments.store import Store
-from experiments.summary import summarize
-from experiments.sweep import RunSpec, Sweep
-from experiments.train import train
+from experiments.cluster.group import GroupError, WorkerGroup
+from experiments.cluster.ray_runtime import ensure_ray
+from experiments.config.sweep import RunSpec, Sweep
+from experiments.pipeline.store import Store
+from experiments.pipeline.summary import summarize
+from experiments.pipeline.train import train
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
               address: str | None = None, log=sys.stderr, train_fn=train) -> pd.DataFrame:
     """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
 
-    `train_fn(ctx, spec[, progress])` is what every rank executes (experiments.train.train; tests substitute
+    `train_fn(ctx, spec[, progress])` is what every rank executes (experiments.pipeline.train.train; tests substitute
     their own; `progress` is passed only when the log is a terminal).
     """
     store = Store(out_dir)

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a sweep file and write runs.parquet, steps.parquet and report.html")
-    p.add_argument("sweep", help="a sweep TOML file, e.g. experiments/sweeps/quick.toml")
+    p.add_argument("sweep", help="a sweep TOML file, e.g. experiments/config/sweeps/quick.toml")
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="run only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from experiments import sweep as sweep_mod
-    from experiments.runner import run_sweep
+    from experiments.config import sweep as sweep_mod
+    from experiments.pipeline.runner import run_sweep
 
     sweep = sweep_mod.load(args.sweep)
     out = Path(args.out or Path("results") / sweep.name)
@@ -133,7 +133,7 @@ def _strategies(args) -> int:
 
 
 def _verify(args) -> int:
-    from experiments.collectives import verify
+    from experiments.bench.collectives import verify
 
     return 0 if verify(workers=args.workers, numel=args.numel, op=args.op, names=_names(args.strategies),
                        address=args.address) else 1
@@ -143,19 +143,19 @@ def _bench(args) -> int:
     from strategies.link import parse_size
 
     if args.harness:
-        from experiments.bench import format_harness, harness_bench
+        from experiments.bench.transport import format_harness, harness_bench
 
         print(format_harness(harness_bench(workload=args.workload, batch_size=args.batch_size,
                                            image_size=args.image_size, device=args.device)))
         return 0
     if args.transport:
-        from experiments.bench import format_table, transport_bench
-        from experiments.ray_runtime import ensure_ray
+        from experiments.bench.transport import format_table, transport_bench
+        from experiments.cluster.ray_runtime import ensure_ray
 
         ensure_ray(args.address)
         print(format_table(transport_bench()))
         return 0
-    from experiments.collectives import bench
+    from experiments.bench.collectives import bench
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     link = {"bandwidth": args.bandwidth, "latency": args.latency} if args.bandwidth else None

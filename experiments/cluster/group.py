@@ -148,7 +148,7 @@ class WorkerGroup:
             raise ValueError(f"num_cpus {num_cpus!r} / num_gpus {num_gpus!r}: expected num_cpus >= 0 and "
                              f"num_gpus 0, a fraction of one GPU, or a whole number of GPUs")
         if not ray.is_initialized():
-            raise RuntimeError("Ray is not initialized: call experiments.ray_runtime.ensure_ray() first")
+            raise RuntimeError("Ray is not initialized: call experiments.cluster.ray_runtime.ensure_ray() first")
         self.world_size = world_size
         self.timeout = float(timeout)
         self.uses_gpu = num_gpus > 0

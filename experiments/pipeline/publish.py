@@ -1,6 +1,6 @@
 """Copy a sweep's results into docs/results/<gpu or cpu name>/ so they can be committed with the code.
 
-    python -m experiments.publish results/scaling
+    python -m experiments.pipeline.publish results/scaling
 """
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ def publish(results_dir: str | Path, docs: str | Path = "docs/results") -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m experiments.publish RESULTS_DIR")
+        raise SystemExit("usage: python -m experiments.pipeline.publish RESULTS_DIR")
     print(publish(sys.argv[1]))

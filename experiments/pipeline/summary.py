@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from experiments.sweep import RunSpec
+from experiments.config.sweep import RunSpec
 
 
 def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from experiments.group import WorkerGroup
+from experiments.cluster.group import WorkerGroup
 
 MB = 10**6
 STREAM_BYTES = 64 * MB  # each timed repeat moves at least this much, so the closing ack is a small part
@@ -25,7 +25,7 @@ def transport_bench(sizes=(1 * MB, 16 * MB, 64 * MB), repeats: int = 10, warmup:
         raise ValueError(f"repeats {repeats!r} must be >= 1 and warmup {warmup!r} >= 0")
     import ray
 
-    from experiments.ray_runtime import ensure_ray
+    from experiments.cluster.ray_runtime import ensure_ray
 
     started = ensure_ray() if not ray.is_initialized() else False
     try:
@@ -133,7 +133,7 @@ def _plain_loop(ctx, spec) -> float:
 
 
 def _syncbench_loop(ctx, spec) -> float:
-    from experiments.train import train
+    from experiments.pipeline.train import train
 
     rows = [r for r in train(ctx, spec)["steps"] if r["timed"]]
     return sum(r["samples"] for r in rows) / sum(r["compute_s"] + r["comm_s"] for r in rows)
@@ -144,8 +144,8 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
     """1 worker, no synchronization (ring on one rank), vs the plain loop, alternated in one actor."""
     import ray
 
-    from experiments.ray_runtime import ensure_ray
-    from experiments.sweep import RunSpec
+    from experiments.cluster.ray_runtime import ensure_ray
+    from experiments.config.sweep import RunSpec
 
     spec = RunSpec(workload=workload, image_size=image_size, batch_size=batch_size, steps=steps,
                    warmup_steps=min(5, steps - 1), strategy="ring", workers=1, device=device)

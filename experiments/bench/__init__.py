@@ -1,0 +1,1 @@
+"""Benchmarks and checks as plain commands: transport p2p, collectives (`verify`, `bench`)."""
