@@ -7,6 +7,7 @@ Units: MB = 10^6 bytes, Gbit = 10^9 bits.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ def parse_bandwidth(text: str | float | int) -> float:
         if not m or unit not in _BANDWIDTH_UNITS:
             raise ValueError(f"bad bandwidth {text!r}: expected {BANDWIDTH_HELP}")
         value = float(m.group(1)) * _BANDWIDTH_UNITS[unit]
+    if not math.isfinite(value):
+        raise ValueError(f"bad bandwidth {text!r}: must be a finite number ({BANDWIDTH_HELP})")
     if not value > 0:
         raise ValueError(f"bad bandwidth {text!r}: must be greater than zero ({BANDWIDTH_HELP})")
     return value
@@ -49,6 +52,8 @@ def parse_latency(text: str | float | int) -> float:
         if not m or m.group(2) not in _TIME_UNITS:
             raise ValueError(f"bad latency {text!r}: expected {LATENCY_HELP}")
         value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
+    if not math.isfinite(value):
+        raise ValueError(f"bad latency {text!r}: must be a finite number ({LATENCY_HELP})")
     if value < 0:
         raise ValueError(f"bad latency {text!r}: must not be negative ({LATENCY_HELP})")
     return value
@@ -107,8 +112,22 @@ class Network:
         if "bandwidth" not in spec:
             raise ValueError(f"link {spec!r} needs a bandwidth ({BANDWIDTH_HELP})")
         default = Link.parse(spec["bandwidth"], spec.get("latency", 0.0))
+        ranks = spec.get("ranks") or {}
+        example = "ranks = { 1 = { bandwidth = \"1Gbit\", latency = \"50us\" } }"
+        if not isinstance(ranks, dict):
+            raise ValueError(f"link ranks = {ranks!r}: expected a table of per-rank links, like {example}")
         overrides = []
-        for rank, sub in (spec.get("ranks") or {}).items():
+        for rank, sub in ranks.items():
+            if not re.fullmatch(r"\d+", str(rank)):
+                raise ValueError(f"link ranks key {rank!r}: expected a rank number >= 0, like {example}")
+            if not isinstance(sub, dict):
+                raise ValueError(f"link ranks.{rank} = {sub!r}: expected a table, like {example}")
+            unknown = set(sub) - {"bandwidth", "latency"}
+            if unknown:  # a misspelt key would otherwise leave the rank at the default link, labelled otherwise
+                raise ValueError(f"link ranks.{rank}: unknown key(s) {sorted(unknown)}: accepted are bandwidth, "
+                                 f"latency")
+            if not sub:
+                raise ValueError(f"link ranks.{rank} is empty: give its bandwidth and/or latency, like {example}")
             overrides.append((int(rank), Link.parse(sub.get("bandwidth", default.bandwidth),
                                                     sub.get("latency", default.latency))))
         return cls(default, tuple(overrides))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -20,6 +22,57 @@ from workloads.models import MODELS, check_model_args
 
 DEVICES = ("cpu", "cuda")
 TOP_LEVEL = ("name", "description", "defaults", "grid", "strategy_params")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The accepted values of a numeric setting: finite, from low to high (ends included unless open)."""
+
+    low: float
+    high: float
+    low_open: bool = False  # low itself is not accepted (lr > 0)
+    high_open: bool = False  # high itself is not accepted (momentum < 1)
+    text: str = ""  # how to say it when the raw numbers would not read well (bandwidth)
+
+    def describe(self) -> str:
+        if self.text:
+            return self.text
+        return (f"values {'>' if self.low_open else '>='} {_num(self.low)} "
+                f"and {'<' if self.high_open else '<='} {_num(self.high)}")
+
+    def problem(self, key: str, value) -> str | None:
+        """An error naming the key, the value and the range, or None when the value is accepted."""
+        if not math.isfinite(value):
+            return f"{key} = {value!r}: must be a finite number, {self.describe()}"
+        too_low = value <= self.low if self.low_open else value < self.low
+        too_high = value >= self.high if self.high_open else value > self.high
+        return f"{key} = {value!r}: accepted are {self.describe()}" if too_low or too_high else None
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+# Every numeric setting and its range, checked before Ray starts (README: "Settings and their ranges").
+# A new numeric setting gets a row here; tests/experiments/test_hostile_input.py checks that none is missing.
+RANGES: dict[str, Range] = {
+    "image_size": Range(8, 1024),
+    "num_classes": Range(2, 100_000),
+    "batch_size": Range(1, 65_536),
+    "steps": Range(1, 1_000_000),
+    "warmup_steps": Range(0, 999_999),  # and fewer than steps, so some steps are timed
+    "seed": Range(0, 2**31 - 1),
+    "workers": Range(1, 1024),
+    "lr": Range(0, 100, low_open=True),
+    "momentum": Range(0, 1, high_open=True),
+    "weight_decay": Range(0, 1),
+    "timeout": Range(1, 86_400),  # seconds: every communication and rendezvous wait of a run
+    "link.bandwidth": Range(125e3, 12.5e12, text="1Mbit to 100Tbit (125KB/s to 12.5TB/s)"),
+    "link.latency": Range(0, 1, text="0s to 1s"),
+    "straggler.slowdown": Range(1, 100),
+}
+MAX_RANKS = 1024  # workers + servers of one run
+MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
 
 
 class SweepError(ValueError):
@@ -52,10 +105,14 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        """Stable across invocations: the same configuration always gets the same id (resume relies on it)."""
+        """Stable across invocations: the same configuration always gets the same id (resume relies on it).
+
+        128 bits of SHA-256 over every setting: two different runs collide with probability ~2^-128 (the
+        8-hex-digit id before it collided for seeds 13466 and 31908); parse() checks uniqueness anyway.
+        """
         blob = json.dumps(asdict(self), sort_keys=True, default=str)
-        digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
-        link = self.link_label.replace(" ", "_").replace("(", "").replace(")", "")
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:32]
+        link = re.sub(r"[^A-Za-z0-9.]+", "_", self.link_label).strip("_")
         return f"{self.strategy}-n{self.workers}-{self.workload}-{link}-{digest}"
 
     @property
@@ -90,7 +147,7 @@ class Sweep:
     source: str  # the TOML text, saved beside the results
 
 
-def load(path: str | Path) -> Sweep:
+def load(path: str | Path, progress=None) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"sweep file {str(path)!r} does not exist")
@@ -99,11 +156,14 @@ def load(path: str | Path) -> Sweep:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{path}: not valid TOML: {e}") from None
-    return parse(data, source=text, where=str(path))
+    return parse(data, source=text, where=str(path), progress=progress)
 
 
-def parse(data: dict, source: str = "", where: str = "sweep") -> Sweep:
-    """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem."""
+def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> Sweep:
+    """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem.
+
+    `progress(done, total)` is called every 1,000 grid points of a grid of more than 2,000 (a long expansion).
+    """
     errors: list[str] = []
     for key in data:
         if key not in TOP_LEVEL:
@@ -126,13 +186,24 @@ def parse(data: dict, source: str = "", where: str = "sweep") -> Sweep:
         raise SweepError(_report(where, errors))
 
     axes = [(k, v) for k, v in grid.items()]
-    runs, seen = [], set()
-    for combo in itertools.product(*[values for _, values in axes]):
+    total = math.prod(len(values) for _, values in axes)
+    if total > MAX_RUNS:  # refuse before expanding: 7 million points took minutes
+        sizes = " x ".join(f"grid.{k} ({len(v):,})" for k, v in axes)
+        raise SweepError(f"{where}: the grid has {total:,} points ({sizes}): at most {MAX_RUNS:,} runs per sweep; "
+                         f"split it into several sweeps")
+    runs, seen = [], {}
+    for i, combo in enumerate(itertools.product(*[values for _, values in axes]), 1):
         point = {**defaults, **dict(zip([k for k, _ in axes], combo))}
         spec = _make_spec(name, point, params_by_strategy, errors)
-        if spec is not None and spec.run_id not in seen:
-            seen.add(spec.run_id)
+        if progress is not None and total > 2000 and (i % 1000 == 0 or i == total):
+            progress(i, total)
+        if spec is None:
+            continue
+        twin = seen.setdefault(spec.run_id, spec)
+        if twin is spec:
             runs.append(spec)
+        elif twin != spec:  # equal specs are one run listed twice; different ones must never share an id
+            errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
     for strategy_name, params in params_by_strategy.items():
         if strategy_name not in strategies.names():
             errors.append(f"strategy_params.{strategy_name}: unknown strategy; known are "
@@ -194,9 +265,9 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         bad("device", ", ".join(DEVICES))
     if point.get("strategy", "ring") not in strategies.names():
         bad("strategy", ", ".join(strategies.names()))
-    for key, low in (("workers", 1), ("batch_size", 1), ("steps", 1), ("image_size", 8), ("num_classes", 2)):
-        if key in point and point[key] < low:
-            errors.append(f"{key} = {point[key]!r}: must be >= {low}")
+    for key, accepted in RANGES.items():
+        if key in point and (problem := accepted.problem(key, point[key])):
+            errors.append(problem)
     if point.get("workload", "resnet18") in MODELS:
         try:
             check_model_args(point.get("workload", "resnet18"), point.get("num_classes", 10),
@@ -208,9 +279,6 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     steps, warmup = point.get("steps", 20), point.get("warmup_steps", 3)
     if not 0 <= warmup < steps:
         errors.append(f"warmup_steps = {warmup!r}: must be >= 0 and less than steps ({steps}) so some steps are timed")
-    for key in ("lr", "timeout"):
-        if key in point and not point[key] > 0:
-            errors.append(f"{key} = {point[key]!r}: must be > 0")
     link = point.get("link")
     if link in ("none", "off", False, "full speed"):
         link = None
@@ -222,36 +290,65 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
                           f"or \"none\"")
         else:
             try:
-                Network.from_spec(link)
+                network = Network.from_spec(link)
             except ValueError as e:
                 errors.append(f"link = {link!r}: {e}" if "bandwidth" in str(e) else f"link: {e} ({BANDWIDTH_HELP})")
+            else:
+                _check_link_ranges(link, network, errors)
     straggler = point.get("straggler")
     if straggler is not None:
-        straggler = _check_straggler(straggler, point.get("workers", 1), errors)
+        straggler = _check_straggler(straggler, errors)
     if len(errors) > start:
         return None
     strategy = point.get("strategy", "ring")
     params = dict(params_by_strategy.get(strategy, {})) if isinstance(params_by_strategy.get(strategy), dict) else {}
     try:
-        strategies.make(strategy, **params)
+        config = strategies.make(strategy, **params)
     except (ValueError, TypeError) as e:
         errors.append(f"strategy_params.{strategy}: {e}")
+        return None
+    workers = point.get("workers", 1)
+    world = config.world_size(workers)
+    if world > MAX_RANKS:
+        servers = f" + {world - workers} server(s)" if world > workers else ""
+        errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")
+    for rank in sorted(int(r) for r in (link or {}).get("ranks") or {}):
+        if rank >= world:  # an override for a rank that does not exist would label the run heterogeneous
+            errors.append(f"link.ranks.{rank}: {strategy} with workers = {workers} has ranks 0..{world - 1} only")
+    for rank in (straggler or {}).get("ranks", []):
+        if rank >= workers:  # an empty straggler would record a balanced run as a straggler one
+            errors.append(f"straggler.ranks = {straggler['ranks']!r}: workers = {workers} has worker ranks "
+                          f"0..{workers - 1} only")
+            break
+    if len(errors) > start:
         return None
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
 
 
-def _check_straggler(value, workers: int, errors: list[str]) -> dict | None:
+def _check_straggler(value, errors: list[str]) -> dict | None:
     if not isinstance(value, dict) or set(value) - {"ranks", "slowdown"} or "ranks" not in value:
         errors.append(f"straggler = {value!r}: expected {{ ranks = [1], slowdown = 2.0 }}")
         return None
     ranks, slowdown = value["ranks"], value.get("slowdown", 2.0)
-    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
-                                              for r in ranks):
-        errors.append(f"straggler.ranks = {ranks!r}: expected a list of worker ranks (integers >= 0)")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                           and r >= 0 for r in ranks):
+        errors.append(f"straggler.ranks = {ranks!r}: expected a non-empty list of worker ranks (integers >= 0)")
         return None
-    if not isinstance(slowdown, (int, float)) or isinstance(slowdown, bool) or slowdown < 1:
-        errors.append(f"straggler.slowdown = {slowdown!r}: expected a number >= 1 (2.0 = compute takes twice as long)")
+    if not isinstance(slowdown, (int, float)) or isinstance(slowdown, bool):
+        errors.append(f"straggler.slowdown = {slowdown!r}: expected a number (2.0 = compute takes twice as long)")
         return None
-    # ranks beyond this run's worker count do not exist in it: a grid over workers keeps the ones that do
-    return {"ranks": [r for r in ranks if r < workers], "slowdown": float(slowdown)}
+    if problem := RANGES["straggler.slowdown"].problem("straggler.slowdown", slowdown):
+        errors.append(problem + " (2.0 = compute takes twice as long)")
+        return None
+    return {"ranks": ranks, "slowdown": float(slowdown)}
+
+
+def _check_link_ranges(link: dict, network: Network, errors: list[str]) -> None:
+    """Bandwidth and latency of the default link and of every per-rank override, against RANGES."""
+    links = [("link", network.default)] + [(f"link.ranks.{rank}", one) for rank, one in network.overrides]
+    for where, one in links:
+        for name, value, shown in (("bandwidth", one.bandwidth, f"{one.bandwidth:g} bytes/s"),
+                                   ("latency", one.latency, f"{one.latency:g} s")):
+            if RANGES[f"link.{name}"].problem(name, value):
+                errors.append(f"{where}.{name} = {shown}: accepted are {RANGES[f'link.{name}'].describe()}")
