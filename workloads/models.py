@@ -70,7 +70,12 @@ def build_model(name, num_classes=10, image_size=32, seed=0) -> nn.Module:
 
 def param_count(name, num_classes=10, image_size=32) -> int:
     """Number of trainable parameters, counted on the meta device: no memory and no init (vgg16 is 138M)."""
+    return sum(param_sizes(name, num_classes, image_size))
+
+
+def param_sizes(name, num_classes=10, image_size=32) -> list[int]:
+    """Each trainable parameter's element count in registration order (meta device: no memory, no init)."""
     check_model_args(name, num_classes, image_size)
     with torch.device("meta"):
         model = _construct(name, num_classes)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return [p.numel() for p in model.parameters() if p.requires_grad]

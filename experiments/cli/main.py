@@ -35,6 +35,17 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
 
+    p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
+                                       "optimizer (one rank alone)")
+    p.add_argument("--workload", required=True, help="resnet18 | resnet50 | vgg11 | vgg16 | tiny")
+    p.add_argument("--batch-size", type=int, required=True, help="per-worker batch size")
+    p.add_argument("--image-size", type=int, default=32, help="input side in pixels (default 32)")
+    p.add_argument("--num-classes", type=int, default=10, help="classifier outputs (default 10)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps behind each median (default 10)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--out", help="JSON file to write (default: profiles/<profile id>.json)")
+
     p = sub.add_parser("verify", help="check every strategy against a reference on Ray actors over gloo")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--numel", type=int, default=100_003)
@@ -59,10 +70,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="with --harness: cpu or cuda")
     p.add_argument("--address", help="Ray cluster address")
 
+    p = sub.add_parser("cluster", help="a Ray cluster on this machine: nodes in network namespaces, links shaped "
+                                       "by the kernel (root only)")
+    action = p.add_subparsers(dest="action", required=True)
+    q = action.add_parser("up", help="create the namespaces, bridge and shaped links; start Ray in them")
+    q.add_argument("--nodes", type=int, required=True, help="Ray worker nodes, one rank each")
+    q.add_argument("--bandwidth", required=True, help="every node's NIC, each way, e.g. 1Gbit")
+    q.add_argument("--latency", default="0s", help="one-way delay per packet (needs the kernel's netem), e.g. 50us")
+    q.add_argument("--node-bandwidth", action="append", default=[], metavar="I=BW",
+                   help="node I's own bandwidth, e.g. 2=100Mbit (repeatable)")
+    q.add_argument("--node-latency", action="append", default=[], metavar="I=LAT",
+                   help="node I's own latency, e.g. 2=1ms (repeatable)")
+    q.add_argument("--node-cpus", type=int, default=1, help="Ray CPUs per worker node (default 1: one rank each)")
+    q.add_argument("--head-cpus", type=int, default=8, help="Ray CPUs of the head, where python-emulated runs go")
+    action.add_parser("status", help="the cluster's nodes, links, Ray nodes and processes")
+    action.add_parser("down", help="stop what `up` started and remove the namespaces (also after a crash)")
+    for q in action.choices.values():
+        q.add_argument("--name", default="sb", help="cluster name, 1-6 lowercase letters/digits (default sb)")
+
     args = parser.parse_args(argv)
+    from experiments.cluster.netns import ClusterError
+
     try:
         return COMMANDS[args.command](args) or 0
-    except (ValueError, FileExistsError, FileNotFoundError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, ClusterError) as e:
         print(f"syncbench {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
@@ -132,6 +163,37 @@ def _strategies(args) -> int:
     return 0
 
 
+def _profile(args) -> int:
+    from workloads.profile import measure_profile, save_profile
+
+    profile = measure_profile(args.workload, batch_size=args.batch_size, image_size=args.image_size,
+                              device=args.device, num_classes=args.num_classes, steps=args.steps,
+                              warmup_steps=args.warmup_steps)
+    path = save_profile(profile, args.out or Path("profiles") / f"{profile.id}.json")
+    half = _half_ready(profile)
+    print(f"# {profile.model} batch {profile.batch_size} {profile.image_size}x{profile.image_size} on "
+          f"{profile.device_name} ({profile.device}, {profile.threads} thread(s)), torch {profile.torch_version}; "
+          f"medians of {profile.steps} steps")
+    print(f"forward    {profile.forward_s * 1e3:9.2f} ms")
+    print(f"backward   {profile.backward_s * 1e3:9.2f} ms  ({len(profile.params)} parameters, "
+          f"{profile.numel * profile.itemsize / 1e6:.2f} MB of {profile.dtype} gradients; half of the bytes "
+          f"ready {half * 1e3:.2f} ms = {half / max(profile.backward_s, 1e-12):.0%} into backward)")
+    print(f"optimizer  {profile.optimizer_s * 1e3:9.2f} ms")
+    print(f"step       {profile.step_s * 1e3:9.2f} ms")
+    print(f"profile {profile.id}: {path}")
+    return 0
+
+
+def _half_ready(profile) -> float:
+    """When half of the gradient bytes have been accumulated, seconds after backward starts."""
+    done = 0
+    for ready, numel in sorted(zip(profile.ready_s, profile.numels)):
+        done += numel
+        if 2 * done >= profile.numel:
+            return ready
+    return profile.backward_s
+
+
 def _verify(args) -> int:
     from experiments.bench.collectives import verify
 
@@ -164,9 +226,49 @@ def _bench(args) -> int:
     return 0
 
 
+def _cluster(args) -> int:
+    from experiments.cluster import netns
+
+    if args.action == "up":
+        cluster = netns.up(args.name, _node_links(args), node_cpus=args.node_cpus, head_cpus=args.head_cpus)
+        print(netns.status(cluster))
+        print(f"address: {cluster.address}  (`syncbench run` and `syncbench bench --emulation kernel` find it "
+              f"by itself; other Ray clients: export RAY_ADDRESS={cluster.address} "
+              + " ".join(f"{k}={v}" for k, v in cluster.env().items()) + ")")
+        return 0
+    cluster = netns.Cluster.load(netns.check_name(args.name))
+    if args.action == "status":
+        if cluster is None:
+            print(f"no cluster {args.name!r} (no state file {netns.state_path(args.name)})")
+            return 1
+        print(netns.status(cluster))
+        return 0
+    if not netns.down(args.name):
+        print(f"cluster {args.name!r}: nothing to remove")
+    return 0
+
+
+def _node_links(args) -> list:
+    """Every node's Link: --bandwidth/--latency, overridden per node by --node-bandwidth/--node-latency I=VALUE."""
+    from strategies.link import Link, parse_bandwidth, parse_latency
+
+    if args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: expected at least 1")
+    bandwidth = [parse_bandwidth(args.bandwidth)] * args.nodes
+    latency = [parse_latency(args.latency)] * args.nodes
+    for option, values, parse in (("--node-bandwidth", bandwidth, parse_bandwidth),
+                                  ("--node-latency", latency, parse_latency)):
+        for item in getattr(args, option[2:].replace("-", "_")):
+            index, _, value = item.partition("=")
+            if not index.strip().isdigit() or not 0 <= int(index) < args.nodes or not value:
+                raise ValueError(f"{option} {item!r}: expected I=VALUE with a node index I in 0..{args.nodes - 1}")
+            values[int(index)] = parse(value)
+    return [Link(b, lat) for b, lat in zip(bandwidth, latency)]
+
+
 def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
 
 COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "verify": _verify,
-            "bench": _bench}
+            "bench": _bench, "profile": _profile, "cluster": _cluster}

@@ -1,0 +1,327 @@
+"""Compute profiles: how long one training step of a model takes on one device, parameter by parameter.
+
+A profile is measured on one rank alone (nothing to synchronize, nothing else running): the forward pass
+(loss included), the moment each parameter's gradient is accumulated during backward (autograd's
+post-accumulate-grad hooks, seconds after backward starts), the end of backward, and the optimizer step
+(SGD with momentum on one flat parameter, as syncbench's workers run it). Each number is the median over the
+timed steps after warm-up. Saved as a small JSON file that names the device, host, torch version, dtype,
+batch, image size and model, with every parameter's size in registration order, so that it can be replayed
+anywhere: `compute = "profile"` in a sweep sleeps through this timeline while the real strategy moves
+real-sized gradient buffers, and other substrates (a simulator) can read the same file.
+
+    from workloads.profile import load_profile, measure_profile, save_profile
+    profile = measure_profile("resnet18", batch_size=16, image_size=32, device="cpu")
+    save_profile(profile, "resnet18-b16.json")
+    profile = load_profile("resnet18-b16.json")
+    profile.step_s, profile.ready_s[-1], profile.numels[:3]
+
+Times are seconds; ready times are relative to the start of backward; sizes are elements (dtype float32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from workloads.models import MODELS, build_model, check_model_args, param_sizes
+
+FORMAT = 1  # bump when the file layout changes; load_profile refuses other versions
+DEVICES = ("cpu", "cuda")
+PROFILE_DIR = Path(__file__).parent / "profiles"  # committed GPU profiles, usable on any machine
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used: missing, corrupt, or measured for another model or batch."""
+
+
+@dataclass(frozen=True)
+class ParamTiming:
+    """One trainable parameter, in registration order: its name, size and when its gradient is ready."""
+
+    name: str
+    numel: int
+    ready_s: float  # seconds after backward starts until autograd has accumulated this gradient (median)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The measured timeline of one training step of `model` at `batch_size` on `device` (medians, seconds)."""
+
+    model: str
+    batch_size: int
+    image_size: int
+    num_classes: int
+    dtype: str           # the parameters' and gradients' dtype, e.g. "float32"
+    device: str          # "cpu" or "cuda"
+    device_name: str     # the CPU model or GPU name it was measured on
+    host: str
+    torch_version: str
+    threads: int         # torch intra-op threads during the measurement
+    measured_at: str     # ISO 8601, UTC
+    steps: int           # timed steps behind each median
+    warmup_steps: int
+    forward_s: float     # forward pass and loss
+    backward_s: float    # from backward start until backward() returns
+    optimizer_s: float   # one SGD (momentum) step on all parameters
+    params: tuple[ParamTiming, ...]
+    format: int = FORMAT
+
+    @property
+    def step_s(self) -> float:
+        """A step with nothing to synchronize: forward + backward + optimizer."""
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(p.numel for p in self.params)
+
+    @property
+    def ready_s(self) -> tuple[float, ...]:
+        return tuple(p.ready_s for p in self.params)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+    @property
+    def id(self) -> str:
+        """Short and stable: model, batch, image size, device and a digest of the whole file's content."""
+        digest = hashlib.sha1(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.model}-b{self.batch_size}-s{self.image_size}-{self.device}-{digest}"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def check_run(self, workload: str, batch_size: int, image_size: int, num_classes: int,
+                  where: str = "profile") -> None:
+        """Refuse to replay this profile for a run of another model, batch, image size or parameter layout."""
+        wanted = {"model": workload, "batch_size": batch_size, "image_size": image_size,
+                  "num_classes": num_classes}
+        for key, value in wanted.items():
+            if getattr(self, key) != value:
+                raise ProfileError(f"{where}: measured for {key} = {getattr(self, key)!r}, the run has "
+                                   f"{key} = {value!r}: accepted is a profile of {workload} at batch "
+                                   f"{batch_size}, image size {image_size}, {num_classes} classes "
+                                   f"(`syncbench profile --workload {workload} --batch-size {batch_size} "
+                                   f"--image-size {image_size}` measures one)")
+        sizes = tuple(param_sizes(workload, num_classes))
+        if self.numels != sizes:
+            raise ProfileError(f"{where}: its {len(self.params)} parameter sizes ({self.numel:,} elements) are "
+                               f"not those of {workload} with {num_classes} classes ({len(sizes)} parameters, "
+                               f"{sum(sizes):,} elements): measure it again with this torchvision")
+
+
+def measure_profile(model: str, batch_size: int, image_size: int = 32, device: str = "cpu",
+                    num_classes: int = 10, steps: int = 10, warmup_steps: int = 3, seed: int = 0,
+                    threads: int | None = 1, lr: float = 0.05, momentum: float = 0.9) -> Profile:
+    """Measure `model` training alone on `device`; medians over `steps` timed steps after `warmup_steps`.
+
+    `threads`: torch intra-op threads while measuring (1, as syncbench's CPU workers run; None: leave as is).
+    """
+    _check_measure_args(model, batch_size, image_size, device, num_classes, steps, warmup_steps)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(model, batch_size, image_size, torch.device(device), num_classes, steps, warmup_steps,
+                        seed, lr, momentum)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _check_measure_args(model, batch_size, image_size, device, num_classes, steps, warmup_steps) -> None:
+    if model not in MODELS:
+        raise ProfileError(f"unknown workload {model!r}: accepted are {', '.join(MODELS)}")
+    check_model_args(model, num_classes, image_size)
+    if device not in DEVICES:
+        raise ProfileError(f"device {device!r}: accepted are {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ProfileError("device 'cuda': this machine has no CUDA GPU; accepted here is 'cpu'")
+    for key, value, low in (("batch_size", batch_size, 1), ("steps", steps, 1), ("warmup_steps", warmup_steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ProfileError(f"{key} = {value!r}: accepted is an integer >= {low}")
+
+
+class _Clock:
+    """Timestamps on the host (CPU) or as CUDA events (GPU work is asynchronous); read after a step."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        if not self.cuda:
+            return end - start
+        return start.elapsed_time(end) / 1e3  # ms -> s (both events completed: the caller synchronized)
+
+
+def _measure(model_name, batch_size, image_size, device, num_classes, steps, warmup_steps, seed, lr,
+             momentum) -> Profile:
+    from workloads.flat import FlatModel
+
+    model = build_model(model_name, num_classes=num_classes, image_size=image_size, seed=seed).to(device)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    flat = FlatModel(model)
+    param = torch.nn.Parameter(flat.params)  # the workers' optimizer: one SGD step over the flat buffers
+    param.grad = flat.grads
+    optimizer = torch.optim.SGD([param], lr=lr, momentum=momentum)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=generator, device=device)
+    y = torch.randint(0, num_classes, (batch_size,), generator=generator, device=device)
+    clock = _Clock(device)
+    ready: list = [None] * len(flat.trainable)
+    for i, p in enumerate(flat.trainable):
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: ready.__setitem__(i, clock.mark()))
+
+    forward, backward, optim, ready_times = [], [], [], []
+    model.train()
+    for step in range(warmup_steps + steps):
+        flat.zero_grad()
+        _sync(device)
+        start = clock.mark()
+        loss = F.cross_entropy(model(x), y)
+        backward_start = clock.mark()
+        loss.backward()
+        backward_end = clock.mark()
+        optimizer.step()
+        end = clock.mark()
+        _sync(device)
+        if step < warmup_steps:
+            continue
+        if any(r is None for r in ready):
+            missing = [names[i] for i, r in enumerate(ready) if r is None]
+            raise RuntimeError(f"{model_name}: no gradient reached parameter(s) {missing[:5]}: cannot profile")
+        forward.append(clock.seconds(start, backward_start))
+        backward.append(clock.seconds(backward_start, backward_end))
+        optim.append(clock.seconds(backward_end, end))
+        ready_times.append([clock.seconds(backward_start, r) for r in ready])
+        ready[:] = [None] * len(ready)
+    median_ready = [statistics.median(column) for column in zip(*ready_times)]
+    backward_s = statistics.median(backward)
+    params = tuple(ParamTiming(name, int(p.numel()), min(r, backward_s))
+                   for name, p, r in zip(names, flat.trainable, median_ready))
+    return Profile(model=model_name, batch_size=batch_size, image_size=image_size, num_classes=num_classes,
+                   dtype=str(flat.params.dtype).removeprefix("torch."), device=device.type,
+                   device_name=_device_name(device), host=socket.gethostname(), torch_version=torch.__version__,
+                   threads=torch.get_num_threads(), measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                   steps=steps, warmup_steps=warmup_steps, forward_s=statistics.median(forward),
+                   backward_s=backward_s, optimizer_s=statistics.median(optim), params=params)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- files ------------------------------------------------------------------------------------------------
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write the profile as JSON (atomically: a temporary file, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(profile.as_dict(), indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile written by `save_profile` / `syncbench profile`; ProfileError says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"profile file {str(path)!r} does not exist: accepted is the path of a JSON file "
+                           f"written by `syncbench profile` (committed GPU profiles: {PROFILE_DIR})")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProfileError(f"profile file {str(path)!r} is not valid JSON ({e}): accepted is a file written by "
+                           f"`syncbench profile`") from None
+    return profile_from_dict(data, where=str(path))
+
+
+def profile_from_dict(data, where: str = "profile") -> Profile:
+    """Validate a parsed profile (types, ranges, format version) and build the Profile."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise ProfileError(f"{where}: format {data.get('format')!r}; accepted is format {FORMAT} "
+                           f"(measure it again with `syncbench profile`)")
+    fields = {f.name: f for f in dataclasses.fields(Profile)}
+    missing = sorted(set(fields) - set(data) - {"format"})
+    unknown = sorted(set(data) - set(fields))
+    if missing or unknown:
+        raise ProfileError(f"{where}: missing field(s) {missing}, unknown field(s) {unknown}; accepted are "
+                           f"{', '.join(fields)}")
+    strings = ("model", "dtype", "device", "device_name", "host", "torch_version", "measured_at")
+    integers = ("batch_size", "image_size", "num_classes", "threads", "steps", "warmup_steps")
+    seconds = ("forward_s", "backward_s", "optimizer_s")
+    for key in strings:
+        if not isinstance(data[key], str):
+            raise ProfileError(f"{where}: {key} = {data[key]!r}: expected a string")
+    for key in integers:
+        if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 0:
+            raise ProfileError(f"{where}: {key} = {data[key]!r}: expected an integer >= 0")
+    for key in seconds:
+        if not _seconds(data[key]):
+            raise ProfileError(f"{where}: {key} = {data[key]!r}: expected seconds, a finite number >= 0")
+    if data["model"] not in MODELS:
+        raise ProfileError(f"{where}: model {data['model']!r}: accepted are {', '.join(MODELS)}")
+    if data["device"] not in DEVICES:
+        raise ProfileError(f"{where}: device {data['device']!r}: accepted are {', '.join(DEVICES)}")
+    if not isinstance(getattr(torch, data["dtype"], None), torch.dtype):
+        raise ProfileError(f"{where}: dtype {data['dtype']!r} is not a torch dtype (e.g. 'float32')")
+    params = data["params"]
+    if not isinstance(params, list) or not params:
+        raise ProfileError(f"{where}: params must be a non-empty list of {{name, numel, ready_s}}")
+    timings = []
+    for i, p in enumerate(params):
+        ok = (isinstance(p, dict) and set(p) == {"name", "numel", "ready_s"} and isinstance(p["name"], str)
+              and isinstance(p["numel"], int) and not isinstance(p["numel"], bool) and p["numel"] > 0
+              and _seconds(p["ready_s"]) and p["ready_s"] <= data["backward_s"])
+        if not ok:
+            raise ProfileError(f"{where}: params[{i}] = {p!r}: expected {{name: str, numel: int > 0, "
+                               f"ready_s: seconds <= backward_s ({data['backward_s']!r})}}")
+        timings.append(ParamTiming(p["name"], p["numel"], float(p["ready_s"])))
+    values = {k: data[k] for k in fields if k not in ("params", "format")}
+    values.update({k: float(values[k]) for k in seconds})
+    return Profile(**values, params=tuple(timings))
+
+
+def _seconds(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            and value != float("inf"))
