@@ -1,0 +1,1 @@
+"""Simulated clusters: the same strategy code on SimGrid, at up to thousands of ranks (`syncbench simulate`)."""

@@ -1,0 +1,246 @@
+"""The simulated transport: ranks are SimGrid actors, messages are SimGrid mailbox transfers of their real size.
+
+The same strategy code that runs on threads and over gloo runs here unchanged; only time is simulated. Each
+message is one `Mailbox.put_async` of exactly `numel x element_size` bytes (the size the base class counts)
+from the sender's host to the receiver's; SimGrid's flow-level network model decides when it arrives.
+
+Payloads. A rank's buffers are either real CPU tensors (the values move, so results can be checked against a
+reference) or `meta` tensors: they have the real shape and dtype, hence the real byte size, but no storage,
+so 1,024 ranks of a 100 MB model take no memory. Sizes are never scaled: the simulated size of a message is
+the byte size of the tensor the strategy passed, and the receiver checks that the sender's element count and
+dtype equal its buffer's (as the other transports do).
+
+Mailboxes. One per (sender, receiver) pair, created on first use, with the receiver as its permanent
+receiver: a send starts moving when it is posted (eager, as a TCP socket with room in its buffers, and as the
+link emulation books a send), and the receive takes it when it arrives. A receive therefore costs one
+blocking `get` when it is waited for; a send one `put_async`, and a wait only if it is still in flight.
+Python actors are OS threads that SimGrid runs one at a time, so every call into SimGrid is a thread switch:
+these are the fewest calls a message can cost (see experiments/simulate/bench.py for what that buys).
+
+No wall-clock timeout applies: a peer that never sends leaves the simulation with nothing to do, SimGrid
+reports the deadlock and `run_simgrid` raises a CommError naming the ranks that never finished.
+SimGrid's engine is one per process: `run_simgrid` may be called once per process (the simulate pipeline
+runs each simulation in a fresh one).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from strategies.communicator import CommError, Communicator
+
+# Debian's python3-simgrid installs the extension module here; the venv does not see dist-packages.
+DEBIAN_MODULE_DIR = Path("/usr/lib/python3/dist-packages")
+INSTALL_HINT = ("install SimGrid's Python bindings: as root on Debian/Ubuntu `apt-get install -y python3-simgrid` "
+                "(SimGrid 3.32; `make install` and .ci/run do this when they can); PyPI's simgrid is a source "
+                "package that needs a long C++ build")
+
+
+class SimGridMissing(ImportError):
+    """SimGrid's Python module is not installed where syncbench looks for it."""
+
+
+def load_simgrid():
+    """The `simgrid` module: from the current environment, else Debian's python3-simgrid for this Python."""
+    if "simgrid" in sys.modules:
+        return sys.modules["simgrid"]
+    spec = importlib.util.find_spec("simgrid")
+    if spec is None:
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
+        path = DEBIAN_MODULE_DIR / f"simgrid{suffix}"
+        if not path.exists():
+            raise SimGridMissing(f"SimGrid's Python module is not importable and {path} does not exist: "
+                                 f"{INSTALL_HINT}")
+        spec = importlib.util.spec_from_file_location("simgrid", path)
+    try:
+        with _quiet_stderr():  # the module announces "contexts/factory: thread" when it initializes
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["simgrid"] = module
+            spec.loader.exec_module(module)
+    except ImportError as e:
+        sys.modules.pop("simgrid", None)
+        raise SimGridMissing(f"SimGrid's Python module did not load ({e}): {INSTALL_HINT}") from e
+    return module
+
+
+def simgrid_available() -> str:
+    """'' when SimGrid can be used here, else why not (for pytest skip reasons and error messages)."""
+    try:
+        load_simgrid()
+    except SimGridMissing as e:
+        return str(e)
+    return ""
+
+
+class _quiet_stderr:
+    """Silence file descriptor 2 (SimGrid's C++ logging writes there, below Python's sys.stderr)."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+
+
+class _Message:
+    """What travels through a mailbox: the sender's element count and dtype, and the values (None for meta)."""
+
+    __slots__ = ("numel", "dtype", "values")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.numel = tensor.numel()
+        self.dtype = tensor.dtype
+        self.values = None if tensor.is_meta else tensor.clone()
+
+
+class _Sent:
+    def __init__(self, comm):
+        self.comm = comm
+
+    def wait(self, timeout):
+        if self.comm.state_str != "FINISHED":  # reading the state is free; waiting is a call into SimGrid
+            self.comm.wait()
+
+
+class _Receive:
+    """A posted receive: wait() takes the next message from the pair's mailbox and checks its size."""
+
+    def __init__(self, box, rank: int, src: int, tensor: torch.Tensor):
+        self.box, self.rank, self.src, self.tensor = box, rank, src, tensor
+
+    def wait(self, timeout):
+        message = self.box.get()
+        if message.numel != self.tensor.numel() or message.dtype != self.tensor.dtype:
+            raise CommError(f"rank {self.rank}: recv from rank {self.src} expected {self.tensor.numel()} x "
+                            f"{self.tensor.dtype}, got {message.numel} x {message.dtype}: ranks disagree on the "
+                            f"tensor's size")
+        if message.values is not None and not self.tensor.is_meta:
+            self.tensor.copy_(message.values)
+        return None
+
+
+class Cluster:
+    """The state the ranks of one simulation share: actors, mailboxes, the control-plane board."""
+
+    def __init__(self, sg, world_size: int):
+        self.sg = sg
+        self.world_size = world_size
+        self.actors: list = [None] * world_size
+        self.boxes: dict[tuple[int, int], object] = {}
+        self.board: list = [None] * world_size
+        self.barrier = sg.Barrier(world_size)
+
+    def box(self, src: int, dst: int):
+        key = (src, dst)
+        box = self.boxes.get(key)
+        if box is None:
+            box = self.boxes[key] = self.sg.Mailbox.by_name(f"{src}>{dst}")
+            box.set_receiver(self.actors[dst])  # eager: sends start when posted (see the module docstring)
+        return box
+
+    def exchange(self, rank: int, obj) -> list:
+        """Every rank's object in rank order; takes no simulated time (two barriers: all posted, all read)."""
+        self.board[rank] = obj
+        self.barrier.wait()
+        board = list(self.board)
+        self.barrier.wait()
+        return board
+
+
+class SimGridCommunicator(Communicator):
+    """A rank of a simulated cluster: send/recv are SimGrid mailbox transfers, counted by the base class."""
+
+    transport = "simgrid"
+
+    def __init__(self, cluster: Cluster, rank: int):
+        super().__init__(rank, cluster.world_size)  # no link emulation: the simulated platform is the network
+        self.cluster = cluster
+        self.sg = cluster.sg
+
+    def _raw_isend(self, tensor, dst, stamp):
+        nbytes = tensor.numel() * tensor.element_size()
+        return _Sent(self.cluster.box(self.rank, dst).put_async(_Message(tensor), nbytes))
+
+    def _raw_irecv(self, tensor, src, stamped):
+        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor)
+
+    def allgather_object(self, obj) -> list:
+        return self.cluster.exchange(self.rank, obj)
+
+    def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
+        raise CommError("the simulated transport has no backend allreduce: 'native' (and DDP) move their bytes "
+                        "inside gloo/NCCL, where no simulator sees them; simulate a strategy written over "
+                        "send/recv instead (ring is the algorithm gloo and NCCL use for large messages)")
+
+    # -- simulated time -----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Simulated seconds since the simulation started."""
+        return self.sg.Engine.clock
+
+    def compute(self, seconds: float) -> None:
+        """Spend `seconds` of simulated compute time (the profile's forward, backward, optimizer)."""
+        if seconds > 0:
+            self.sg.this_actor.sleep_for(seconds)
+
+
+def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], build_platform,
+                config: tuple[str, ...] = (), hosts: list[str] | None = None) -> list:
+    """Simulate fn(comm) on world_size ranks; return each rank's result, or raise the first error.
+
+    build_platform(sg) creates the platform (zones, hosts, links) in the fresh engine and returns the host of
+    each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). Once per process.
+    """
+    sg = load_simgrid()
+    if getattr(sg, "_syncbench_engine_used", False):
+        raise RuntimeError("run_simgrid: SimGrid's engine has already run in this process and cannot be created "
+                           "twice; run each simulation in a fresh process (experiments.simulate does)")
+    sg._syncbench_engine_used = True
+    args = ["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in config]
+    with _quiet_stderr():
+        engine = sg.Engine(args)
+    hosts = build_platform(sg)
+    if len(hosts) != world_size:
+        raise ValueError(f"run_simgrid: the platform has {len(hosts)} hosts for {world_size} ranks")
+    cluster = Cluster(sg, world_size)
+    results: list = [None] * world_size
+    errors: list = [None] * world_size
+    finished = [False] * world_size
+
+    def body(rank):
+        comm = SimGridCommunicator(cluster, rank)
+        try:
+            results[rank] = fn(comm)
+            finished[rank] = True
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            if isinstance(e, sg.ActorKilled) or isinstance(e.__cause__, sg.ActorKilled):
+                return  # SimGrid ends the actors of a deadlocked simulation this way: reported below
+            errors[rank] = e
+            finished[rank] = True
+
+    for rank in range(world_size):
+        cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)
+    with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
+        engine.run()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    stuck = [r for r in range(world_size) if not finished[r]]
+    if stuck:
+        shown = ", ".join(map(str, stuck[:10])) + (" ..." if len(stuck) > 10 else "")
+        raise CommError(f"simulation deadlocked at {engine.clock:.6f} simulated s: {len(stuck)} of {world_size} "
+                        f"ranks never finished (ranks {shown}): a receive without a matching send, or ranks "
+                        f"disagreeing on sizes")
+    return results
