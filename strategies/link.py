@@ -22,6 +22,9 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1e3, "kib": 1024, "m": 1024**2, "
 
 BANDWIDTH_HELP = "a number with a unit: '1Gbit', '25Gbit', '100Mbit', '125MB/s', '1.5GB/s'"
 LATENCY_HELP = "a number with a unit: '50us', '0.2ms', '1ms', '0s'"
+# who makes the link slow: the communicator's sleeps (any machine), or the kernel (`syncbench cluster up`: one rank
+# per network namespace, tbf-shaped veths, so the backend's own collectives are shaped too)
+EMULATIONS = ("python", "kernel")
 
 
 def parse_bandwidth(text: str | float | int) -> float:
@@ -90,10 +93,11 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC)."""
+    """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC), and who emulates it."""
 
     default: Link
     overrides: tuple[tuple[int, Link], ...] = ()
+    emulation: str = "python"  # one of EMULATIONS
 
     def link(self, rank: int) -> Link:
         for r, link in self.overrides:
@@ -103,12 +107,19 @@ class Network:
 
     @classmethod
     def from_spec(cls, spec: dict | None) -> Network | None:
-        """{'bandwidth': '1Gbit', 'latency': '50us', 'ranks': {3: {'bandwidth': '100Mbit'}}} -> Network."""
+        """{'bandwidth': '1Gbit', 'latency': '50us', 'ranks': {3: {'bandwidth': '100Mbit'}}} -> Network.
+
+        'emulation': 'python' (default) or 'kernel' says who slows the link down.
+        """
         if not spec:
             return None
-        unknown = set(spec) - {"bandwidth", "latency", "ranks"}
+        unknown = set(spec) - {"bandwidth", "latency", "ranks", "emulation"}
         if unknown:
-            raise ValueError(f"unknown link key(s) {sorted(unknown)}: accepted are bandwidth, latency, ranks")
+            raise ValueError(f"unknown link key(s) {sorted(unknown)}: accepted are bandwidth, latency, ranks, "
+                             f"emulation")
+        emulation = spec.get("emulation", "python")
+        if emulation not in EMULATIONS:
+            raise ValueError(f"link emulation {emulation!r}: accepted are {', '.join(map(repr, EMULATIONS))}")
         if "bandwidth" not in spec:
             raise ValueError(f"link {spec!r} needs a bandwidth ({BANDWIDTH_HELP})")
         default = Link.parse(spec["bandwidth"], spec.get("latency", 0.0))
@@ -130,7 +141,7 @@ class Network:
                 raise ValueError(f"link ranks.{rank} is empty: give its bandwidth and/or latency, like {example}")
             overrides.append((int(rank), Link.parse(sub.get("bandwidth", default.bandwidth),
                                                     sub.get("latency", default.latency))))
-        return cls(default, tuple(overrides))
+        return cls(default, tuple(overrides), emulation)
 
 
 class LinkClock:

@@ -124,6 +124,8 @@ class RunSpec:
             label += f" {self.link['latency']}"
         if self.link.get("ranks"):
             label += " (heterogeneous)"
+        if self.link.get("emulation") == "kernel":
+            label += " kernel"
         return label
 
     def network(self) -> Network | None:
@@ -322,6 +324,8 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
             break
     if len(errors) > start:
         return None
+    if link and link.get("emulation") == "python":  # the default: the same run id with or without it
+        link = {k: v for k, v in link.items() if k != "emulation"}
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
 

@@ -1,0 +1,104 @@
+"""Where a run's ranks go: one rank per shaped node for kernel-emulated links, else anywhere (python emulation).
+
+A kernel-emulated run (`link = { bandwidth = "1Gbit", emulation = "kernel" }`) needs a cluster made by
+`syncbench cluster up`: rank i is placed on node n<i> (its custom resource syncbench_n<i>), so every byte
+between two ranks, the backend's own collectives included, crosses two tbf-shaped NICs. The nodes' links are
+read from their Ray labels and must be the links the run asks for; anything missing is refused before a run
+starts. On such a cluster, python-emulated runs stay on the head node (loopback, not shaped), so the kernel
+does not slow them a second time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from experiments.cluster import netns
+from strategies.link import Link, Network
+
+
+def is_kernel(network: Network | None) -> bool:
+    return network is not None and network.emulation == "kernel"
+
+
+def connect_address(networks: list[Network | None], address: str | None) -> str | None:
+    """The Ray address to use: `address`/RAY_ADDRESS, else, if any run is kernel-emulated, the cluster's.
+
+    Refuses (ValueError), before any work, kernel emulation on a machine without root or namespaces, and
+    kernel emulation without a cluster. Sets the cluster's token in this process's environment.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not any(is_kernel(n) for n in networks):
+        cluster = netns.find(address=address) if address else None
+        if cluster is not None:
+            use_token(cluster)
+        return address
+    problem = netns.support_problem()
+    if problem:
+        raise ValueError(f"link emulation 'kernel' shapes links between network namespaces, which this machine "
+                         f"cannot make: {problem}. Use emulation = 'python' (the default) here")
+    cluster = netns.find(address=address)
+    if cluster is None:
+        up = ", ".join(c.address for c in netns.clusters()) or "none"
+        where = f"none of them is at {address}" if address else "pass --address to pick one" if "," in up else ""
+        raise ValueError(f"link emulation 'kernel' needs a cluster from `syncbench cluster up --nodes N --bandwidth "
+                         f"BW` (clusters up: {up}{'; ' + where if where else ''})")
+    use_token(cluster)
+    return cluster.address
+
+
+def use_token(cluster: netns.Cluster) -> None:
+    """Put the cluster's token mode and token path in this process's environment, and make Ray re-read them
+    (its config is read once, at import; Ray's own token setup refreshes it the same way)."""
+    os.environ.update(cluster.env())
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def shaped_nodes() -> dict[int, Link]:
+    """Node index -> its shaped link, for every alive node of the connected Ray cluster that has one."""
+    import ray
+
+    nodes = {}
+    for node in ray.nodes():
+        labels = node.get("Labels") or {}
+        name = labels.get(netns.NODE_LABEL, "")
+        if node.get("Alive") and name.startswith("n") and name[1:].isdigit() and netns.BANDWIDTH_LABEL in labels:
+            nodes[int(name[1:])] = Link(float(labels[netns.BANDWIDTH_LABEL]),
+                                        float(labels.get(netns.LATENCY_LABEL, 0)) / 1e9)
+    return nodes
+
+
+def has_head_resource() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("syncbench_head", 0) > 0
+
+
+def check(world_size: int, network: Network | None) -> None:
+    """Refuse (ValueError) a kernel-emulated run whose ranks the connected cluster cannot place as asked."""
+    if not is_kernel(network):
+        return
+    nodes = shaped_nodes()
+    if len(nodes) < world_size or any(i not in nodes for i in range(world_size)):
+        raise ValueError(f"link emulation 'kernel': {world_size} ranks need shaped nodes n0..n{world_size - 1}, "
+                         f"the cluster has {len(nodes)} ({', '.join(f'n{i}' for i in sorted(nodes)) or 'none'}): "
+                         f"`syncbench cluster down` and `syncbench cluster up --nodes {world_size} ...`")
+    for rank in range(world_size):
+        want, have = network.link(rank), nodes[rank]
+        if not (math.isclose(want.bandwidth, have.bandwidth, rel_tol=1e-6)
+                and math.isclose(want.latency, have.latency, rel_tol=1e-6, abs_tol=1e-9)):
+            raise ValueError(f"link emulation 'kernel': rank {rank} asks for {want.describe()} but node n{rank} is "
+                             f"shaped to {have.describe()}: bring the cluster up with the sweep's links "
+                             f"(--bandwidth, --latency, --node-bandwidth {rank}=..., --node-latency {rank}=...)")
+
+
+def bundles(world_size: int, network: Network | None) -> list[dict] | None:
+    """Extra resources per rank's bundle: node n<i> for kernel emulation, the head on a syncbench cluster, or None."""
+    if is_kernel(network):
+        return [{f"syncbench_n{rank}": 1} for rank in range(world_size)]
+    if has_head_resource():
+        return [{"syncbench_head": 1}] * world_size
+    return None
