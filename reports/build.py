@@ -73,7 +73,8 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"no runs.parquet in {str(results_dir)!r}: run a sweep there first "
                                 f"(syncbench run SWEEP.toml)")
-    runs = pd.read_parquet(path)
+    runs = _read_ours(path, ("run_id", "status", "strategy", "strategy_params", "workers", "device", "transport",
+                             "oversubscribed", "link", "workload"))
     if runs.empty:
         raise ValueError(f"{str(path)!r} has no runs: nothing to report")
     runs["label"] = [strategy_label(s, p) for s, p in zip(runs["strategy"], runs["strategy_params"])]
@@ -89,7 +90,19 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
 def load_steps(results_dir: Path) -> pd.DataFrame | None:
     """steps.parquet, or None when the sweep did not record steps."""
     path = results_dir / "steps.parquet"
-    return pd.read_parquet(path) if path.exists() else None
+    return _read_ours(path, ("run_id", "step", "rank", "role")) if path.exists() else None
+
+
+def _read_ours(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A Parquet file written by syncbench; ValueError in one line for anything else (another tool's file)."""
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not a Parquet file we can read"
+        raise ValueError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{str(path)!r} is not a syncbench results file: it has no column(s) {', '.join(missing)}")
+    return frame
 
 
 def link_order(runs: pd.DataFrame) -> list[str]:

@@ -30,6 +30,9 @@ MODELS = ("resnet18", "resnet50", "vgg11", "vgg16")
 EXTRAPOLATION_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 EXTRAPOLATION_LINKS = {"1 Gbit": 1 * GBIT, "10 Gbit": 10 * GBIT, "25 Gbit": 25 * GBIT, "100 Gbit": 100 * GBIT}
 TARGET_EFFICIENCIES = (0.5, 0.8, 0.9)
+# `syncbench model --workers`: counting the analytic traffic of 1,024 workers takes ~5 s on one core, and it
+# grows about as n^2, so 10,000 would take minutes
+MAX_MODEL_WORKERS = 1024
 
 
 # ---- the formulas ----------------------------------------------------------------------------------------
@@ -172,13 +175,13 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         if not model_bytes > 0:
             raise ValueError(f"bad model bytes {model_bytes!r}: expected a size > 0, e.g. 553.36MB")
         numel = round(model_bytes / 4)  # fp32
-    if isinstance(workers, bool) or int(workers) != workers or workers < 1:
-        raise ValueError(f"bad workers {workers!r}: expected a whole number >= 1")
-    if not bandwidth > 0:
+    if isinstance(workers, bool) or int(workers) != workers or not 1 <= workers <= MAX_MODEL_WORKERS:
+        raise ValueError(f"bad workers {workers!r}: expected a whole number from 1 to {MAX_MODEL_WORKERS:,}")
+    if not 0 < bandwidth < math.inf:
         raise ValueError(f"bad bandwidth {bandwidth!r}: expected bytes/s greater than zero")
-    if not step_time > 0:
+    if not 0 < step_time < math.inf:
         raise ValueError(f"bad step time {step_time!r}: expected the compute time per step in seconds, > 0")
-    if not latency >= 0:
+    if not 0 <= latency < math.inf:
         raise ValueError(f"bad latency {latency!r}: expected seconds >= 0")
     if not 0 < target_efficiency < 1:
         raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")

@@ -25,7 +25,7 @@ def transport_bench(sizes=(1 * MB, 16 * MB, 64 * MB), repeats: int = 10, warmup:
         raise ValueError(f"repeats {repeats!r} must be >= 1 and warmup {warmup!r} >= 0")
     import ray
 
-    from experiments.cluster.ray_runtime import ensure_ray
+    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 
     started = ensure_ray() if not ray.is_initialized() else False
     try:
@@ -34,7 +34,7 @@ def transport_bench(sizes=(1 * MB, 16 * MB, 64 * MB), repeats: int = 10, warmup:
             machine = {"cpu": group.cpu, "cores": group.cores, "host": group.host, "transport": group.backend}
     finally:
         if started:
-            ray.shutdown()
+            stop_ray()
     return [{**row, **machine, "repeats": repeats, "warmup": warmup} for row in rows]
 
 
@@ -144,11 +144,20 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
     """1 worker, no synchronization (ring on one rank), vs the plain loop, alternated in one actor."""
     import ray
 
-    from experiments.cluster.ray_runtime import ensure_ray
-    from experiments.config.sweep import RunSpec
+    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
+    from experiments.config.sweep import SweepError, parse
 
-    spec = RunSpec(workload=workload, image_size=image_size, batch_size=batch_size, steps=steps,
-                   warmup_steps=min(5, steps - 1), strategy="ring", workers=1, device=device)
+    if not 1 <= rounds <= 1000:
+        raise ValueError(f"rounds = {rounds!r}: accepted are 1 to 1,000")
+    # the settings a sweep would accept, checked the way a sweep's are, before Ray starts
+    point = {"workload": workload, "image_size": image_size, "batch_size": batch_size, "steps": steps,
+             "warmup_steps": min(5, steps - 1), "strategy": "ring", "workers": 1, "device": device}
+    try:
+        spec = parse({"name": "harness", "defaults": point}, where="bench --harness").runs[0]
+    except SweepError as e:
+        raise ValueError(str(e).replace("\n  - ", " ").replace(" 1 problem(s):", "")) from None
+    if device == "cuda" and not ray.is_initialized() and not torch.cuda.is_available():
+        raise ValueError("bench --harness --device cuda: this machine has no CUDA GPU (torch sees none): use cpu")
     started = ensure_ray() if not ray.is_initialized() else False
     rows = []
     try:
@@ -161,7 +170,7 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
                              "gpu": group.gpu_name or ""})
     finally:
         if started:
-            ray.shutdown()
+            stop_ray()
     return rows
 
 

@@ -8,26 +8,59 @@ nothing already measured; one during a write leaves the previous files intact.
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 RUNS = "runs.parquet"
 STEPS = "steps.parquet"
+RESULTS_ROOT = Path("results")  # where a sweep's results go when --out is not given
+# the columns without which a Parquet file is not one of ours (another tool's file, say)
+RUN_COLUMNS = ("run_id", "status", "strategy", "workers")
+STEP_COLUMNS = ("run_id", "step", "rank", "role")
+
+
+class StoreError(ValueError):
+    """A results directory that cannot be used: not creatable, not writable, or holding someone else's files."""
+
+
+def default_dir(sweep_name: str) -> tuple[Path, str]:
+    """results/<a safe directory name made from the sweep name>, and a note when the name had to change.
+
+    A sweep file is input from whoever wrote it: its name must not choose where results are written
+    (name = "/tmp/x" or "../../x"), so everything but letters, digits, '.', '_' and '-' becomes '_'.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", sweep_name).strip("._-")[:100] or "sweep"
+    note = "" if safe == sweep_name else (f"sweep name {sweep_name!r} is not a safe directory name: "
+                                          f"results go to {RESULTS_ROOT / safe} (use --out to choose)")
+    return RESULTS_ROOT / safe, note
 
 
 class Store:
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise StoreError(f"results directory {str(self.dir)!r} is a file, not a directory") from None
+        except NotADirectoryError:
+            raise StoreError(f"results directory {str(self.dir)!r}: a part of that path is a file, "
+                             f"not a directory") from None
+        except OSError as e:
+            raise StoreError(f"cannot create results directory {str(self.dir)!r}: {e.strerror}") from None
+        try:  # a real write, not os.access: it also catches a read-only file system (and root is no exception)
+            with tempfile.TemporaryFile(dir=self.dir):
+                pass
+        except OSError as e:
+            raise StoreError(f"results directory {str(self.dir)!r} is not writable: {e.strerror}") from None
 
     def runs(self) -> pd.DataFrame:
-        path = self.dir / RUNS
-        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+        return _read(self.dir / RUNS, RUN_COLUMNS)
 
     def steps(self) -> pd.DataFrame:
-        path = self.dir / STEPS
-        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+        return _read(self.dir / STEPS, STEP_COLUMNS)
 
     def done(self) -> set[str]:
         """Run ids that finished successfully (resume skips them; failed runs are tried again)."""
@@ -60,6 +93,22 @@ class Store:
         tmp.write_text(text)
         os.replace(tmp, path)
         return path
+
+
+def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A Parquet file of ours, or an empty frame when there is none; StoreError for anything else."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not a Parquet file we can read"
+        raise StoreError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__}): move it away or "
+                         f"choose another --out") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing and not frame.empty:
+        raise StoreError(f"{str(path)!r} is not a syncbench results file (no column(s) {', '.join(missing)}): "
+                         f"move it away or choose another --out")
+    return frame
 
 
 def _write_atomic(frame: pd.DataFrame, path: Path) -> None:

@@ -36,6 +36,13 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         return row, []
 
     steps = pd.DataFrame([r for result in results for r in result["steps"]])
+    worker_loss = steps.loc[steps["role"] == "worker", ["step", "rank", "loss"]]
+    bad = worker_loss[~worker_loss["loss"].map(math.isfinite)]
+    if not bad.empty:  # whatever trained (train_fn is replaceable), a non-finite loss is never an ok result
+        first = bad.sort_values(["step", "rank"]).iloc[0]
+        row["status"] = "failed"
+        row["error"] = f"loss is {first['loss']} at step {int(first['step'])} on rank {int(first['rank'])}"
+        return row, []
     steps.insert(0, "run_id", spec.run_id)
     workers = steps[(steps["role"] == "worker") & steps["timed"]].copy()
     servers_df = steps[(steps["role"] == "server") & steps["timed"]]
