@@ -5,6 +5,7 @@ Built-in strategies register here, one line each; plug-ins register through the 
 """
 
 from strategies.all_to_all import AllToAllConfig
+from strategies.ddp import DdpConfig
 from strategies.decentralized import DecentralizedConfig
 from strategies.halving_doubling import HalvingDoublingConfig
 from strategies.naive_ring import NaiveRingConfig
@@ -22,5 +23,6 @@ register(RingConfig)
 register(NaiveRingConfig)
 register(DecentralizedConfig)
 register(NativeConfig)
+register(DdpConfig)
 
 __all__ = ["get", "make", "names", "register"]

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from strategies.communicator import Communicator
-from strategies.ops import OPS, check_op
+from strategies.ops import OPS, check_op, finish_reduction, prescale, wire_form
 
 # What a strategy synchronizes in training.
 GRADIENTS = "gradients"    # allreduce family: average one flat gradient buffer, then a local optimizer step
@@ -83,13 +84,29 @@ def uniform_traffic(workers: int, sent: int, recv: int, msgs_sent: int, msgs_rec
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """Settings of one strategy. Subclasses add dataclass fields for their parameters."""
+    """Settings of one strategy. Subclasses add dataclass fields for their parameters.
+
+    The plug-in contract: what a strategy declares, checked at registration (strategies/registry.py), and
+    all the generic tests, `verify`, training and the report need to know about it:
+      name, summary   an identifier and one line for `syncbench strategies`
+      role            GRADIENTS, PARAMETERS or SERVER: what it synchronizes in training
+      runtime         the Strategy subclass bound on every rank
+      traffic()       its analytic bytes, messages and rounds (measured counters must equal them)
+      ops             the reduction ops it supports
+      exact           True: an exact allreduce; False: a neighbour average with mixing_matrix/spectral_gap
+      identical       every worker rank ends with the same bits (required of an exact strategy)
+      counted         the Communicator sees its bytes (False: they move inside a backend, like native)
+      variants        parameter settings the generic tests cover (each a dict of this class's fields)
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     role: ClassVar[str] = GRADIENTS
     ops: ClassVar[tuple[str, ...]] = OPS
-    exact: ClassVar[bool] = True  # False: not an exact allreduce (decentralized averaging)
+    exact: ClassVar[bool] = True
+    identical: ClassVar[bool] = True
+    counted: ClassVar[bool] = True
+    variants: ClassVar[tuple[dict, ...]] = ({},)
     runtime: ClassVar[type[Strategy]]
 
     def __post_init__(self):
@@ -106,6 +123,14 @@ class StrategyConfig:
 
     def traffic(self, workers: int, numel: int, itemsize: int = 4) -> Traffic:
         raise NotImplementedError(f"strategy {self.name!r} does not state its analytic traffic")
+
+    def mixing_matrix(self, workers: int, round: int = 0) -> np.ndarray:
+        """Inexact strategies: the doubly stochastic W of one round (x_i <- sum_j W_ij x_j)."""
+        raise NotImplementedError(f"strategy {self.name!r} is exact: it has no mixing matrix")
+
+    def spectral_gap(self, workers: int, round: int = 0) -> float:
+        """Inexact strategies: 1 - |lambda_2(W)|; larger mixes faster, 0 never converges."""
+        raise NotImplementedError(f"strategy {self.name!r} is exact: it has no spectral gap")
 
     def bind(self, comm: Communicator, workers: int) -> Strategy:
         if comm.world_size != self.world_size(workers):
@@ -136,11 +161,16 @@ class Strategy:
         if self.is_server:
             raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not sync()")
         self._check_size(tensor.numel())
-        if tensor.numel() == 0 or self.comm.world_size == 1:
-            return  # nothing to agree on: no elements, or one rank alone (the mean of one is itself)
         if not tensor.is_contiguous():
             raise ValueError("sync() needs a contiguous tensor (flatten gradients into one buffer first)")
-        self._sync(tensor.view(-1), op)
+        flat = tensor.view(-1)
+        if tensor.numel() == 0 or self.comm.world_size == 1:
+            finish_reduction(flat, op, 1)  # nothing to agree on: no elements, or one rank alone
+            return
+        with wire_form(flat, op) as wire:  # wide unsigned integers travel as their signed twin
+            if self.config.exact:
+                prescale(wire, op, self.workers)  # half-precision mean: scale before summing, never overflow
+            self._sync(wire, op)
 
     def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
               update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None,

@@ -94,6 +94,8 @@ class DecentralizedConfig(StrategyConfig):
     role = PARAMETERS
     ops = ("mean",)
     exact = False
+    identical = False
+    variants = tuple({"topology": t, "weights": w} for t in TOPOLOGIES for w in WEIGHTS)
     runtime = Decentralized
     topology: str = "ring"
     weights: str = "uniform"

@@ -1,4 +1,4 @@
-"""Naive ring allreduce: whole arrays passed around the ring, n-1 rounds, each rank accumulating.
+"""Naive ring allreduce: whole arrays passed around the ring, n-1 rounds, every rank reducing all of them.
 
 Every worker sends and receives (n-1) x d bytes: the "naive approach" whose time is about n x d / b.
 """
@@ -15,22 +15,27 @@ from strategies.primitives import Scratch
 class NaiveRing(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        self.outgoing, self.incoming = Scratch(), Scratch()
+        self.scratch = Scratch()
 
     def _sync(self, flat, op):
-        n, rank = self.workers, self.rank
+        n, rank, numel = self.workers, self.rank, flat.numel()
         right, left = (rank + 1) % n, (rank - 1) % n
-        forward = self.outgoing.get(flat.numel(), flat)
-        received = self.incoming.get(flat.numel(), flat)
-        forward.copy_(flat)
-        for _ in range(n - 1):
-            # round r: send the array of rank (rank - r) to the right, receive rank (rank - r - 1)'s from the left
-            arrival = self.comm.irecv(received, left)  # posted first: gloo sends wait for a posted receive
-            sent = self.comm.isend(forward, right)
-            arrival.wait()
-            reduce_into(flat, received, op)
-            sent.wait()
-            forward, received = received, forward
+        arrays = self.scratch.get(n * numel, flat).view(n, numel)  # arrays[s]: rank s's original array
+        arrays[rank].copy_(flat)
+        # round r: forward rank (rank - r)'s array to the right, receive rank (rank - r - 1)'s from the left.
+        # Each arrives in its own row, so every receive is posted up front (gloo sends wait for a posted one).
+        pending = [self.comm.irecv(arrays[(rank - r - 1) % n], left) for r in range(n - 1)]
+        sends = []
+        for r in range(n - 1):
+            sends.append(self.comm.isend(arrays[(rank - r) % n], right))
+            pending[r].wait()
+        for handle in sends:
+            handle.wait()
+        # Every rank reduces the same arrays in the same order (rank 0, 1, .., n-1), so every rank ends with
+        # the same bits; adding in arrival order would give each rank its own rounding.
+        flat.copy_(arrays[0])
+        for source in range(1, n):
+            reduce_into(flat, arrays[source], op)
         finish_reduction(flat, op, n)
 
 

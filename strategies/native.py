@@ -18,6 +18,7 @@ class NativeConfig(StrategyConfig):
     name = "native"
     summary = "the backend's own allreduce (gloo/NCCL): bytes move inside it, uncounted"
     runtime = Native
+    counted = False
 
     def traffic(self, workers, numel, itemsize=4):
         # The backend hides its bytes (counted=False); rounds and path are a ring's, the model gloo and NCCL

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from strategies.base import SERVER, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
-from strategies.ops import check_op, finish_reduction, reduce_into
+from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
 from strategies.primitives import Scratch
 
 
@@ -37,6 +37,7 @@ class ParameterServer(Strategy):
         """Receive this server's shard from every worker, reduce it, (update it,) send the result back."""
         check_op(op, dtype, self.config.ops)
         self._check_size(numel)
+        dtype = wire_dtype(dtype)  # as the workers send it (see Strategy.sync)
         lo, hi = chunk_bounds(numel, self.servers)[self.rank - self.workers]
         if hi == lo:
             return  # an empty shard: no parameters here, nothing moves
@@ -65,6 +66,7 @@ class ParameterServerConfig(StrategyConfig):
     summary = "k servers own shards: workers push d/k to each, servers reduce (and update) and send back"
     role = SERVER
     runtime = ParameterServer
+    variants = ({"servers": 1}, {"servers": 2}, {"servers": 3})
     servers: int = 1
 
     def validate(self):

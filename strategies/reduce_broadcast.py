@@ -34,6 +34,7 @@ class ReduceBroadcastConfig(StrategyConfig):
     name = "reduce_broadcast"
     summary = "reduce to rank 0 then broadcast: binomial trees (tree=true) or the flat driver pattern"
     runtime = ReduceBroadcast
+    variants = ({"tree": True}, {"tree": False})
     tree: bool = True
 
     def validate(self):

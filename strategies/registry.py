@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from strategies.base import ROLES, StrategyConfig
+from strategies.base import ROLES, Strategy, StrategyConfig
+from strategies.ops import OPS
 
 ENTRY_POINT_GROUP = "syncbench.strategies"
 
@@ -18,19 +19,66 @@ _REGISTRY: dict[str, type[StrategyConfig]] = {}
 _entry_points_loaded = False
 
 
-def register(config_cls: type[StrategyConfig]) -> type[StrategyConfig]:
-    """Register a strategy's config class under its `name`; a duplicate name is an error."""
+def contract_problems(config_cls: type[StrategyConfig]) -> list[str]:
+    """What a strategy class lacks or gets wrong of the plug-in contract (see StrategyConfig); [] if none."""
+    problems = []
     name = getattr(config_cls, "name", "")
+    if not isinstance(config_cls, type) or not issubclass(config_cls, StrategyConfig):
+        return [f"{config_cls!r} is not a StrategyConfig subclass"]
     if not name or not name.isidentifier():
-        raise ValueError(f"strategy class {config_cls.__qualname__} needs a `name` that is an identifier, "
-                         f"got {name!r}")
+        problems.append(f"a `name` that is an identifier (got {name!r})")
+    if not config_cls.summary:
+        problems.append("a one-line `summary`")
     if config_cls.role not in ROLES:
-        raise ValueError(f"strategy {name!r} has role {config_cls.role!r}: accepted are {', '.join(ROLES)}")
+        problems.append(f"a `role` among {', '.join(ROLES)} (got {config_cls.role!r})")
+    runtime = getattr(config_cls, "runtime", None)
+    if not (isinstance(runtime, type) and issubclass(runtime, Strategy)):
+        problems.append(f"a `runtime` that is a Strategy subclass (got {runtime!r})")
+    if config_cls.traffic is StrategyConfig.traffic:
+        problems.append("a `traffic(workers, numel, itemsize)` method stating its analytic cost")
+    bad_ops = [op for op in config_cls.ops if op not in OPS]
+    if not config_cls.ops or bad_ops:
+        problems.append(f"`ops` drawn from {', '.join(OPS)} (got {config_cls.ops!r})")
+    if config_cls.exact and not config_cls.identical:
+        problems.append("`identical = True`: an exact strategy must leave every rank bitwise identical")
+    if not config_cls.exact:
+        for method in ("mixing_matrix", "spectral_gap"):
+            if getattr(config_cls, method) is getattr(StrategyConfig, method):
+                problems.append(f"a `{method}` method (it is not exact: exact = False)")
+    if not config_cls.variants or not all(isinstance(v, dict) for v in config_cls.variants):
+        problems.append(f"`variants`: a non-empty tuple of parameter dicts (got {config_cls.variants!r})")
+    elif not problems:
+        for params in config_cls.variants:
+            try:
+                config = config_cls(**params)
+                traffic = config.traffic(2, 8)
+            except Exception as e:  # noqa: BLE001 - reported as a contract problem
+                problems.append(f"variant {params!r} to build and state its traffic ({type(e).__name__}: {e})")
+                continue
+            if traffic.counted != config_cls.counted:
+                problems.append(f"`counted = {config_cls.counted}` to agree with traffic().counted "
+                                f"({traffic.counted}) for variant {params!r}")
+    return problems
+
+
+def register(config_cls: type[StrategyConfig]) -> type[StrategyConfig]:
+    """Register a strategy's config class under its `name`; a duplicate name or a broken contract is an error."""
+    problems = contract_problems(config_cls)
+    if problems:
+        who = getattr(config_cls, "__qualname__", repr(config_cls))
+        raise ValueError(f"strategy class {who} ({getattr(config_cls, 'name', '')!r}) cannot be registered; "
+                         f"it needs " + "; ".join(problems))
+    name = config_cls.name
     if name in _REGISTRY and _REGISTRY[name] is not config_cls:
         raise ValueError(f"strategy name {name!r} is already registered by {_REGISTRY[name].__module__}; "
                          f"choose another name")
     _REGISTRY[name] = config_cls
     return config_cls
+
+
+def settings() -> list[tuple[str, dict]]:
+    """Every registered strategy with each of its declared variants: what the generic tests cover."""
+    return [(name, dict(params)) for name in names() for params in get(name).variants]
 
 
 def _load_entry_points() -> None:

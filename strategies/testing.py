@@ -18,7 +18,7 @@ import torch
 import strategies
 from strategies.communicator import DEFAULT_TIMEOUT_S
 from strategies.link import Network
-from strategies.ops import reference
+from strategies.ops import ARITHMETIC, BITWISE, LOGICAL, reference
 from strategies.threads import run_threads
 
 
@@ -52,6 +52,37 @@ def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAU
     return outputs, traffic
 
 
+def run_sequence(name: str, calls, *, timeout: float = DEFAULT_TIMEOUT_S, **params):
+    """Run many collectives on ONE strategy object per rank (sizes, dtypes and ops may change between calls),
+    as training and the peers' suites do. `calls` is a list of (op, inputs): one array per worker rank.
+    Returns, per call, the worker outputs and every rank's traffic of that call alone (a counter delta)."""
+    config = strategies.make(name, **params)
+    workers = len(calls[0][1]) if calls else 0
+    if workers < 1 or any(len(inputs) != workers for _, inputs in calls):
+        raise ValueError("run_sequence needs calls with the same number (>= 1) of input arrays each")
+    tensors = [[torch.as_tensor(np.array(a, copy=True)).reshape(-1) for a in inputs] for _, inputs in calls]
+
+    def body(comm):
+        runtime = config.bind(comm, workers)
+        results = []
+        for (op, _), per_rank in zip(calls, tensors):
+            comm.reset_counters()
+            if runtime.is_server:
+                runtime.serve(per_rank[0].numel(), per_rank[0].dtype, op)
+                out = None
+            else:
+                out = per_rank[comm.rank].clone()
+                runtime.sync(out, op)
+                out = out.numpy()
+            role = "server" if runtime.is_server else "worker"
+            results.append((out, {"role": role, **comm.counters().as_dict()}))
+        return results
+
+    per_rank = run_threads(config.world_size(workers), body, timeout=timeout)
+    return [([per_rank[r][i][0] for r in range(workers)], [rank_results[i][1] for rank_results in per_rank])
+            for i in range(len(calls))]
+
+
 # -- checking a strategy against a reference (what the test suite runs on every registered strategy) ----
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 7, 8)
@@ -63,17 +94,31 @@ class StrategyCheckError(AssertionError):
 
 
 def make_inputs(workers: int, numel: int, op: str, dtype=np.float32) -> list[np.ndarray]:
-    """Rank-dependent inputs; values near 1 for prod so that it neither overflows nor underflows."""
+    """Rank-dependent inputs; values near 1 for prod so that it neither overflows nor underflows; 0/1-heavy
+    integers for logical ops (so that both answers occur); full-width bit patterns for bitwise ops."""
+    dtype = np.dtype(dtype)
     out = []
     for rank in range(workers):
         rng = np.random.default_rng([workers, numel, rank])
-        if np.issubdtype(dtype, np.integer):
-            out.append(rng.integers(-50, 50, numel).astype(dtype) + rank)
+        if dtype == np.bool_:
+            out.append(rng.random(numel) < 0.7)
+        elif dtype.kind in "iu" and op in BITWISE:
+            out.append(rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, numel, dtype=dtype, endpoint=True))
+        elif dtype.kind in "iu" and op in LOGICAL:
+            out.append((rng.integers(0, 4, numel) * (rank + 1)).astype(dtype))
+        elif dtype.kind in "iu":
+            low = -50 if dtype.kind == "i" else 0
+            out.append((rng.integers(low, 50, numel) + rank).astype(dtype))
         elif op == "prod":
             out.append(rng.uniform(0.9, 1.1, numel).astype(dtype))
         else:
             out.append((rng.standard_normal(numel) + rank).astype(dtype))
     return out
+
+
+def default_dtype(op: str):
+    """The dtype check_strategy tests an op in: float32 for arithmetic, int32 for logical and bitwise ops."""
+    return np.float32 if op in ARITHMETIC else np.int32
 
 
 def expected(config, inputs: list[np.ndarray], op: str) -> list[np.ndarray]:
@@ -101,25 +146,53 @@ def check_traffic(config, workers: int, numel: int, itemsize: int, measured: lis
             raise StrategyCheckError(f"{case}: rank {rank} analytic {want.as_dict()} != measured {got}")
 
 
-def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, **params) -> int:
+def check_identical(outputs: list[np.ndarray], case: str) -> None:
+    """Every worker rank of an exact allreduce must hold the same bits (MPI and NCCL require it; replicas
+    that differ in the last bit drift apart in training)."""
+    for rank, got in enumerate(outputs[1:], start=1):
+        if got.tobytes() != outputs[0].tobytes():
+            differ = int(np.sum(got.view(np.uint8) != outputs[0].view(np.uint8)))
+            raise StrategyCheckError(f"{case}: rank {rank} differs from rank 0 in {differ} byte(s): "
+                                     f"an exact strategy must leave every rank bitwise identical")
+
+
+def check_case(name: str, inputs: list[np.ndarray], op: str, case: str, **params) -> list[np.ndarray]:
+    """One collective on thread ranks: roles, dtype and shape, the reference (exact for integers, min/max,
+    logical and bitwise ops), bitwise agreement between ranks (exact strategies) and traffic. Returns outputs."""
+    config = strategies.make(name, **params)
+    workers, numel, dtype = len(inputs), inputs[0].size, inputs[0].dtype
+    outputs, traffic = run_collective(name, inputs, op=op, timeout=20, **params)
+    roles = ["worker"] * workers + ["server"] * config.num_servers(workers)
+    if [t["role"] for t in traffic] != roles:
+        raise StrategyCheckError(f"{case}: roles {[t['role'] for t in traffic]}, expected {roles}")
+    exact = op in ("min", "max") + LOGICAL + BITWISE or dtype.kind in "iub"
+    tol = 2e-5 if dtype.itemsize >= 4 else 1e-2
+    for rank, (got, want) in enumerate(zip(outputs, expected(config, inputs, op))):
+        if got.shape != (numel,) or got.dtype != dtype:
+            raise StrategyCheckError(f"{case}: rank {rank} returned {got.shape} {got.dtype}, "
+                                     f"expected ({numel},) {dtype}")
+        if exact:
+            if not np.array_equal(got, want):
+                wrong = int(np.sum(got != want))
+                raise StrategyCheckError(f"{case}: rank {rank} has {wrong} element(s) unlike the reference")
+        elif not np.allclose(got.astype(np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol):
+            worst = float(np.max(np.abs(got.astype(np.float64) - want))) if numel else 0.0
+            raise StrategyCheckError(f"{case}: rank {rank} differs from the reference by up to {worst:.3g}")
+    if config.exact:
+        check_identical(outputs, case)
+    check_traffic(config, workers, numel, dtype.itemsize, traffic, case)
+    return outputs
+
+
+def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, dtype=None, **params) -> int:
     """Run `name` on every world size x size x op (default: all it supports) on threads; check every rank's
-    result against numpy and the measured bytes against `traffic()`. Returns the number of cases checked."""
+    result against numpy, bitwise agreement between ranks and the measured bytes against `traffic()`.
+    `dtype` (default: float32 for arithmetic, int32 for logical and bitwise ops). Returns the cases checked."""
     config = strategies.make(name, **params)
     cases = 0
     for workers, numel, op in itertools.product(world_sizes, numels, ops or config.ops):
-        case = f"{name}{params or ''} workers={workers} numel={numel} op={op}"
-        inputs = make_inputs(workers, numel, op)
-        outputs, traffic = run_collective(name, inputs, op=op, timeout=20, **params)
-        roles = ["worker"] * workers + ["server"] * config.num_servers(workers)
-        if [t["role"] for t in traffic] != roles:
-            raise StrategyCheckError(f"{case}: roles {[t['role'] for t in traffic]}, expected {roles}")
-        for rank, (got, want) in enumerate(zip(outputs, expected(config, inputs, op))):
-            if got.shape != (numel,) or got.dtype != np.float32:
-                raise StrategyCheckError(f"{case}: rank {rank} returned {got.shape} {got.dtype}")
-            exact = op in ("min", "max")
-            if not (np.array_equal(got, want) if exact else np.allclose(got, want, rtol=2e-5, atol=2e-5)):
-                worst = float(np.max(np.abs(got - want))) if numel else 0.0
-                raise StrategyCheckError(f"{case}: rank {rank} differs from the reference by up to {worst:.3g}")
-        check_traffic(config, workers, numel, 4, traffic, case)
+        case_dtype = np.dtype(dtype or default_dtype(op))
+        case = f"{name}{params or ''} workers={workers} numel={numel} op={op} dtype={case_dtype}"
+        check_case(name, make_inputs(workers, numel, op, case_dtype), op, case, **params)
         cases += 1
     return cases

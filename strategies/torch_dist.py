@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.link import Network
-from strategies.ops import check_op
+from strategies.ops import LOGICAL, check_op, finish_reduction
 
 # dtype codes carried in the header; a dtype not listed travels as -1 and only its byte count is checked
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -150,16 +150,21 @@ class TorchCommunicator(Communicator):
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
-        """dist.all_reduce in place; gloo has no AVG, so a mean is a SUM divided by world_size."""
+        """dist.all_reduce in place. gloo has no AVG: a mean is a SUM finished as the strategies finish it.
+        Logical ops and bool tensors travel as 0/1 (or 0/255) uint8: land = MIN, lor = MAX, lxor = BXOR."""
         check_op(op, tensor.dtype)
         self._check_device(tensor)
+        logical = op in LOGICAL or tensor.dtype == torch.bool
         reduce_op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-                     "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}[op]
+                     "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT, "land": dist.ReduceOp.MIN,
+                     "lor": dist.ReduceOp.MAX, "lxor": dist.ReduceOp.BXOR, "band": dist.ReduceOp.BAND,
+                     "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}[op]
         staged = tensor.cpu() if tensor.is_cuda and not self.cuda else tensor
+        if logical:
+            staged = (staged != 0).to(torch.uint8)
         work = dist.all_reduce(staged, reduce_op, group=self.group, async_op=True)
         self._control(lambda deadline: _wait_work(work, deadline, self.cuda), "all_reduce")
-        if op == "mean":
-            staged.div_(self.world_size)
+        finish_reduction(staged, op, self.world_size)
         if staged is not tensor:
             tensor.copy_(staged)
 

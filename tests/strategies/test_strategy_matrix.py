@@ -11,25 +11,26 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 import strategies
-from strategies.ops import reference
-from strategies.testing import NUMELS, WORLD_SIZES, check_strategy, check_traffic, make_inputs, run_collective
+from strategies.ops import ACCEPTED, reference
+from strategies.testing import (
+    NUMELS,
+    WORLD_SIZES,
+    check_identical,
+    check_strategy,
+    check_traffic,
+    make_inputs,
+    run_collective,
+)
 
-# Extra settings to cover for the built-ins that have parameters; any other strategy runs with its defaults.
-VARIANTS = {
-    "parameter_server": [{"servers": k} for k in (1, 2, 3)],
-    "reduce_broadcast": [{"tree": True}, {"tree": False}],
-    "decentralized": [{"topology": t, "weights": w}
-                      for t in ("ring", "torus", "exponential", "complete", "one_peer_exponential")
-                      for w in ("uniform", "metropolis")],
-}
+IDENTITY_DTYPES = (np.float16, np.float32, np.float64, np.int8, np.uint32, np.bool_)
 
 
 def settings():
-    for name in strategies.names():
-        for params in VARIANTS.get(name, [{}]):
-            yield name, params
+    """Every registered strategy with each of the variants it declares (StrategyConfig.variants)."""
+    return strategies.registry.settings()
 
 
 def label(name, params):
@@ -61,12 +62,18 @@ def test_int64(name, params):
         check_traffic(config, workers, numel, 8, traffic, case)
 
 
-@pytest.mark.parametrize("name", ["ring", "all_to_all", "reduce_broadcast", "halving_doubling",
-                                  "parameter_server", "native"])
-def test_every_rank_bitwise_identical(name):
-    """Strategies that reduce each element once (or in one fixed order) give every rank the same bits."""
-    for workers, op in itertools.product((3, 5, 8), ("sum", "mean")):
-        inputs = make_inputs(workers, 4099, op)
-        outputs, _ = run_collective(name, inputs, op=op, timeout=20)
-        for rank, got in enumerate(outputs):
-            assert np.array_equal(got, outputs[0]), f"{name} workers={workers} op={op}: rank {rank} differs"
+@pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
+def test_every_rank_bitwise_identical(name, params):
+    """Every strategy that declares `identical` (every exact one must) gives every rank the same bits, for
+    every op it supports and every dtype that op accepts (naive_ring included: it reduces in rank order)."""
+    config = strategies.make(name, **params)
+    if not config.identical:
+        pytest.skip(f"{name} is a neighbour average: ranks are meant to differ")
+    for workers, op in itertools.product((3, 5, 8), config.ops):
+        for dtype in IDENTITY_DTYPES:
+            if op not in ACCEPTED[torch.from_numpy(np.zeros(1, dtype)).dtype]:
+                continue
+            case = f"{label(name, params)} workers={workers} op={op} dtype={np.dtype(dtype)}"
+            inputs = make_inputs(workers, 4099, op, dtype)
+            outputs, _ = run_collective(name, inputs, op=op, timeout=20, **params)
+            check_identical(outputs, case)
