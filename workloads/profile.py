@@ -306,7 +306,7 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
     if not isinstance(getattr(torch, data["dtype"], None), torch.dtype):
         raise ProfileError(f"{where}: dtype {data['dtype']!r} is not a torch dtype (e.g. 'float32')")
     params = data["params"]
-    if not isinstance(params, list) or not params:
+    if not isinstance(params, (list, tuple)) or not params:
         raise ProfileError(f"{where}: params must be a non-empty list of {{name, numel, ready_s}}")
     timings = []
     for i, p in enumerate(params):

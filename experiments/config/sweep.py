@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import strategies
+from strategies.base import PARAMETERS
 from strategies.link import BANDWIDTH_HELP, Network
 from workloads.data import DATASETS
 from workloads.models import MODELS, check_model_args
+from workloads.profile import ProfileError, load_profile
 
 DEVICES = ("cpu", "cuda")
 TOP_LEVEL = ("name", "description", "defaults", "grid", "strategy_params")
@@ -70,6 +72,7 @@ RANGES: dict[str, Range] = {
     "link.bandwidth": Range(125e3, 12.5e12, text="1Mbit to 100Tbit (125KB/s to 12.5TB/s)"),
     "link.latency": Range(0, 1, text="0s to 1s"),
     "straggler.slowdown": Range(1, 100),
+    "bucket_mb": Range(0, 1_000_000, low_open=True),  # MiB, as DDP's bucket_cap_mb
 }
 MAX_RANKS = 1024  # workers + servers of one run
 MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
@@ -102,6 +105,10 @@ class RunSpec:
     straggler: dict | None = None
     timeout: float = 120.0
     strategy_params: dict = field(default_factory=dict)
+    bucket_mb: float | None = None  # MiB per gradient bucket (DDP's grouping); None: one flat bucket
+    overlap: bool = False  # sync each bucket from a communication thread as soon as its gradients are ready
+    compute: str = "real"  # "real": the model computes; "profile": a measured timeline is replayed
+    profile: str | None = None  # compute = "profile": a profile JSON file; None: measured at the run's start
 
     @property
     def run_id(self) -> str:
@@ -110,7 +117,8 @@ class RunSpec:
         128 bits of SHA-256 over every setting: two different runs collide with probability ~2^-128 (the
         8-hex-digit id before it collided for seeds 13466 and 31908); parse() checks uniqueness anyway.
         """
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        settings = {k: v for k, v in asdict(self).items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
+        blob = json.dumps(settings, sort_keys=True, default=str)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:32]
         link = re.sub(r"[^A-Za-z0-9.]+", "_", self.link_label).strip("_")
         return f"{self.strategy}-n{self.workers}-{self.workload}-{link}-{digest}"
@@ -139,6 +147,9 @@ class RunSpec:
 
 
 RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
+# Settings added after results existed: at their defaults they stay out of the run id, so earlier results resume.
+_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None}
+COMPUTE_MODES = ("real", "profile")
 
 
 @dataclass(frozen=True)
@@ -238,7 +249,8 @@ def _report(where: str, errors: list[str]) -> str:
 
 _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "image_size": int,
           "num_classes": int, "batch_size": int, "steps": int, "warmup_steps": int, "seed": int,
-          "workers": int, "lr": float, "momentum": float, "weight_decay": float, "timeout": float}
+          "workers": int, "lr": float, "momentum": float, "weight_decay": float, "timeout": float,
+          "bucket_mb": float, "overlap": bool, "compute": str, "profile": str}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
@@ -248,11 +260,12 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         if key not in point:
             continue
         value = point[key]
-        ok = isinstance(value, typ) and not isinstance(value, bool)
+        ok = isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             point[key], ok = float(value), True
         if not ok:
-            errors.append(f"{key} = {value!r}: expected {'a number' if typ is float else typ.__name__}")
+            expected = {float: "a number", bool: "true or false"}.get(typ, typ.__name__)
+            errors.append(f"{key} = {value!r}: expected {expected}")
     if len(errors) > start:
         return None
 
@@ -322,12 +335,38 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
             errors.append(f"straggler.ranks = {straggler['ranks']!r}: workers = {workers} has worker ranks "
                           f"0..{workers - 1} only")
             break
+    _check_compute(point, config, errors)
     if len(errors) > start:
         return None
+    if config.role == PARAMETERS or getattr(config, "wraps_model", False):
+        # neighbour averaging works on parameters, which exist only after the local step: it never overlaps;
+        # DistributedDataParallel always does. One run each, whatever the grid says.
+        point["overlap"] = getattr(config, "wraps_model", False)
     if link and link.get("emulation") == "python":  # the default: the same run id with or without it
         link = {k: v for k, v in link.items() if k != "emulation"}
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
+
+
+def _check_compute(point: dict, config, errors: list[str]) -> None:
+    """compute, profile and bucket_mb: a mode that exists, a profile file that fits the run's model and batch."""
+    compute = point.get("compute", "real")
+    if compute not in COMPUTE_MODES:
+        errors.append(f"compute = {compute!r}: accepted are {', '.join(COMPUTE_MODES)}")
+        return
+    path = point.get("profile")
+    if path is None:
+        return
+    if compute != "profile":
+        errors.append(f"profile = {path!r} with compute = {compute!r}: a profile is replayed only with "
+                      f"compute = \"profile\" (accepted: set compute = \"profile\", or drop profile)")
+        return
+    try:
+        profile = load_profile(path)
+        profile.check_run(point.get("workload", "resnet18"), point.get("batch_size", 32), point.get("image_size", 32),
+                          point.get("num_classes", 10), where=f"profile = {path!r}")
+    except ProfileError as e:
+        errors.append(str(e))
 
 
 def _check_straggler(value, errors: list[str]) -> dict | None:
