@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 
 import torch
-import torchvision
 from torch import nn
 
 MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
@@ -54,6 +53,8 @@ def check_model_args(name, num_classes, image_size):
 def _construct(name, num_classes):
     if name == "tiny":
         return TinyCNN(num_classes)
+    import torchvision  # here, not at the top: it imports torch._dynamo (seconds); validation needs neither
+
     return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
 
 

@@ -155,7 +155,7 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
     try:
         spec = parse({"name": "harness", "defaults": point}, where="bench --harness").runs[0]
     except SweepError as e:
-        raise ValueError(str(e).replace("\n  - ", " ").replace(" 1 problem(s):", "")) from None
+        raise ValueError(str(e).replace(":\n  - ", ": ", 1).replace("\n  - ", "; ")) from None
     if device == "cuda" and not ray.is_initialized() and not torch.cuda.is_available():
         raise ValueError("bench --harness --device cuda: this machine has no CUDA GPU (torch sees none): use cpu")
     started = ensure_ray() if not ray.is_initialized() else False

@@ -68,17 +68,19 @@ def check_capacity(runs, capacity: Capacity, oversubscribe: bool = False) -> Non
         servers = world - spec.workers
         what = (f"{spec.strategy} with workers = {spec.workers}" + (f" and {servers} server(s)" if servers else "")
                 + f" ({world} ranks, {spec.workload})")
-        check_ranks(world, rank_bytes(spec), capacity, what, oversubscribe)
+        check_ranks(world, lambda spec=spec: rank_bytes(spec), capacity, what, oversubscribe)
 
 
-def check_ranks(world: int, bytes_per_rank: float, capacity: Capacity, what: str,
-                oversubscribe: bool = False) -> None:
-    """`world` ranks of at least `bytes_per_rank` each against the cores and memory of `capacity`."""
+def check_ranks(world: int, bytes_per_rank, capacity: Capacity, what: str, oversubscribe: bool = False) -> None:
+    """`world` ranks of at least `bytes_per_rank` each (bytes, or a function giving them: it may need to build
+    the model on the meta device) against the cores and memory of `capacity`."""
     allowed = int(capacity.cores * MAX_RANKS_PER_CORE)
     if world > allowed and not oversubscribe:
         raise LimitError(f"{what}: {capacity.where} has {capacity.cores:g} cores, and at most "
                          f"{MAX_RANKS_PER_CORE} ranks per core = {allowed} ranks are allowed; pass "
                          f"--oversubscribe to run it anyway (its times would then measure core contention)")
+    if callable(bytes_per_rank):
+        bytes_per_rank = bytes_per_rank()
     need = world * bytes_per_rank
     if need > capacity.memory_bytes:
         raise LimitError(f"{what}: needs at least {need / 1e9:.1f} GB of memory ({world} x "
