@@ -17,7 +17,7 @@ from pathlib import Path
 
 import strategies
 from strategies.base import PARAMETERS
-from strategies.link import BANDWIDTH_HELP, Network
+from strategies.link import Network
 from workloads.data import DATASETS
 from workloads.models import MODELS, check_model_args
 from workloads.profile import ProfileError, load_profile
@@ -307,7 +307,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
             try:
                 network = Network.from_spec(link)
             except ValueError as e:
-                errors.append(f"link = {link!r}: {e}" if "bandwidth" in str(e) else f"link: {e} ({BANDWIDTH_HELP})")
+                errors.append(f"link: {e}")
             else:
                 _check_link_ranges(link, network, errors)
     straggler = point.get("straggler")
