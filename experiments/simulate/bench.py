@@ -1,0 +1,76 @@
+"""`syncbench simulate --bench`: how long simulating one ResNet-50 training step takes, per strategy and rank count.
+
+Every cell is one fresh process running one step (no warm-up) of the committed ResNet-50 profile on a star of
+10 Gbit/s, 20 us NICs under SimGrid's default TCP model. `wall s` is the simulation alone (platform, actors,
+the step); `total s` adds the process start (Python, torch). The simulated step time and the messages moved
+are printed beside them: wall time grows with messages, not bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import strategies
+from experiments.config.sweep import RunSpec
+from experiments.simulate.platform import Platform
+from experiments.simulate.run import Compute, SimSpec, simulate_in_child
+
+PROFILE = Path(__file__).resolve().parents[1] / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
+DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("decentralized", {}), ("ring", {}),
+           ("all_to_all", {}))
+LINK = {"bandwidth": "10Gbit", "latency": "20us"}
+
+
+def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) -> list[dict]:
+    """One row per (strategy, ranks): wall seconds to simulate one step, and what the step was."""
+    from workloads.profile import load_profile
+
+    profile = load_profile(PROFILE)
+    compute = Compute.from_profile(profile)
+    chosen = DEFAULT if names is None else [(n, {"servers": 8} if n == "parameter_server" else {}) for n in names]
+    rows = []
+    for n in workers:
+        for name, params in chosen:
+            config = strategies.make(name, **params)
+            spec = RunSpec(sweep="bench", workload=profile.model, image_size=profile.image_size,
+                           num_classes=profile.num_classes, batch_size=profile.batch_size, steps=1, warmup_steps=0,
+                           strategy=name, workers=n, link=LINK, strategy_params=params)
+            sim = SimSpec(Platform.parse({"bandwidth": LINK["bandwidth"], "latency": LINK["latency"]}), compute)
+            traffic = config.traffic(n, compute.numel, 4)
+            messages = sum(r.msgs_sent for r in traffic.ranks)
+            print(f"[bench] {name} ranks={config.world_size(n)} messages={messages:,} ...", file=log, flush=True)
+            start = time.perf_counter()
+            results, error, wall = simulate_in_child(spec, sim)
+            total = time.perf_counter() - start
+            step = max((r["steps"][0]["compute_s"] + r["steps"][0]["comm_s"] for r in results
+                        if r["steps"][0]["role"] == "worker"), default=float("nan")) if results else float("nan")
+            rows.append({"strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
+                         "ranks": config.world_size(n), "messages": messages, "wall_s": wall, "total_s": total,
+                         "sim_step_s": step, "error": error})
+            print(f"        -> {wall:.1f} s" + (f"  FAILED: {error}" if error else ""), file=log, flush=True)
+    return rows
+
+
+def format_bench(rows: list[dict]) -> str:
+    import os
+    import platform
+
+    lines = [f"# syncbench simulate --bench: one ResNet-50 step ({PROFILE.name}), star of {LINK['bandwidth']} / "
+             f"{LINK['latency']} NICs, SimGrid {_simgrid_version()} default TCP model",
+             f"# host {platform.node()}, {os.cpu_count()} cores; wall s = the simulation, total s = with the "
+             f"process start; sim step s = the simulated step",
+             f"{'strategy':>28s} {'workers':>7s} {'ranks':>6s} {'messages':>10s} {'wall s':>8s} {'total s':>8s} "
+             f"{'sim step s':>10s}"]
+    for r in rows:
+        lines.append(f"{r['strategy']:>28s} {r['workers']:7d} {r['ranks']:6d} {r['messages']:10,d} {r['wall_s']:8.1f} "
+                     f"{r['total_s']:8.1f} {r['sim_step_s']:10.3f}" + (f"  FAILED: {r['error']}" if r["error"] else ""))
+    return "\n".join(lines)
+
+
+def _simgrid_version() -> str:
+    from strategies.simgrid import load_simgrid
+
+    version = load_simgrid().simgrid_version
+    return ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)

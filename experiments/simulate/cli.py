@@ -1,0 +1,42 @@
+"""The `syncbench simulate` command: run a sweep on a simulated cluster, or time the simulator (--bench)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("sweep", nargs="?", help="a sweep TOML file with a [simulate] table, e.g. "
+                                            "experiments/config/sweeps/simulate_resnet50.toml")
+    p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
+    p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
+    p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
+    p.add_argument("--bench", action="store_true",
+                   help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
+    p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")
+    p.add_argument("--strategies", help="with --bench: comma-separated names (default: halving_doubling, "
+                                        "parameter_server with 8 servers, decentralized, ring, all_to_all)")
+
+
+def run(args) -> int:
+    from experiments.simulate.pipeline import format_runs, run_simulations
+    from strategies.simgrid import simgrid_available
+
+    missing = simgrid_available()
+    if missing:
+        print(f"syncbench simulate: error: {missing}", file=sys.stderr)
+        return 2
+    if args.bench:
+        from experiments.simulate.bench import bench, format_bench
+
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        names = [n.strip() for n in args.strategies.split(",")] if args.strategies else None
+        rows = bench(workers, names, log=sys.stderr)
+        print(format_bench(rows))
+        return 0
+    if not args.sweep:
+        raise ValueError("syncbench simulate needs a sweep file (or --bench)")
+    runs, out = run_simulations(args.sweep, args.out, resume=args.resume, overwrite=args.overwrite)
+    print(format_runs(runs))
+    print(f"results: {out}")
+    return 1 if (runs["status"] != "ok").any() else 0
