@@ -15,90 +15,138 @@ import numpy as np
 import torch
 
 import strategies
+from experiments.cluster import placement
 from experiments.cluster.group import WorkerGroup
-from experiments.cluster.ray_runtime import ensure_ray
+from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
+from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 from strategies.link import Network
-from strategies.ops import reference
+from strategies.ops import BITWISE, LOGICAL, OPS, check_op
+from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
+
+# dtypes `verify --dtype` accepts (numpy names)
+VERIFY_DTYPES = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int32", "int64",
+                                                      "uint8", "uint16", "uint32", "uint64", "bool")}
 
 
-def rank_input(rank: int, numel: int, op: str) -> torch.Tensor:
-    """Deterministic, rank-dependent float32 data; near 1 for prod so n factors stay finite."""
-    i = torch.arange(numel, dtype=torch.float64)
-    x = torch.sin(i * 0.37 + rank * 1.3)
-    x = 1 + 0.05 * x if op == "prod" else x + rank
-    return x.to(torch.float32)
-
-
-def _groups(names: list[str], workers: int):
-    """Strategies grouped by the world size they need (parameter servers need extra ranks)."""
-    by_world: dict[int, list[str]] = {}
-    for name in names:
-        by_world.setdefault(strategies.make(name).world_size(workers), []).append(name)
+def _groups(settings, workers: int):
+    """Strategy settings grouped by the world size they need (parameter servers need extra ranks)."""
+    by_world: dict[int, list] = {}
+    for setting in settings:
+        name, params = setting if isinstance(setting, tuple) else (setting, {})
+        by_world.setdefault(strategies.make(name, **params).world_size(workers), []).append(setting)
     return sorted(by_world.items())
 
 
 # -- verify -------------------------------------------------------------------------------------------
 
 
-def _verify_on_rank(ctx, names, workers, numel, op):
+def _setting_label(name: str, params: dict) -> str:
+    return name + "".join(f"[{k}={v}]" for k, v in params.items())
+
+
+def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name):
+    """Each setting once on this rank, inputs from strategies.testing.make_inputs; what it ended with and
+    every counter (sent and received, bytes and messages) of that one call."""
     rows = []
-    for name in names:
-        config = strategies.make(name)
+    for name, params in settings:
+        config = strategies.make(name, **params)
         runtime = config.bind(ctx.comm, workers)
+        op_here, dtype = (op, np.dtype(dtype_name)) if config.exact else ("mean", np.dtype(np.float32))
+        inputs = make_inputs(workers, numel, op_here, dtype)
         ctx.comm.reset_counters()
         if runtime.is_server:
-            runtime.serve(numel, torch.float32, op if config.exact else "mean")
-            rows.append({"strategy": name, "rank": ctx.rank, "error": 0.0, "bytes_sent": None})
-            continue
-        x = rank_input(ctx.rank, numel, op)
-        runtime.sync(x, op if config.exact else "mean")
-        inputs = [rank_input(r, numel, op).double().numpy() for r in range(workers)]
-        if config.exact:
-            expected = reference(inputs, op)
-        else:  # neighbour averaging: row `rank` of W @ X
-            expected = config.mixing_matrix(workers)[ctx.rank] @ np.stack(inputs)
-        error = float(np.max(np.abs(x.double().numpy() - expected))) if numel else 0.0
-        scale = float(np.max(np.abs(expected))) if numel else 1.0
-        rows.append({"strategy": name, "rank": ctx.rank, "error": error, "scale": scale,
-                     "bytes_sent": ctx.comm.counters().bytes_sent})
+            runtime.serve(numel, torch.from_numpy(inputs[0]).dtype, op_here)
+            output = None
+        else:
+            x = torch.from_numpy(inputs[ctx.rank].copy())
+            runtime.sync(x, op_here)
+            output = x.numpy()
+        role = "server" if runtime.is_server else "worker"
+        rows.append({"setting": _setting_label(name, params), "rank": ctx.rank, "output": output,
+                     "role": role, **ctx.comm.counters().as_dict()})
     return rows
 
 
+def _check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool, float, str]:
+    """The checks of strategies.testing on what the actors returned: the reference (exact for integers,
+    min/max, logical and bitwise ops; relative 1e-5 x n for float sums), bitwise agreement between worker
+    ranks, and every rank's bytes and messages, sent and received, against the analytic traffic."""
+    config = strategies.make(name, **params)
+    op_here, dtype = (op, dtype) if config.exact else ("mean", np.dtype(np.float32))
+    inputs = make_inputs(workers, numel, op_here, dtype)
+    outputs = [r["output"] for r in rows[:workers]]
+    want = expected(config, inputs, op_here)
+    error = max((float(np.max(np.abs(o.astype(np.float64) - np.asarray(w, np.float64)))) for o, w in
+                 zip(outputs, want)), default=0.0) if numel else 0.0
+    scale = max(float(np.max(np.abs(np.asarray(w, np.float64)))) for w in want) if numel else 1.0
+    exact = op_here in ("min", "max") + LOGICAL + BITWISE or dtype.kind in "iub"
+    tolerance = 0.0 if exact else 1e-5 * max(scale, 1.0) * max(workers, 1)
+    problems = [] if error <= tolerance else [f"error {error:.3g} > {tolerance:.3g}"]
+    case = f"{_setting_label(name, params)} workers={workers} numel={numel} op={op_here} dtype={dtype}"
+    for check in ((lambda: check_identical(outputs, case)) if config.identical else None,
+                  lambda: check_traffic(config, workers, numel, dtype.itemsize, rows, case)):
+        try:
+            if check:
+                check()
+        except StrategyCheckError as e:
+            problems.append(str(e).removeprefix(case + ": "))
+    return not problems, error, "; ".join(problems)
+
+
 def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = None,
-           address: str | None = None, out=print) -> bool:
-    """Run each strategy once on `workers` Ray actors; print a table; True when every check passed."""
+           address: str | None = None, out=print, oversubscribe: bool = False, dtype: str = "float32") -> bool:
+    """Run each strategy (each declared variant) once on `workers` Ray actors; print a table; True when every
+    check passed.
+
+    Every argument is checked before Ray starts. Without `names`, strategies that do not support `op` are
+    skipped (and said so); named ones that do not are an error.
+    """
+    chosen = names
     names = names or strategies.names()
     for name in names:
         strategies.get(name)  # unknown names fail here, before any actor starts
+    if op not in OPS:
+        raise ValueError(f"--op {op!r}: accepted are {', '.join(OPS)}")
+    if dtype not in VERIFY_DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: accepted are {', '.join(VERIFY_DTYPES)}")
+    check_op(op, torch.from_numpy(np.zeros(1, VERIFY_DTYPES[dtype])).dtype)  # e.g. band on float32: refused
+    np_dtype = np.dtype(VERIFY_DTYPES[dtype])
+    # an inexact strategy (neighbour averaging) is always checked with 'mean', whatever the op
+    unsupported = [n for n in names if strategies.get(n).exact and op not in strategies.get(n).ops]
+    if unsupported and chosen:
+        raise ValueError(f"--op {op!r}: not supported by {', '.join(unsupported)} (they support "
+                         f"{', '.join(strategies.get(unsupported[0]).ops)})")
+    names = [n for n in names if n not in unsupported]
+    settings = [(n, p) for n, p in strategies.registry.settings() if n in names]
     if workers < 1 or numel < 0:
         raise ValueError(f"--workers {workers} / --numel {numel}: need workers >= 1 and numel >= 0")
-    started = ensure_ray(address, num_cpus=max(_cores(), workers + 1))
+    # each rank holds its input and, for the reference, every rank's input in float64
+    check_ranks(max(world for world, _ in _groups(settings, workers)), RANK_BASE_BYTES + numel * (8 * workers + 16),
+                capacity_for(address), f"verify --workers {workers} --numel {numel:,}", oversubscribe)
+    groups = _groups(settings, workers)
+    started = ensure_ray(address, num_cpus=max(_cores(), max(world for world, _ in groups)))
     all_ok = True
-    out(f"verify: {workers} workers, {numel} float32 elements, op {op}, gloo between Ray actors")
-    out(f"{'strategy':18s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
+    width = max(len(_setting_label(n, p)) for n, p in settings)
+    out(f"verify: {workers} workers, {numel} {dtype} elements, op {op}, gloo between Ray actors"
+        + (f"; skipped (no op {op!r}): {', '.join(unsupported)}" if unsupported else ""))
+    out(f"{'strategy':{width}s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
     try:
-        for world, group_names in _groups(names, workers):
+        for world, group_settings in groups:
             with WorkerGroup(world) as group:
-                per_rank = group.run(_verify_on_rank, group_names, workers, numel, op)
-            for name in group_names:
-                config = strategies.make(name)
-                rows = [r for ranks in per_rank for r in ranks if r["strategy"] == name][:workers]
-                error = max(r["error"] for r in rows)
-                scale = max(r.get("scale", 1.0) for r in rows)
-                tolerance = 1e-5 * max(scale, 1.0) * max(workers, 1)
-                traffic = config.traffic(workers, numel, 4)
-                measured = [r["bytes_sent"] for r in rows]
-                analytic = [t.bytes_sent for t in traffic.workers()]
-                bytes_ok = (measured == analytic) if traffic.counted else all(m == 0 for m in measured)
-                ok = error <= tolerance and bytes_ok
+                per_rank = group.run(_verify_on_rank, group_settings, workers, numel, op, dtype)
+            for name, params in group_settings:
+                label = _setting_label(name, params)
+                rows = [r for ranks in per_rank for r in ranks if r["setting"] == label]
+                ok, error, why = _check_setting(name, params, workers, numel, op, np_dtype, rows)
                 all_ok &= ok
-                shown = f"{max(analytic):,}" if traffic.counted else "in backend"
-                out(f"{name:18s} {'yes' if ok else 'NO':>4s} {error:12.3g} {max(measured):>24,} {shown:>12s}")
+                traffic = strategies.make(name, **params).traffic(workers, numel, np_dtype.itemsize)
+                measured = max(r["bytes_sent"] for r in rows[:workers])
+                shown = f"{traffic.worker_bytes_sent:,}" if traffic.counted else "in backend"
+                out(f"{label:{width}s} {'yes' if ok else 'NO':>4s} {error:12.3g} {measured:>24,} {shown:>12s}"
+                    + (f"  {why}" if why else ""))
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     return all_ok
 
 
@@ -139,7 +187,7 @@ def _bench_on_rank(ctx, names, workers, sizes, iters):
 
 
 def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: dict | None = None,
-          iters: int = 0, address: str | None = None, out=print) -> list[dict]:
+          iters: int = 0, address: str | None = None, out=print, oversubscribe: bool = False) -> list[dict]:
     """Time every strategy at every size on the same actors; print and return the table's rows."""
     names = names or [n for n in strategies.names() if strategies.get(n).exact]
     for name in names:
@@ -147,11 +195,22 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     network = Network.from_spec(link)
     if workers < 2:
         raise ValueError(f"--workers {workers}: a benchmark needs at least 2 workers")
+    address = placement.connect_address([network], address)  # kernel links: the namespace cluster, or refused
+    if not sizes:
+        raise ValueError("--sizes: give at least one message size, e.g. 4K,64K,1M")
+    if not 0 <= iters <= 100_000:
+        raise ValueError(f"--iters {iters}: accepted are 0 (by size) to 100,000")
+    # each rank holds the message, a receive buffer and the strategy's scratch space
+    check_ranks(max(world for world, _ in _groups(names, workers)), RANK_BASE_BYTES + 3 * max(sizes),
+                capacity_for(address), f"bench --workers {workers} --sizes up to {max(sizes):,} bytes",
+                oversubscribe)
     started = ensure_ray(address, num_cpus=max(_cores(), workers + 1))
     results: dict = {}
     try:
+        for world, _ in _groups(names, workers):
+            placement.check(world, network)
         for world, group_names in _groups(names, workers):
-            with WorkerGroup(world) as group:
+            with WorkerGroup(world, node_resources=placement.bundles(world, network)) as group:
                 per_rank = group.run(_bench_on_rank, group_names, workers, sizes, iters, network=network)
             for key in per_rank[0]:
                 # each iteration takes as long as its slowest rank; report the median over iterations
@@ -159,9 +218,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
                 results[key] = statistics.median(per_iter)
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     rows = []
     factor = 2 * (workers - 1) / workers
     for nbytes in sizes:
@@ -179,6 +236,8 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
 def _predicted(name: str, workers: int, nbytes: int, network: Network | None) -> float:
     """The alpha-beta time on the emulated links: rounds x latency + critical-path bytes / bandwidth."""
     config = strategies.make(name)
+    if network is not None and network.emulation == "kernel" and not config.traffic(workers, 0).counted:
+        config = strategies.make("ring")  # the kernel shapes the backend's bytes too: modelled as ring
     if network is None or not config.traffic(workers, 0).counted:
         return math.nan  # no emulation, or a backend the emulation does not slow (native)
     traffic = config.traffic(workers, nbytes // 4, 4)
@@ -187,9 +246,14 @@ def _predicted(name: str, workers: int, nbytes: int, network: Network | None) ->
 
 
 def format_bench(rows: list[dict], workers: int, link: dict | None) -> str:
+    kernel = bool(link) and link.get("emulation") == "kernel"
     net = f"emulated links {link['bandwidth']} / {link.get('latency', '0s')} (native is not emulated)" if link \
         else "no link emulation"
-    lines = [f"# syncbench bench: {workers} workers on Ray actors, gloo over loopback, {net}",
+    if kernel:
+        net = (f"kernel-shaped links {link['bandwidth']} / {link.get('latency', '0s')} (tbf on the veths of one "
+               f"network namespace per rank; native's bytes are shaped too, modelled as ring)")
+    lines = [f"# syncbench bench: {workers} workers on Ray actors, gloo over "
+             f"{'TCP between network namespaces' if kernel else 'loopback'}, {net}",
              f"# host {platform.node()}, {platform.processor() or platform.machine()}, "
              f"{_cores()} cores; times are medians of the slowest rank per iteration",
              "# GB = 1e9 bytes; busbw = algbw x 2(n-1)/n (nccl-tests); vs_native > 1 means faster than native",

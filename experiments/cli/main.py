@@ -18,6 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more than 4 ranks per core (times then measure core contention)")
+
+    p = sub.add_parser("simulate", help="run a sweep on a simulated cluster (SimGrid), up to thousands of ranks")
+    from experiments.simulate.cli import add_arguments as _simulate_arguments
+
+    _simulate_arguments(p)
 
     p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's Parquet files")
     p.add_argument("dir")
@@ -49,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("verify", help="check every strategy against a reference on Ray actors over gloo")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--numel", type=int, default=100_003)
-    p.add_argument("--op", default="sum")
+    p.add_argument("--op", default="sum", help="the reduction op (see `syncbench strategies`; default sum)")
+    p.add_argument("--dtype", default="float32", help="float16/32/64, int8/32/64, uint8/16/32/64 or bool "
+                                                       "(default float32)")
     p.add_argument("--strategies", help="comma-separated names (default: all)")
     p.add_argument("--address", help="Ray cluster address")
+    p.add_argument("--oversubscribe", action="store_true", help="allow more than 4 ranks per core")
 
     p = sub.add_parser("bench", help="nccl-tests-style table of allreduce time, algbw and busbw per strategy")
     p.add_argument("--workers", type=int, default=4)
@@ -59,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", help="comma-separated names (default: all exact allreduces)")
     p.add_argument("--bandwidth", help="emulate links of this bandwidth, e.g. 1Gbit")
     p.add_argument("--latency", default="0s", help="emulated per-message latency, e.g. 50us")
+    p.add_argument("--emulation", default="python", choices=("python", "kernel"),
+                   help="who shapes --bandwidth: the communicator (python, default) or the kernel, on the cluster "
+                        "of `syncbench cluster up` (one rank per node; native is shaped too)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--transport", action="store_true",
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
@@ -69,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=32, help="with --harness: input size (default 32)")
     p.add_argument("--device", default="cpu", help="with --harness: cpu or cuda")
     p.add_argument("--address", help="Ray cluster address")
+    p.add_argument("--oversubscribe", action="store_true", help="allow more than 4 ranks per core")
 
     p = sub.add_parser("cluster", help="a Ray cluster on this machine: nodes in network namespaces, links shaped "
                                        "by the kernel (root only)")
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args) or 0
-    except (ValueError, FileExistsError, FileNotFoundError, ClusterError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, ClusterError, ConnectionError) as e:
         print(f"syncbench {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
@@ -104,10 +118,17 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from experiments.config import sweep as sweep_mod
     from experiments.pipeline.runner import run_sweep
+    from experiments.pipeline.store import default_dir
 
-    sweep = sweep_mod.load(args.sweep)
-    out = Path(args.out or Path("results") / sweep.name)
-    runs = run_sweep(sweep, out, resume=args.resume, overwrite=args.overwrite, address=args.address)
+    sweep = sweep_mod.load(args.sweep, progress=_expansion_progress)
+    if args.out:
+        out = Path(args.out)
+    else:  # the sweep file's name never chooses a path outside results/
+        out, note = default_dir(sweep.name)
+        if note:
+            print(f"syncbench run: {note}", file=sys.stderr)
+    runs = run_sweep(sweep, out, resume=args.resume, overwrite=args.overwrite, address=args.address,
+                     oversubscribe=args.oversubscribe)
     _print_runs(runs)
     if not args.no_report:
         from reports.build import build
@@ -115,6 +136,11 @@ def _run(args) -> int:
         print(f"report: {build(out)}")
     failed = int((runs["status"] != "ok").sum()) if not runs.empty else 0
     return 1 if failed else 0
+
+
+def _expansion_progress(done: int, total: int) -> None:
+    print(f"\rexpanding the grid: {done:,}/{total:,} points", end="\n" if done == total else "",
+          file=sys.stderr, flush=True)
 
 
 def _print_runs(runs) -> None:
@@ -198,7 +224,7 @@ def _verify(args) -> int:
     from experiments.bench.collectives import verify
 
     return 0 if verify(workers=args.workers, numel=args.numel, op=args.op, names=_names(args.strategies),
-                       address=args.address) else 1
+                       address=args.address, oversubscribe=args.oversubscribe, dtype=args.dtype) else 1
 
 
 def _bench(args) -> int:
@@ -220,9 +246,12 @@ def _bench(args) -> int:
     from experiments.bench.collectives import bench
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
-    link = {"bandwidth": args.bandwidth, "latency": args.latency} if args.bandwidth else None
+    link = {"bandwidth": args.bandwidth, "latency": args.latency, "emulation": args.emulation} if args.bandwidth \
+        else None
+    if args.emulation == "kernel" and not link:
+        raise ValueError("--emulation kernel: give the cluster's --bandwidth too (the links the run expects)")
     bench(workers=args.workers, sizes=sizes, names=_names(args.strategies), link=link, iters=args.iters,
-          address=args.address)
+          address=args.address, oversubscribe=args.oversubscribe)
     return 0
 
 
@@ -270,5 +299,12 @@ def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
 
+def _simulate(args) -> int:
+    from experiments.simulate.cli import run
+
+    return run(args)
+
+
 COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "verify": _verify,
-            "bench": _bench, "profile": _profile, "cluster": _cluster}
+            "bench": _bench, "profile": _profile, "cluster": _cluster,
+            "simulate": _simulate}

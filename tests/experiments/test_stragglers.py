@@ -10,7 +10,7 @@ import pytest
 
 from experiments.config.sweep import RunSpec, load
 
-SWEEPS = Path(__file__).resolve().parents[2] / "experiments" / "sweeps"
+SWEEPS = Path(__file__).resolve().parents[2] / "experiments" / "config" / "sweeps"
 SLOWDOWN = 3.0
 
 
