@@ -47,11 +47,6 @@ def parallel_efficiency(compute_s: float, comm_s: float) -> float:
     return compute_s / (compute_s + comm_s)
 
 
-def step_time(compute_s: float, comm_s: float) -> float:
-    """Tp = Ts + Tt."""
-    return compute_s + comm_s
-
-
 def bandwidth_needed(path_bytes: float, compute_s: float, efficiency: float, rounds: float = 0.0,
                      latency: float = 0.0) -> float:
     """S = path_bytes x P / ((1-P) Ts - P x rounds x alpha) bytes/s; inf if latency alone uses the budget.
@@ -154,6 +149,49 @@ def critical_path(name: str, workers: int, numel: int, params: dict | str | None
     if workers < 1:
         raise ValueError(f"bad workers {workers!r}: expected a whole number >= 1")
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize)
+
+
+# ---- buckets overlapped with backward ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Timeline:
+    """A predicted step with bucketed communication: seconds from the step's start."""
+
+    backward_end_s: float  # forward + backward
+    comm_end_s: float      # the last bucket synchronized
+    busy_s: float          # sum of the buckets' communication times
+    exposed_s: float       # communication the step waits for: max(0, comm_end - backward_end) with overlap
+    step_s: float          # forward + backward + exposed + optimizer
+
+    @property
+    def overlap_fraction(self) -> float:
+        return 1 - self.exposed_s / self.busy_s if self.busy_s > 0 else math.nan
+
+
+def overlap_timeline(forward_s: float, backward_s: float, optimizer_s: float,
+                     buckets: list[tuple[float, float]], overlap: bool, after_step: bool = False) -> Timeline:
+    """Predict one step from a compute timeline and each bucket's (ready_s, comm_s), in bucket order.
+
+    ready_s: when the bucket's last gradient is ready, seconds after backward starts; comm_s: its sync time
+    (comm_time of the strategy's traffic for the bucket). With overlap, bucket b starts at
+    max(ready_b, end of bucket b-1) and the optimizer waits for the last one; without, the buckets follow
+    backward one after another. `after_step`: the data exists only after the local optimizer step
+    (decentralized averaging of parameters), so it never overlaps.
+    P = Ts / (Ts + exposed) follows, with Ts = forward + backward + optimizer.
+    """
+    backward_end = forward_s + backward_s
+    busy = sum(comm for _, comm in buckets)
+    if after_step:
+        end = backward_end + optimizer_s + busy
+        return Timeline(backward_end, end, busy, busy, end)
+    if not overlap:
+        end = backward_end + busy
+    else:
+        end = forward_s
+        for ready, comm in buckets:
+            end = max(forward_s + ready, end) + comm
+    exposed = max(0.0, end - backward_end)
+    return Timeline(backward_end, end, busy, exposed, backward_end + exposed + optimizer_s)
 
 
 # ---- the `syncbench model` table --------------------------------------------------------------------------

@@ -69,11 +69,6 @@ class Traffic:
     def worker_bytes_sent(self) -> int:
         return max((r.bytes_sent for r in self.workers()), default=0)
 
-    @property
-    def busiest_bytes(self) -> int:
-        """The most bytes any one NIC carries in one direction: the link that saturates first."""
-        return max((max(r.bytes_sent, r.bytes_recv) for r in self.ranks), default=0)
-
 
 def uniform_traffic(workers: int, sent: int, recv: int, msgs_sent: int, msgs_recv: int, rounds: int,
                     path_bytes: int) -> Traffic:

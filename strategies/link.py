@@ -87,10 +87,6 @@ class Link:
     def parse(cls, bandwidth: str | float, latency: str | float = 0.0) -> Link:
         return cls(parse_bandwidth(bandwidth), parse_latency(latency))
 
-    def describe(self) -> str:
-        return f"{self.bandwidth * 8 / 1e9:g} Gbit/s, {self.latency * 1e6:g} us"
-
-
 @dataclass(frozen=True)
 class Network:
     """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC), and who emulates it."""

@@ -2,8 +2,7 @@
 
 Every primitive takes `ranks` (the communicator ranks taking part, in group order) and works on a flat,
 contiguous tensor in place. `pos` below is this rank's position in `ranks`. Strategies are composed from
-these: ring = ring_reduce_scatter + ring_allgather; reduce_broadcast = reduce + broadcast; the parameter
-server = scatter to servers + gather from them.
+these: ring = ring_reduce_scatter + ring_allgather; reduce_broadcast = a tree or flat reduce + broadcast.
 """
 
 from __future__ import annotations
@@ -140,41 +139,6 @@ def flat_broadcast(comm: Communicator, flat: torch.Tensor, ranks: list[int], roo
     pending = [comm.isend(flat, peer) for peer in ranks if peer != comm.rank]
     for h in pending:
         h.wait()
-
-
-def scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int],
-            root: int) -> None:
-    """The root sends chunk i to ranks[i]; each rank receives its chunk in place."""
-    if comm.rank == ranks[root]:
-        pending = [comm.isend(flat[lo:hi], peer) for peer, (lo, hi) in zip(ranks, bounds) if peer != comm.rank]
-        for h in pending:
-            h.wait()
-    else:
-        lo, hi = bounds[ranks.index(comm.rank)]
-        comm.recv(flat[lo:hi], ranks[root])
-
-
-def gather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int],
-           root: int) -> None:
-    """Each rank sends its chunk to the root, which receives them in place."""
-    if comm.rank == ranks[root]:
-        pending = [comm.irecv(flat[lo:hi], peer) for peer, (lo, hi) in zip(ranks, bounds) if peer != comm.rank]
-        for h in pending:
-            h.wait()
-    else:
-        lo, hi = bounds[ranks.index(comm.rank)]
-        comm.send(flat[lo:hi], ranks[root])
-
-
-def allgather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], ranks: list[int]) -> None:
-    """Every rank starts with chunk pos and ends with all of them (ring all-gather)."""
-    ring_allgather(comm, flat, bounds, ranks, owned=ranks.index(comm.rank))
-
-
-def reduce_scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[int, int]], op: str,
-                   ranks: list[int], scratch: Scratch) -> tuple[int, int]:
-    """Ring reduce-scatter; returns the (lo, hi) range this rank owns fully reduced."""
-    return bounds[ring_reduce_scatter(comm, flat, bounds, op, ranks, scratch)]
 
 
 # -- traffic of the primitives (analytic; the strategies' traffic() is built from these) -------------
