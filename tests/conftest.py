@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
+
+# tests/plugin/ holds a strategy package shipped as a third-party one would be (a .dist-info with an entry point
+# in `syncbench.strategies`). On the path of this session and of every Ray worker it starts, so that every
+# generic test picks its `chain` strategy up through the same path a real plug-in takes, with no test edited.
+PLUGIN_DIR = str(Path(__file__).resolve().parent / "plugin")
+sys.path.insert(0, PLUGIN_DIR)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGIN_DIR, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")
