@@ -28,6 +28,8 @@ from strategies.communicator import DEFAULT_TIMEOUT_S
 from strategies.link import Network
 
 STARTUP_TIMEOUT_S = 120.0
+# every wait on Ray returns at least this often, so that Ctrl-C (and SIGTERM) interrupt it promptly
+WAIT_SLICE_S = 0.5
 # after the first rank fails, how long the others get to report their own errors before run() raises
 GRACE_S = 2.0
 
@@ -100,9 +102,15 @@ class GroupWorker:
         return ip, _interface_of(ip)
 
     def open_store(self, host: str, timeout: float) -> int:
-        """Rank 0: start the rendezvous store on a free port (the OS picks it, no race); return the port."""
-        self.store = torch.distributed.TCPStore(host, 0, self.world_size, is_master=True,
-                                                timeout=dt.timedelta(seconds=timeout), wait_for_workers=False)
+        """Rank 0: start the rendezvous store on a free port of `host` (the OS picks it, no race); return it.
+
+        The store listens on `host` only (127.0.0.1 when every rank is on this machine), not on every
+        interface as TCPStore does when it opens the socket itself.
+        """
+        self._listener = socket.create_server((host, 0), backlog=max(self.world_size, 128))
+        self.store = torch.distributed.TCPStore(host, self._listener.getsockname()[1], self.world_size,
+                                                is_master=True, timeout=dt.timedelta(seconds=timeout),
+                                                wait_for_workers=False, master_listen_fd=self._listener.fileno())
         return self.store.port
 
     def join(self, host: str, port: int, ifname: str, backend: str, timeout: float) -> dict:
@@ -141,7 +149,8 @@ class WorkerGroup:
     """n worker actors in a placement group, joined by torch.distributed; see the module docstring."""
 
     def __init__(self, world_size: int, num_cpus: float = 1, num_gpus: float = 0,
-                 timeout: float = DEFAULT_TIMEOUT_S, startup_timeout: float = STARTUP_TIMEOUT_S):
+                 timeout: float = DEFAULT_TIMEOUT_S, startup_timeout: float = STARTUP_TIMEOUT_S,
+                 node_resources: list[dict] | None = None):
         if world_size < 1:
             raise ValueError(f"world_size {world_size!r} must be at least 1")
         if num_cpus < 0 or num_gpus < 0 or (num_gpus > 1 and num_gpus != int(num_gpus)):
@@ -155,6 +164,10 @@ class WorkerGroup:
         # NCCL needs a whole GPU per rank; ranks sharing a GPU talk gloo through host memory
         self.backend = "nccl" if num_gpus >= 1 else "gloo"
         self.broken = False
+        # per rank, custom resources that pin it to a node (experiments.cluster.placement); None: anywhere
+        self.node_resources = node_resources
+        if node_resources is not None and len(node_resources) != world_size:
+            raise ValueError(f"node_resources has {len(node_resources)} entries: expected one per rank ({world_size})")
         self.actors: list = []
         self.pg = None
         self.info: list[dict] = []
@@ -166,9 +179,10 @@ class WorkerGroup:
             raise
 
     def _start(self, bundle: dict, startup_timeout: float) -> None:
-        self.pg = placement_group([dict(bundle)] * self.world_size, strategy="PACK")
-        ready, _ = ray.wait([self.pg.ready()], timeout=startup_timeout)
-        if not ready:
+        _check_fits(self.world_size, bundle)
+        self.pg = placement_group([{**bundle, **(self.node_resources[rank] if self.node_resources else {})}
+                                   for rank in range(self.world_size)], strategy="PACK")
+        if not _wait_any([self.pg.ready()], startup_timeout):
             raise RuntimeError(f"placement group of {self.world_size} x {bundle} not placed within "
                                f"{startup_timeout:g} s; the cluster has {ray.available_resources()} available")
         env = {"env_vars": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1", **MALLOC_ENV}}
@@ -229,7 +243,7 @@ class WorkerGroup:
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
             if errors:  # a rank failed: the others get a short grace to report, not their full timeout
                 left = GRACE_S if left is None else min(left, GRACE_S)
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            done = _wait_any(list(pending), left)
             if not done:
                 break
             for ref in done:
@@ -276,6 +290,26 @@ class WorkerGroup:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _wait_any(refs: list, timeout: float | None) -> list:
+    """ray.wait for one of `refs` (None: no deadline), in WAIT_SLICE_S slices so Ctrl-C gets through."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = WAIT_SLICE_S if end is None else min(WAIT_SLICE_S, max(end - time.monotonic(), 0.0))
+        done, _ = ray.wait(refs, num_returns=1, timeout=left)
+        if done or (end is not None and time.monotonic() >= end):
+            return done
+
+
+def _check_fits(world_size: int, bundle: dict) -> None:
+    """Refuse at once a placement group the whole cluster could never hold (it would wait forever)."""
+    total = ray.cluster_resources()
+    for resource in ("CPU", "GPU"):
+        need = world_size * bundle.get(resource, 0)
+        if need > total.get(resource, 0) + 1e-9:
+            raise RuntimeError(f"{world_size} ranks x {bundle.get(resource, 0):g} {resource} need {need:g} "
+                               f"{resource}s: the Ray cluster has {total.get(resource, 0):g} in all")
 
 
 def _first_line(e: BaseException) -> str:

@@ -22,20 +22,24 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.cluster import placement
 from experiments.cluster.group import GroupError, WorkerGroup
-from experiments.cluster.ray_runtime import ensure_ray
+from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
+from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 from experiments.config.sweep import RunSpec, Sweep
-from experiments.pipeline.store import Store
+from experiments.pipeline.store import Store, StoreError
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-              address: str | None = None, log=sys.stderr, train_fn=train) -> pd.DataFrame:
+              address: str | None = None, log=sys.stderr, train_fn=train, oversubscribe: bool = False) -> pd.DataFrame:
     """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
 
     `train_fn(ctx, spec[, progress])` is what every rank executes (experiments.pipeline.train.train; tests substitute
-    their own; `progress` is passed only when the log is a terminal).
+    their own; `progress` is passed only when the log is a terminal). Before any actor starts, the runs are
+    checked against the machine (or cluster): experiments.cluster.limits; `oversubscribe` lifts its ranks-per-core
+    limit.
     """
     store = Store(out_dir)
     if not resume and not store.runs().empty:
@@ -44,6 +48,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                                   f"or --overwrite to start again")
         for name in ("runs.parquet", "steps.parquet"):
             (store.dir / name).unlink(missing_ok=True)
+    if resume and not overwrite:
+        check_same_sweep(store, sweep)
     store.write_text("sweep.toml", sweep.source)
     store.write_text("sweep.resolved.json", resolved(sweep))
     done = store.done() if resume else set()
@@ -53,12 +59,28 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     if not todo:
         return store.runs()
 
+    # kernel-emulated links need the namespace cluster: refused here, before any work, when there is none
+    address = placement.connect_address([s.network() for s in todo], address)
+    import ray
+
+    embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
+    if embedded:  # this machine's limits, before Ray starts
+        check_capacity(todo, local_capacity(), oversubscribe)
     # an embedded Ray gets a logical CPU per rank: oversubscribing the cores is allowed, and reported
     started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in todo)))
+    if not embedded:  # the cluster's limits, before any actor starts
+        try:
+            check_capacity(todo, cluster_capacity(), oversubscribe)
+        except ValueError:
+            if started_ray:
+                stop_ray()
+            raise
     previous = _stop_on_signals()
     group: WorkerGroup | None = None
     started = time.perf_counter()
     try:
+        for spec in todo:  # every kernel-emulated run placeable on the cluster's shaped nodes, or no run starts
+            placement.check(spec.world_size(), spec.network())
         for i, spec in enumerate(todo, 1):
             world, cuda = spec.world_size(), spec.device == "cuda"
             eta = _eta(started, i - 1, len(todo))
@@ -66,13 +88,15 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                          if spec.straggler and spec.straggler["ranks"] else "")
             print(f"[run {i}/{len(todo)}] {spec.strategy} workers={spec.workers} {spec.workload} "
                   f"link={spec.link_label}{straggler} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
-            if group is None or group.broken or group.world_size != world or group.uses_gpu != cuda:
+            nodes = placement.bundles(world, spec.network())
+            if (group is None or group.broken or group.world_size != world or group.uses_gpu != cuda
+                    or group.node_resources != nodes):
                 if group is not None:
                     group.shutdown()
                     group = None
                 try:
                     group = WorkerGroup(world, num_gpus=_gpus_per_actor(world) if cuda else 0,
-                                        timeout=spec.timeout)
+                                        timeout=spec.timeout, node_resources=nodes)
                 except (RuntimeError, ValueError) as e:
                     run_row, _ = summarize(spec, None, f"worker group did not start: {e}", _no_group_meta())
                     with _signals_held():
@@ -92,9 +116,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     return store.runs()
 
 
@@ -102,6 +124,46 @@ def resolved(sweep: Sweep) -> str:
     """Every run of the sweep with every setting spelled out (defaults included) and its run id, as JSON."""
     runs = [{"run_id": spec.run_id, **dataclasses.asdict(spec)} for spec in sweep.runs]
     return json.dumps({"name": sweep.name, "description": sweep.description, "runs": runs}, indent=1) + "\n"
+
+
+def check_same_sweep(store: Store, sweep: Sweep) -> None:
+    """--resume only into a directory holding this same sweep: StoreError naming the settings that differ.
+
+    Merging two sweeps would mix their runs and overwrite the only record of the first one's configuration.
+    """
+    new = {spec.run_id: {"sweep": sweep.name, **dataclasses.asdict(spec)} for spec in sweep.runs}
+    path = store.dir / "sweep.resolved.json"
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+            old = {run["run_id"]: {k: v for k, v in run.items() if k != "run_id"} for run in recorded["runs"]}
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{path} is not a syncbench sweep record ({e}): choose another --out") from None
+    else:  # no record: the run ids on disk must all belong to this sweep
+        foreign = set(store.runs().get("run_id", [])) - set(new)
+        if foreign:
+            raise StoreError(f"{store.dir} holds {len(foreign)} run(s) that are not in sweep {sweep.name!r} and no "
+                             f"sweep.resolved.json to say what they were: choose another --out, or --overwrite to "
+                             f"discard them")
+        return
+    if set(old) == set(new):
+        return
+    differ = []
+    for key in sorted({k for run in [*old.values(), *new.values()] for k in run}):
+        before = sorted({json.dumps(run.get(key), sort_keys=True) for run in old.values()})
+        after = sorted({json.dumps(run.get(key), sort_keys=True) for run in new.values()})
+        if before != after:
+            differ.append(f"{key}: {_values(before)} there, {_values(after)} in this sweep")
+    if not differ:
+        differ.append(f"the runs: {len(set(old) - set(new))} there are not in this sweep, "
+                      f"{len(set(new) - set(old))} here are not there")
+    raise StoreError(f"{store.dir} holds a different sweep ({recorded.get('name', '?')!r}), --resume would mix "
+                     f"the two: " + "; ".join(differ) + ". Choose another --out, or --overwrite to discard it")
+
+
+def _values(dumped: list[str]) -> str:
+    shown = ", ".join(dumped[:4]) + (f", ... ({len(dumped)} values)" if len(dumped) > 4 else "")
+    return shown.replace("null", "(not set)")
 
 
 def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dict, list[dict]]:
