@@ -1,9 +1,13 @@
 """The torch.distributed transport: gloo for host tensors, NCCL when every rank owns its own GPU.
 
-Every message is a small float64 header (payload bytes, dtype, emulation stamp) followed by the payload on
-the same pair, both posted at once. The header lets the receiver refuse a payload of the wrong size or
-dtype: gloo itself silently truncates a shorter payload. Over gloo, CUDA tensors (ranks sharing one GPU)
-are staged through host memory. Two caveats of gloo on the wire, measured:
+Every message starts with a small float64 header (payload bytes, dtype, emulation stamp) that lets the
+receiver refuse a payload of the wrong size or dtype: gloo itself silently truncates a shorter payload.
+Over gloo, a payload of up to INLINE_BYTES travels in the same message as its header (one gloo message per
+send: the fixed cost of a second one dominated small messages); a larger one follows the header as a
+second message on the same pair, both posted at once. The receiver's first buffer always has room for a
+header and an inline payload, so whatever the sender chose, the header arrives and is checked. NCCL needs
+matching sizes on both sides: there, header and payload are always two messages. Over gloo, CUDA tensors
+(ranks sharing one GPU) are staged through host memory. Two caveats of gloo on the wire, measured:
 a send completes only once the peer has posted the matching receive (post irecv before waiting on a
 send), and a longer payload than the receive buffer aborts the receiving process in gloo's own thread.
 """
@@ -26,6 +30,9 @@ from strategies.ops import LOGICAL, check_op, finish_reduction
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 _HEADER = 4  # float64: payload bytes, dtype code, first byte on the wire, sender done (NaN: no emulation)
+_HEADER_BYTES = _HEADER * 8
+# gloo: payloads up to this size ride in the header's message (measured: see README, small messages)
+INLINE_BYTES = 64 * 1024
 _POLL_S = 50e-6
 
 
@@ -71,7 +78,10 @@ class _Sent:
 
 
 class _Posted:
-    """A posted header + payload receive; wait() checks the header against the buffer, returns the stamp."""
+    """A posted header (+ payload) receive; wait() checks the header against the buffer, returns the stamp.
+
+    `payload_work` None: the payload comes inline, after the header in `header`'s buffer (uint8).
+    """
 
     def __init__(self, header, header_work, payload_work, tensor, cuda, target=None):
         self.header, self.header_work, self.payload_work = header, header_work, payload_work
@@ -80,14 +90,18 @@ class _Posted:
     def wait(self, timeout: float):
         deadline = time.monotonic() + timeout
         _wait_work(self.header_work, deadline, self.cuda)
-        nbytes, code, first_byte, sender_done = self.header.tolist()
+        header = self.header if self.header.dtype == torch.float64 else self.header[:_HEADER_BYTES].view(torch.float64)
+        nbytes, code, first_byte, sender_done = header.tolist()
         want_bytes = self.tensor.numel() * self.tensor.element_size()
         want_code = _dtype_code(self.tensor.dtype)
         if int(nbytes) != want_bytes or int(code) != want_code:
             raise RuntimeError(f"sender sent {int(nbytes)} bytes of {_dtype_name(int(code))}, this rank expected "
                             f"{want_bytes} bytes of {_dtype_name(want_code)} ({self.tensor.numel()} elements): "
                             f"ranks disagree on the tensor's size or dtype")
-        _wait_work(self.payload_work, deadline, self.cuda)
+        if self.payload_work is None:
+            self.tensor.reshape(-1).view(torch.uint8).copy_(self.header[_HEADER_BYTES:_HEADER_BYTES + want_bytes])
+        else:
+            _wait_work(self.payload_work, deadline, self.cuda)
         if self.target is not None:  # a CUDA buffer received through a host staging buffer (gloo)
             self.target.copy_(self.tensor)
         return None if math.isnan(first_byte) else (first_byte, sender_done)
@@ -117,6 +131,7 @@ class TorchCommunicator(Communicator):
             raise CommError(f"rank {rank}: the process group has rank {dist.get_rank(group)} of "
                             f"{dist.get_world_size(group)}, expected rank {rank} of {world_size}")
         self._header_device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
+        self._inline_bytes = 0 if self.cuda else INLINE_BYTES
 
     def _check_device(self, tensor: torch.Tensor) -> None:
         if self.cuda and not tensor.is_cuda:
@@ -128,9 +143,15 @@ class TorchCommunicator(Communicator):
         if tensor.is_cuda and not self.cuda:
             tensor = tensor.cpu()
         first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
-        header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype),
-                               first_byte, sender_done], dtype=torch.float64, device=self._header_device)
+        nbytes = tensor.numel() * tensor.element_size()
+        header = torch.tensor([nbytes, _dtype_code(tensor.dtype), first_byte, sender_done], dtype=torch.float64,
+                              device=self._header_device)
         peer = self._group_rank(dst)
+        if nbytes <= self._inline_bytes:  # one message: header, then the payload's bytes
+            message = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8)
+            message[:_HEADER_BYTES].view(torch.float64).copy_(header)
+            message[_HEADER_BYTES:].copy_(tensor.reshape(-1).view(torch.uint8))
+            return _Sent([dist.isend(message, peer, group=self.group)], message, self.cuda)
         works = [dist.isend(header, peer, group=self.group), dist.isend(tensor, peer, group=self.group)]
         return _Sent(works, (header, tensor), self.cuda)
 
@@ -139,11 +160,18 @@ class TorchCommunicator(Communicator):
         target = tensor if tensor.is_cuda and not self.cuda else None
         if target is not None:
             tensor = torch.empty(tensor.shape, dtype=tensor.dtype)
-        header = torch.empty(_HEADER, dtype=torch.float64, device=self._header_device)
         peer = self._group_rank(src)
-        header_work = dist.irecv(header, peer, group=self.group)
-        payload_work = dist.irecv(tensor, peer, group=self.group)
-        return _Posted(header, header_work, payload_work, tensor, self.cuda, target)
+        if self.cuda:  # NCCL: sizes must match, so always a header message and a payload message
+            header = torch.empty(_HEADER, dtype=torch.float64, device=self._header_device)
+            header_work = dist.irecv(header, peer, group=self.group)
+            return _Posted(header, header_work, dist.irecv(tensor, peer, group=self.group), tensor, True, target)
+        # gloo: the first buffer holds a header and any inline payload, so an inline sender never overruns it
+        # (a shorter message is fine; gloo aborts the process on a longer one)
+        first = torch.empty(_HEADER_BYTES + self._inline_bytes, dtype=torch.uint8)
+        header_work = dist.irecv(first, peer, group=self.group)
+        nbytes = tensor.numel() * tensor.element_size()
+        payload_work = None if nbytes <= self._inline_bytes else dist.irecv(tensor, peer, group=self.group)
+        return _Posted(first, header_work, payload_work, tensor, False, target)
 
     def _group_rank(self, rank: int) -> int:
         """isend/irecv take global ranks; translate when running on a subgroup."""

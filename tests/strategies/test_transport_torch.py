@@ -88,3 +88,76 @@ def test_recv_from_silent_peer_fails_within_timeout_naming_the_peer(ray_session)
     assert elapsed < timeout + 5
     assert err.value.ranks == [0]
     assert "rank 0: recv from rank 1 timed out" in str(err.value)
+
+
+def _gloo_messages_per_send(ctx, numels):
+    """How many gloo messages rank 0's comm.send puts on the wire for each size (dist.isend calls, counted)."""
+    import strategies.torch_dist as td
+
+    calls = []
+    real = td.dist.isend
+    td.dist.isend = lambda *a, **k: calls.append(1) or real(*a, **k)
+    counts = []
+    try:
+        for numel in numels:
+            before = len(calls)
+            if ctx.rank == 0:
+                ctx.comm.send(torch.arange(numel, dtype=torch.float32), 1)
+            else:
+                buf = torch.zeros(numel)
+                ctx.comm.recv(buf, 0)
+                assert torch.equal(buf, torch.arange(numel, dtype=torch.float32))
+            counts.append(len(calls) - before)
+    finally:
+        td.dist.isend = real
+    return counts
+
+
+def test_a_small_payload_is_one_gloo_message_a_large_one_two(group2):
+    from strategies.torch_dist import INLINE_BYTES
+
+    edge = INLINE_BYTES // 4  # float32 elements that exactly fill the inline room
+    sent, received = group2.run(_gloo_messages_per_send, [1, edge, edge + 1, 1 << 20])
+    assert sent == [1, 1, 2, 2]
+    assert received == [0, 0, 0, 0]
+
+
+def _mismatch(ctx, send_numel, recv_numel, send_dtype, recv_dtype):
+    if ctx.rank == 0:
+        ctx.comm.send(torch.ones(send_numel, dtype=send_dtype), 1)
+    else:
+        ctx.comm.recv(torch.zeros(recv_numel, dtype=recv_dtype), 0)
+
+
+@pytest.mark.parametrize("send_numel, recv_numel, send_dtype, recv_dtype, message", [
+    # inline sender, receiver expecting a payload too large to be inline
+    (10, 20_000, torch.float32, torch.float32, "sender sent 40 bytes of float32, this rank expected 80000 bytes"),
+    # same byte count, another dtype: caught by the header of an inline message
+    (16, 16, torch.float32, torch.int32, "sender sent 64 bytes of float32, this rank expected 64 bytes of int32"),
+    # a sender too large for inline into a receiver expecting an inline payload
+    (20_000, 10, torch.float32, torch.float32, "sender sent 80000 bytes of float32, this rank expected 40 bytes"),
+], ids=["inline-to-large", "inline-dtype", "large-to-inline"])
+def test_size_and_dtype_mismatches_across_the_inline_limit_are_errors(ray_session, send_numel, recv_numel,
+                                                                      send_dtype, recv_dtype, message):
+    from experiments.cluster.group import GroupError, WorkerGroup
+
+    with WorkerGroup(2, timeout=5) as group, pytest.raises(GroupError) as err:
+        group.run(_mismatch, send_numel, recv_numel, send_dtype, recv_dtype)
+    assert "rank 1: recv from rank 0 failed" in str(err.value) and message in str(err.value)
+
+
+def _emulated_small_send(ctx):
+    start = time.perf_counter()
+    if ctx.rank == 0:
+        ctx.comm.send(torch.ones(250), 1)
+    else:
+        ctx.comm.recv(torch.zeros(250), 0)
+    return time.perf_counter() - start
+
+
+def test_an_inline_message_carries_the_emulation_stamp(group2):
+    """1,000 bytes over 100 kB/s with 50 ms latency: 60 ms on the receiver, which only the stamp can tell it."""
+    from strategies.link import Link, Network
+
+    _, received = group2.run(_emulated_small_send, network=Network(Link(1e5, 0.05)))
+    assert received >= 0.06 - 1e-3
