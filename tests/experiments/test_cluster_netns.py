@@ -1,0 +1,236 @@
+"""The namespace cluster (`syncbench cluster up/down`): real TCP between Ray nodes over kernel-shaped links.
+
+One 3-node cluster serves the whole module (a Ray node costs seconds to start); the fixture always takes it
+down, and the last test checks that `down` leaves nothing behind. Skipped, with the reason, where this
+machine cannot make network namespaces (not root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import strategies
+from experiments.cluster import netns
+
+REPO = Path(__file__).resolve().parents[2]
+NODES = 3
+BANDWIDTH = "1Gbit"
+PROBLEM = netns.support_problem()
+
+pytestmark = [pytest.mark.ray, pytest.mark.netns,
+              pytest.mark.skipif(PROBLEM is not None, reason=f"no namespace cluster here: {PROBLEM}")]
+
+
+def _syncbench(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A 3-node cluster at 1 Gbit/s under a name and state directory of this test session's own."""
+    saved = os.environ.get("SYNCBENCH_CLUSTER_DIR")
+    os.environ["SYNCBENCH_CLUSTER_DIR"] = str(tmp_path_factory.mktemp("cluster-state"))
+    name = f"t{os.getpid() % 100000}"
+    try:
+        up = _syncbench("cluster", "up", "--nodes", str(NODES), "--bandwidth", BANDWIDTH, "--name", name)
+        assert up.returncode == 0, up.stderr[-3000:]
+        yield netns.Cluster.load(name), up.stdout
+    finally:
+        netns.down(name, log=lambda *_: None)  # idempotent: the last test has normally done it already
+        if saved is None:
+            os.environ.pop("SYNCBENCH_CLUSTER_DIR", None)
+        else:
+            os.environ["SYNCBENCH_CLUSTER_DIR"] = saved
+
+
+def test_up_starts_a_shaped_ray_node_per_namespace(cluster):
+    c, stdout = cluster
+    assert f"address: {c.address}" in stdout
+    nodes = netns.alive_nodes(c)
+    by_name = {n["labels"][netns.NODE_LABEL]: n for n in nodes}
+    assert sorted(by_name) == ["head"] + [f"n{i}" for i in range(NODES)]
+    for i in range(NODES):
+        node = by_name[f"n{i}"]
+        assert node["resources"][f"syncbench_n{i}"] == 1 and node["resources"]["CPU"] == 1
+        assert float(node["labels"][netns.BANDWIDTH_LABEL]) == 125e6
+        assert netns.ipaddress.ip_address(node["ip"]) in netns.RANGE
+        for dev, prefix in ((c.nodes[i].veth_bridge, []), (c.nodes[i].veth_node, ["ip", "netns", "exec",
+                                                                                    c.nodes[i].namespace])):
+            qdisc = subprocess.run([*prefix, "tc", "qdisc", "show", "dev", dev], capture_output=True, text=True)
+            assert "tbf" in qdisc.stdout and "rate 1Gbit" in qdisc.stdout, qdisc.stdout
+    status = _syncbench("cluster", "status", "--name", c.name)
+    assert status.returncode == 0 and status.stdout.count(" up ") == NODES + 1, status.stdout
+
+
+TCP_PROBE = """
+import socket, sys, time
+mode, host, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "recv":
+    server = socket.create_server((host, 5201))
+    print("listening", flush=True)
+    conn, _ = server.accept()
+    buf, got, first = bytearray(1 << 20), 0, None
+    while (n := conn.recv_into(buf)):
+        first = first or time.perf_counter()
+        got += n
+    print(got, time.perf_counter() - first, flush=True)
+else:
+    conn, chunk = socket.create_connection((host, 5201)), b"x" * (1 << 20)
+    for _ in range(nbytes >> 20):
+        conn.sendall(chunk)
+    conn.close()
+"""
+
+
+def test_shaped_bandwidth_between_two_nodes_is_the_configured_one(cluster):
+    c, _ = cluster
+    sender, receiver = c.nodes[0], c.nodes[1]
+    nbytes = 160 << 20  # 1.3 s at 1 Gbit/s: tbf's 2 ms burst is noise
+    wire_before = _tc_bytes(receiver.veth_bridge)  # the receiver's port: frames as the link carries them
+    recv = subprocess.Popen(["ip", "netns", "exec", receiver.namespace, sys.executable, "-c", TCP_PROBE, "recv",
+                             receiver.ip, str(nbytes)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert recv.stdout.readline().strip() == "listening"
+        subprocess.run(["ip", "netns", "exec", sender.namespace, sys.executable, "-c", TCP_PROBE, "send",
+                        receiver.ip, str(nbytes)], check=True, timeout=60)
+        got, seconds = recv.stdout.readline().split()
+    finally:
+        recv.kill()
+        recv.wait()
+    assert int(got) == nbytes
+    wire = (_tc_bytes(receiver.veth_bridge) - wire_before) / float(seconds)
+    goodput = nbytes / float(seconds)
+    assert abs(wire - 125e6) / 125e6 <= 0.10, f"the link carried {wire / 1e6:.1f} MB/s, configured 125 MB/s"
+    # Ethernet + IP + TCP headers are 66 of every 1514 bytes on the wire: 119.5 MB/s of payload at most
+    ceiling = 125e6 * 1448 / 1514
+    assert goodput <= ceiling * 1.02 and goodput >= ceiling * 0.85, f"TCP payload {goodput / 1e6:.1f} MB/s"
+
+
+SWEEP = """
+name = "kernel-tiny"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+steps = 3
+warmup_steps = 1
+workers = 2
+timeout = 60
+link = {{ bandwidth = "{bandwidth}", emulation = "kernel" }}
+[grid]
+strategy = {strategies}
+[strategy_params.parameter_server]
+servers = 1
+"""
+
+
+def _tc_bytes(dev: str) -> int:
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", out).group(1))
+
+
+def test_tiny_sweep_of_every_strategy_runs_across_the_shaped_nodes(cluster, tmp_path):
+    c, _ = cluster
+    names = [n for n in strategies.names() if strategies.make(n).world_size(2) <= NODES]
+    assert "native" in names and "parameter_server" in names
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(SWEEP.format(bandwidth=BANDWIDTH, strategies="[" + ", ".join(f'"{n}"' for n in names) + "]"))
+    before = [_tc_bytes(node.veth_bridge) for node in c.nodes]
+    done = _syncbench("run", str(sweep), "--out", str(tmp_path / "out"), "--no-report", "--address", c.address)
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet")
+    assert sorted(runs["strategy"]) == sorted(names)
+    assert (runs["status"] == "ok").all(), runs[["strategy", "error"]].to_string()
+    assert set(runs["link"]) == {f"{BANDWIDTH} kernel"}
+    counted = runs[runs["analytic_bytes_sent_per_worker"].notna()]
+    assert (counted["bytes_sent_per_worker"] == counted["analytic_bytes_sent_per_worker"]).all()
+    # every rank was on its own node: the bytes went through the shaped ports (the receive side of n0 and n1)
+    received = [_tc_bytes(node.veth_bridge) - b for node, b in zip(c.nodes, before)]
+    assert min(received[:2]) > counted["bytes_recv_per_worker"].sum(), received
+
+
+FAULT_SWEEP = """
+name = "kernel-fault"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+warmup_steps = 1
+workers = 3
+timeout = {timeout}
+strategy = "ring"
+link = {{ bandwidth = "{bandwidth}", emulation = "kernel" }}
+[grid]
+steps = [100000, 3]   # the long run loses a link; the short one after it must start and succeed
+"""
+FAULT_TIMEOUT_S = 6
+
+
+def test_a_node_link_going_down_fails_the_run_naming_the_rank_and_the_sweep_goes_on(cluster, tmp_path):
+    c, _ = cluster
+    sweep = tmp_path / "fault.toml"
+    sweep.write_text(FAULT_SWEEP.format(timeout=FAULT_TIMEOUT_S, bandwidth=BANDWIDTH))
+    victim = c.nodes[1]
+    baseline = _tc_bytes(victim.veth_bridge)
+    proc = subprocess.Popen([sys.executable, "-m", "experiments", "run", str(sweep), "--out", str(tmp_path / "out"),
+                             "--no-report", "--address", c.address], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 150
+        # the long run is in its step loop once rank 1 has received 2 MB (~20 steps of tiny's 88 kB gradients)
+        while _tc_bytes(victim.veth_bridge) - baseline < 2_000_000:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.1)
+        netns.set_link(c, victim.name, up_=False)
+        down_at = time.monotonic()
+        while not any("FAILED" in line for line in lines):
+            assert time.monotonic() - down_at < FAULT_TIMEOUT_S + 30, "".join(lines)[-3000:]
+            time.sleep(0.1)
+        failed_after = time.monotonic() - down_at
+        netns.set_link(c, victim.name, up_=True)  # before Ray's health check gives the node up
+        assert proc.wait(timeout=150) == 1  # the sweep ends by itself; exit 1: it recorded a failed run
+    finally:
+        netns.set_link(c, victim.name, up_=True)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    reader.join(5)
+    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet").sort_values("steps", ascending=False)
+    long, short = runs.iloc[0], runs.iloc[1]
+    assert long["status"] == "failed" and "timed out" in long["error"] and "rank 1" in long["error"], long["error"]
+    assert failed_after < FAULT_TIMEOUT_S + 15, f"the run failed {failed_after:.1f} s after the link went down"
+    assert short["status"] == "ok", short["error"]
+
+
+def test_down_leaves_no_namespace_bridge_process_or_port(cluster):
+    c, _ = cluster
+    pids = [pid for ns in (n.namespace for n in c.all_nodes()) for pid in netns._netns_pids(ns)]
+    assert pids
+    done = _syncbench("cluster", "down", "--name", c.name)
+    assert done.returncode == 0, done.stderr
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"sbc-{c.name}-" not in namespaces
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"sb-{c.name}" not in links
+    assert not [pid for pid in pids if netns._alive(pid)]
+    assert not netns._pids_using(c.temp_dir)
+    listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+    subnet = netns.ipaddress.ip_network(c.subnet)
+    assert not [line for line in listening.splitlines()
+                if any(netns.ipaddress.ip_address(ip) in subnet for ip in re.findall(r"(\d+\.\d+\.\d+\.\d+):", line))]
+    assert not Path(c.temp_dir).exists() and netns.Cluster.load(c.name) is None
+    again = _syncbench("cluster", "down", "--name", c.name)
+    assert again.returncode == 0 and "nothing to remove" in again.stdout
+
