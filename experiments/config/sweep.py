@@ -64,7 +64,7 @@ RANGES: dict[str, Range] = {
     "steps": Range(1, 1_000_000),
     "warmup_steps": Range(0, 999_999),  # and fewer than steps, so some steps are timed
     "seed": Range(0, 2**31 - 1),
-    "workers": Range(1, 1024),
+    "workers": Range(1, 16_384),  # SimGrid simulates thousands; real runs are bounded by the machine (limits.py)
     "lr": Range(0, 100, low_open=True),
     "momentum": Range(0, 1, high_open=True),
     "weight_decay": Range(0, 1),
@@ -74,7 +74,7 @@ RANGES: dict[str, Range] = {
     "straggler.slowdown": Range(1, 100),
     "bucket_mb": Range(0, 1_000_000, low_open=True),  # MiB, as DDP's bucket_cap_mb
 }
-MAX_RANKS = 1024  # workers + servers of one run
+MAX_RANKS = 16_384  # workers + servers of one run
 MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
 
 
