@@ -37,6 +37,8 @@ NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 RANGE = ipaddress.ip_network("198.18.0.0/15")
 GCS_PORT = 6379
 RAY_START_TIMEOUT_S = 180.0
+START_BATCH = 2  # worker nodes started at once
+START_ATTEMPTS = 3
 BURST_S = 0.002  # tbf burst = 2 ms of the rate (about 256 KB at 1 Gbit/s; less under-delivers), at least 32 KB
 QUEUE_S = 0.02  # tbf queue: 20 ms of the rate
 NODE_LABEL = "syncbench-node"
@@ -302,21 +304,32 @@ def _start_ray(cluster: Cluster) -> None:
     _ray_start(cluster, head, ["--head", "--port", str(GCS_PORT), "--num-cpus", str(cluster.head_cpus),
                                "--resources", json.dumps({head.resource: cluster.head_cpus}),
                                "--include-dashboard", "false"], env)
-    procs = [(node, _ray_start(cluster, node, ["--address", cluster.address, "--num-cpus", str(cluster.node_cpus),
-                                               "--resources", json.dumps({node.resource: cluster.node_cpus})],
-                               env, wait=False))
-             for node in cluster.nodes]
-    failures = []
-    for node, proc in procs:
-        try:
-            _, err = proc.communicate(timeout=RAY_START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        if proc.returncode != 0:
-            failures.append(f"node {node.name}: ray start exited {proc.returncode}: {_tail(err)}")
+    # a few nodes at a time, each retried: `ray start` gives a raylet 30 s to register, which a loaded machine
+    # can miss when many start at once
+    pending, failures = list(cluster.nodes), {}
+    for _attempt in range(START_ATTEMPTS):
+        failures = {}
+        for first in range(0, len(pending), START_BATCH):
+            procs = [(node, _ray_start(cluster, node, ["--address", cluster.address, "--num-cpus",
+                                                       str(cluster.node_cpus), "--resources",
+                                                       json.dumps({node.resource: cluster.node_cpus})],
+                                       env, wait=False))
+                     for node in pending[first:first + START_BATCH]]
+            for node, proc in procs:
+                try:
+                    _, err = proc.communicate(timeout=RAY_START_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                if proc.returncode != 0:
+                    failures[node.name] = f"node {node.name}: ray start exited {proc.returncode}: {_tail(err)}"
+                    _kill(_netns_pids(node.namespace))  # what the failed start left, before it is tried again
+                    shutil.rmtree(node.temp_dir, ignore_errors=True)
+        pending = [node for node in pending if node.name in failures]
+        if not pending:
+            break
     if failures:
-        raise ClusterError("\n".join(failures))
+        raise ClusterError(f"after {START_ATTEMPTS} attempts:\n" + "\n".join(failures.values()))
     cluster.ray_pids = {node.name: _netns_pids(node.namespace) for node in cluster.all_nodes()}
     cluster.save()
     wait_for_nodes(cluster, len(cluster.nodes) + 1)
@@ -369,6 +382,11 @@ def wait_for_nodes(cluster: Cluster, count: int, timeout: float = 60.0) -> list[
     return nodes
 
 
+def describe(link: Link) -> str:
+    """'1 Gbit/s, 0 us': a link as people write it."""
+    return f"{link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us"
+
+
 # -- status --------------------------------------------------------------------------------------------
 
 
@@ -383,7 +401,7 @@ def status(cluster: Cluster) -> str:
              f"netem {'yes' if cluster.netem else 'no (no kernel latency)'}, created {cluster.created_at}{reach}",
              f"{'node':>5s} {'namespace':>18s} {'address':>15s} {'link':>22s} {'ray':>5s} {'processes':>9s}"]
     for node in cluster.all_nodes():
-        link = "not shaped" if node.bandwidth is None else Link(node.bandwidth, node.latency).describe()
+        link = "not shaped" if node.bandwidth is None else describe(Link(node.bandwidth, node.latency))
         exists = _namespace_exists(node.namespace)
         procs = len(_netns_pids(node.namespace)) if exists else 0
         ray_state = "up" if node.ip in alive else "down"

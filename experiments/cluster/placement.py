@@ -90,9 +90,9 @@ def check(world_size: int, network: Network | None) -> None:
         want, have = network.link(rank), nodes[rank]
         if not (math.isclose(want.bandwidth, have.bandwidth, rel_tol=1e-6)
                 and math.isclose(want.latency, have.latency, rel_tol=1e-6, abs_tol=1e-9)):
-            raise ValueError(f"link emulation 'kernel': rank {rank} asks for {want.describe()} but node n{rank} is "
-                             f"shaped to {have.describe()}: bring the cluster up with the sweep's links "
-                             f"(--bandwidth, --latency, --node-bandwidth {rank}=..., --node-latency {rank}=...)")
+            raise ValueError(f"link emulation 'kernel': rank {rank} asks for {netns.describe(want)} but node "
+                             f"n{rank} is shaped to {netns.describe(have)}: bring the cluster up with the sweep's "
+                             f"links (--bandwidth, --latency, --node-bandwidth {rank}=..., --node-latency {rank}=...)")
 
 
 def bundles(world_size: int, network: Network | None) -> list[dict] | None:
