@@ -54,4 +54,4 @@ class DdpConfig(StrategyConfig):
         else:  # DDP's own grouping with the run's size: a 1 MiB first bucket, then bucket_mb MiB each
             caps = {"bucket_cap_mb_list": [min(1.0, bucket_mb), bucket_mb]}
         device_ids = [device.index or 0] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False, **caps)
+        return DistributedDataParallel(model, device_ids=device_ids, **caps)

@@ -312,7 +312,7 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
     for i, p in enumerate(params):
         ok = (isinstance(p, dict) and set(p) == {"name", "numel", "ready_s"} and isinstance(p["name"], str)
               and isinstance(p["numel"], int) and not isinstance(p["numel"], bool) and p["numel"] > 0
-              and _seconds(p["ready_s"]) and p["ready_s"] <= data["backward_s"])
+              and _seconds(p["ready_s"]) and p["ready_s"] <= data["backward_s"] * (1 + 1e-9))
         if not ok:
             raise ProfileError(f"{where}: params[{i}] = {p!r}: expected {{name: str, numel: int > 0, "
                                f"ready_s: seconds <= backward_s ({data['backward_s']!r})}}")

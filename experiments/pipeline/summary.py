@@ -8,32 +8,46 @@ import math
 import pandas as pd
 
 from experiments.config.sweep import RunSpec
+from reports.schema import RUNS, strategy_label
+from reports.schema import row as schema_row
 
 
 def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:
     """The run's row (config, status, the numbers DESIGN.md defines) and its step rows."""
     config = spec.strategy_config()
     servers = config.num_servers(spec.workers)
-    row = {"run_id": spec.run_id, "sweep": spec.sweep, "workload": spec.workload, "dataset": spec.dataset,
-           "image_size": spec.image_size, "batch_size": spec.batch_size, "steps": spec.steps,
-           "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed, "lr": spec.lr,
-           "strategy": spec.strategy, "strategy_params": json.dumps(spec.strategy_params, sort_keys=True),
-           "workers": spec.workers, "servers": servers, "link": spec.link_label,
-           "link_bandwidth": spec.network().default.bandwidth if spec.link else math.nan,
-           "link_latency": spec.network().default.latency if spec.link else 0.0,
-           "straggler": json.dumps(spec.straggler) if spec.straggler else "",
+    network = spec.network()
+    straggler = spec.straggler or {}
+    row = {"run_id": spec.run_id, "sweep": spec.sweep, "substrate": "ray", "workload": spec.workload,
+           "dataset": spec.dataset, "image_size": spec.image_size, "batch_size": spec.batch_size,
+           "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
+           "lr": spec.lr, "strategy": spec.strategy, "strategy_label": strategy_label(spec.strategy,
+                                                                                      spec.strategy_params),
+           "strategy_params": json.dumps(spec.strategy_params, sort_keys=True),
+           **{f"param_{k}": v for k, v in spec.strategy_params.items()},
+           "workers": spec.workers, "servers": servers, "bytes_counted": bool(config.counted),
+           "link": spec.link_label,
+           "link_bandwidth": network.default.bandwidth if network else math.nan,
+           "link_latency_s": network.default.latency if network else 0.0,
+           "link_emulation": network.emulation if network else "",
+           "link_heterogeneous": bool(network and network.overrides),
+           "straggler_ranks": tuple(straggler.get("ranks", ())),
+           "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
+           "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,
+           "overlap": bool(spec.overlap), "profile_id": "", "profile_device": "",
            "status": "failed" if results is None else "ok", "error": error,
-           # more ranks than cores, or GPU ranks sharing a GPU (they fall back from NCCL to gloo)
-           "oversubscribed": spec.workers + servers > meta["cores"] or (
-               spec.device == "cuda" and spec.workers > 1 and meta["transport"] != "nccl"),
+           "cores_oversubscribed": spec.workers + servers > meta["cores"],
+           # GPU ranks sharing a GPU fall back from NCCL to gloo: their compute and transfers contend
+           "gpu_shared": spec.device == "cuda" and spec.workers > 1 and meta["transport"] != "nccl",
            **meta}
     metrics = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
                "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
                "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "numel",
-               "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy")
+               "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy",
+               "buckets", "backward_end_s", "exposed_comm_s", "comm_busy_s", "overlap_fraction", "profile_step_s")
     row.update({k: math.nan for k in metrics})
     if results is None:
-        return row, []
+        return schema_row(RUNS, **row), []
 
     steps = pd.DataFrame([r for result in results for r in result["steps"]])
     worker_loss = steps.loc[steps["role"] == "worker", ["step", "rank", "loss"]]
@@ -42,7 +56,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         first = bad.sort_values(["step", "rank"]).iloc[0]
         row["status"] = "failed"
         row["error"] = f"loss is {first['loss']} at step {int(first['step'])} on rank {int(first['rank'])}"
-        return row, []
+        return schema_row(RUNS, **row), []
     steps.insert(0, "run_id", spec.run_id)
     workers = steps[(steps["role"] == "worker") & steps["timed"]].copy()
     servers_df = steps[(steps["role"] == "server") & steps["timed"]]
@@ -76,7 +90,27 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         "accuracy": (float(sum(f["accuracy"] for f in finals) / len(finals))
                      if "accuracy" in finals[0] else math.nan),
     })
+    row.update(_overlap_columns(slowest, finals[0]))
     if not config.exact:
         row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
         row["spectral_gap"] = float(config.spectral_gap(spec.workers))
-    return row, steps.to_dict("records")
+    return schema_row(RUNS, **row), steps.to_dict("records")
+
+
+def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:
+    """Buckets and overlap: means over the slowest worker of each timed step; the profile a run replayed.
+
+    exposed_comm_s is the communication the step waited for (= comm_s); comm_busy_s the time spent inside
+    bucket syncs; overlap_fraction = 1 - exposed / busy, the share hidden behind backward (NaN for ddp, whose
+    communication is inside the backend, and when nothing moved).
+    """
+    def mean(column):
+        return float(slowest[column].mean()) if column in slowest else math.nan
+
+    busy = float(slowest["comm_busy_s"].sum()) if "comm_busy_s" in slowest else math.nan
+    hidden = 1 - float(slowest["comm_s"].sum()) / busy if busy > 0 else math.nan
+    return {"buckets": float(final.get("buckets", 1)), "backward_end_s": mean("backward_end_s"),
+            "exposed_comm_s": mean("comm_s"), "comm_busy_s": mean("comm_busy_s"),
+            "overlap_fraction": min(1.0, max(0.0, hidden)) if math.isfinite(hidden) else math.nan,
+            "profile_id": final.get("profile_id", ""), "profile_device": final.get("profile_device", ""),
+            "profile_step_s": float(final.get("profile_step_s", math.nan))}
