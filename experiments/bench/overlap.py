@@ -125,7 +125,7 @@ def _row(run, profile: Profile, bucket_mb: float | None, workers: int) -> dict:
 def _link_spec(run) -> dict | None:
     if not run["link_bandwidth"] == run["link_bandwidth"]:  # NaN: full speed
         return None
-    return {"bandwidth": float(run["link_bandwidth"]), "latency": float(run["link_latency"])}
+    return {"bandwidth": float(run["link_bandwidth"]), "latency": float(run["link_latency_s"])}
 
 
 def format_overlap(table: pd.DataFrame) -> str:

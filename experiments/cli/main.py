@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", action="append", help="limit to these strategies (repeatable)")
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
+    sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
 
     p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
                                        "optimizer (one rank alone)")
@@ -77,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
     p.add_argument("--harness", action="store_true",
                    help="instead: 1-worker training through syncbench vs a plain PyTorch loop (overhead)")
+    p.add_argument("--overlap", action="store_true",
+                   help="instead: profile-mode training, overlap off/on x bucket_mb 1, 25, flat, per strategy and "
+                        "link, measured beside the timeline prediction")
+    p.add_argument("--models", default="resnet18,resnet50", help="with --overlap: models to profile")
+    p.add_argument("--links", default="1Gbit,10Gbit", help="with --overlap: emulated links ('none': full speed)")
+    p.add_argument("--steps", type=int, default=4, help="with --overlap: steps per run, 1 of them warm-up")
+    p.add_argument("--out", help="with --overlap: keep the profiles and results here (default: a temp dir)")
     p.add_argument("--workload", default="resnet18", help="with --harness: the model (default resnet18)")
     p.add_argument("--batch-size", type=int, default=32, help="with --harness: batch size (default 32)")
     p.add_argument("--image-size", type=int, default=32, help="with --harness: input size (default 32)")
@@ -131,7 +139,7 @@ def _run(args) -> int:
                      oversubscribe=args.oversubscribe)
     _print_runs(runs)
     if not args.no_report:
-        from reports.build import build
+        from reports.page import build
 
         print(f"report: {build(out)}")
     failed = int((runs["status"] != "ok").sum()) if not runs.empty else 0
@@ -161,7 +169,7 @@ def _print_runs(runs) -> None:
 
 
 def _report(args) -> int:
-    from reports.build import build
+    from reports.page import build
 
     print(build(Path(args.dir)))
     return 0
@@ -186,6 +194,13 @@ def _strategies(args) -> int:
         cls = strategies.get(name)
         params = ", ".join(f"{k}={v!r}" for k, v in cls.parameters().items()) or "-"
         print(f"{name:18s} {cls.summary}\n{'':18s} role: {cls.role}; ops: {', '.join(cls.ops)}; params: {params}")
+    return 0
+
+
+def _schema(args) -> int:
+    from reports.schema import describe
+
+    print(describe())
     return 0
 
 
@@ -230,6 +245,15 @@ def _verify(args) -> int:
 def _bench(args) -> int:
     from strategies.link import parse_size
 
+    if args.overlap:
+        from experiments.bench.overlap import DEFAULT_STRATEGIES, format_overlap, overlap_bench
+
+        table = overlap_bench(models=_names(args.models), links=_names(args.links),
+                              names=_names(args.strategies) or DEFAULT_STRATEGIES, workers=args.workers,
+                              batch_size=args.batch_size, image_size=args.image_size, steps=args.steps,
+                              out=args.out, address=args.address)
+        print(format_overlap(table))
+        return 0
     if args.harness:
         from experiments.bench.transport import format_harness, harness_bench
 
@@ -305,6 +329,7 @@ def _simulate(args) -> int:
     return run(args)
 
 
-COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "verify": _verify,
+COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "schema": _schema,
+            "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
             "simulate": _simulate}

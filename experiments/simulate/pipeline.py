@@ -161,7 +161,7 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
                 if plat.topology == "fat_tree" else math.nan,
                 "sim_gpus_per_node": plat.gpus_per_node if plat.topology == "nodes" else 0,
                 "compute_source": sim.compute.source, "bucket_mb": sim.bucket_mb if sim.bucket_mb else math.nan,
-                "overlap": sim.overlap, "sim_wall_s": wall, "oversubscribed": False,
+                "overlap": sim.overlap, "sim_wall_s": wall, "cores_oversubscribed": False,
                 "model_comm_s": traffic["rounds"] * plat.latency + traffic["path_bytes"] / link})
     if results is None:
         return row, []

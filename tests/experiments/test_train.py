@@ -10,6 +10,7 @@ import strategies
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
+from reports import schema
 from strategies.threads import run_threads
 
 SYNCHRONOUS = ["ring", "halving_doubling", "reduce_broadcast", "all_to_all", "naive_ring", "native",
@@ -73,5 +74,19 @@ def test_summary_row_is_complete_and_plausible():
     traffic = config.traffic(2, row["numel"], 4)
     assert row["bytes_sent_per_server"] == traffic.servers()[0].bytes_sent
     assert len(steps) == 4 * 3 and {s["role"] for s in steps} == {"worker", "server"}
-    assert row["oversubscribed"] is True  # 2 workers + 1 server on 2 cores
+    assert row["cores_oversubscribed"] is True and row["gpu_shared"] is False  # 2 workers + 1 server, 2 cores
+    assert row["bytes_counted"] is True and row["param_servers"] == 1 and row["straggler_slowdown"] == 1.0
+    assert set(row) >= set(schema.names(schema.RUNS))
     assert np.isfinite(row["final_loss"]) and row["param_norm"] > 0
+
+
+def test_workers_sharing_a_gpu_are_labelled_gpu_shared_not_oversubscribed_cores():
+    """Two CUDA workers that could not get NCCL (one GPU) share it: that is gpu_shared, and with cores to spare
+    the cores are not oversubscribed (the report said "more ranks than CPU cores" for these runs)."""
+    spec = RunSpec(workload="tiny", image_size=16, batch_size=8, steps=2, warmup_steps=1, strategy="ring",
+                   workers=2, device="cuda")
+    meta = {"started_at": "t", "duration_s": 1.0, "transport": "gloo", "gpu": "H100", "cores": 16, "host": "h"}
+    row, _ = summarize(spec, None, "not run", meta)
+    assert row["gpu_shared"] is True and row["cores_oversubscribed"] is False
+    with_nccl, _ = summarize(spec, None, "not run", meta | {"transport": "nccl"})
+    assert with_nccl["gpu_shared"] is False

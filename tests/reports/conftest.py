@@ -1,4 +1,5 @@
-"""A small fake results directory with the runner's exact columns: 3 strategies, workers 1/2/4, two links."""
+"""A small fake results directory in the results schema (reports/schema.py): 3 strategies, workers 1/2/4, two
+links. Rows are built with schema.row, so the fixture has exactly the columns the runner writes."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import pandas as pd
 import pytest
 
 import strategies
+from reports import schema
 
 NUMEL = 11_689_512  # resnet18
 CORES = 2
 EVIL_SWEEP = "demo <script>alert(1)</script>"
 LINKS = {"1Gbit": 125e6, "full speed": math.nan}
-STRATEGIES = [("ring", "{}", 0), ("parameter_server", '{"servers": 1}', 1),
-              ("decentralized", '{"topology": "ring"}', 0)]
+STRATEGIES = [("ring", {}, 0), ("parameter_server", {"servers": 1}, 1),
+              ("decentralized", {"topology": "ring"}, 0)]
 
 
 def analytic(strategy: str, workers: int) -> tuple[float, float, float]:
@@ -50,39 +52,42 @@ def make_results(path, sweep: str = "fixture-sweep", with_steps: bool = True) ->
                 step_s = compute_s + comm
                 batch = 32
                 decentral = strategy == "decentralized"
-                runs.append({
-                    "run_id": run_id, "sweep": sweep, "workload": "resnet18", "image_size": 32,
-                    "batch_size": batch, "steps": 8, "warmup_steps": 2, "device": "cpu", "seed": 0,
-                    "strategy": strategy, "strategy_params": params, "workers": workers, "servers": servers,
-                    "link": link, "link_bandwidth": bandwidth, "link_latency": 0.0, "straggler": "",
-                    "status": "ok", "error": "", "throughput": workers * batch / step_s, "step_time_s": step_s,
-                    "compute_s": compute_s, "comm_s": comm, "comm_fraction": comm / step_s,
-                    "bytes_sent_per_worker": sent, "bytes_recv_per_worker": sent,
-                    "bytes_sent_per_server": float(NUMEL * 4 * workers) if servers else math.nan,
-                    "bytes_recv_per_server": float(NUMEL * 4 * workers) if servers else math.nan,
-                    "analytic_bytes_sent_per_worker": sent, "analytic_rounds": rounds,
-                    "analytic_path_bytes": path_bytes, "numel": NUMEL, "model_bytes": NUMEL * 4,
-                    "final_loss": 2.0, "param_norm": 30.0,
-                    "consensus_distance": 0.01 if decentral and workers > 1 else math.nan,
-                    "spectral_gap": (1 - math.cos(2 * math.pi / workers)) / 3 if decentral and workers > 1
+                runs.append(schema.row(
+                    schema.RUNS, run_id=run_id, sweep=sweep, substrate="ray", workload="resnet18", image_size=32,
+                    batch_size=batch, steps=8, warmup_steps=2, device="cpu", seed=0, lr=0.1,
+                    strategy=strategy, strategy_label=schema.strategy_label(strategy, params),
+                    strategy_params=json.dumps(params), **{f"param_{k}": v for k, v in params.items()},
+                    workers=workers, servers=servers, bytes_counted=True,
+                    link=link, link_bandwidth=bandwidth, link_latency_s=0.0,
+                    link_emulation="python" if bandwidth == bandwidth else "", straggler_slowdown=1.0,
+                    compute="real", status="ok", throughput=workers * batch / step_s, step_time_s=step_s,
+                    compute_s=compute_s, comm_s=comm, comm_fraction=comm / step_s, exposed_comm_s=comm,
+                    bytes_sent_per_worker=sent, bytes_recv_per_worker=sent,
+                    bytes_sent_per_server=float(NUMEL * 4 * workers) if servers else math.nan,
+                    bytes_recv_per_server=float(NUMEL * 4 * workers) if servers else math.nan,
+                    analytic_bytes_sent_per_worker=sent, analytic_rounds=rounds,
+                    analytic_path_bytes=path_bytes, numel=NUMEL, model_bytes=NUMEL * 4,
+                    final_loss=2.0, param_norm=30.0,
+                    consensus_distance=0.01 if decentral and workers > 1 else math.nan,
+                    spectral_gap=(1 - math.cos(2 * math.pi / workers)) / 3 if decentral and workers > 1
                     else math.nan,
-                    "transport": "gloo", "cores": CORES, "gpu": "", "oversubscribed": over, "host": "testhost",
-                    "started_at": "2025-01-01T00:00:00", "duration_s": 10.0,
-                })
+                    transport="gloo", cores=CORES, gpu="", cores_oversubscribed=over, host="testhost",
+                    started_at="2025-01-01T00:00:00", duration_s=10.0,
+                ))
                 for step in range(8):
                     for rank in range(workers + servers):
                         worker = rank < workers
-                        steps.append({
-                            "run_id": run_id, "step": step, "rank": rank,
-                            "role": "worker" if worker else "server", "timed": step >= 2,
-                            "compute_s": compute_s, "comm_s": comm, "bytes_sent": sent, "bytes_recv": sent,
-                            "loss": 2.3 * math.exp(-0.05 * step * workers) + 0.01 * rng.random()
+                        steps.append(schema.row(
+                            schema.STEPS, run_id=run_id, step=step, rank=rank,
+                            role="worker" if worker else "server", timed=step >= 2,
+                            compute_s=compute_s, comm_s=comm, bytes_sent=int(sent), bytes_recv=int(sent),
+                            loss=2.3 * math.exp(-0.05 * step * workers) + 0.01 * rng.random()
                             if worker else math.nan,
-                            "samples": batch if worker else 0,
-                            "consensus_distance": 0.1 / (step + 1) if decentral and worker and workers > 1
+                            samples=batch if worker else 0,
+                            consensus_distance=0.1 / (step + 1) if decentral and worker and workers > 1
                             else math.nan,
-                            "wall_s": step * step_s,
-                        })
+                            wall_s=step * step_s, backward_end_s=compute_s, comm_busy_s=comm,
+                        ))
     # One failed run: NaN metrics, shown in the table, skipped in figures.
     failed = dict(runs[0], run_id="ring-8-1Gbit", workers=8, status="failed",
                   error="RuntimeError: peer 5 timed out after 60 s <b>")
@@ -116,7 +121,7 @@ def results_dir(tmp_path):
 @pytest.fixture(scope="session")
 def built_report(tmp_path_factory):
     """One report built once for the whole session (the Chromium and content tests share it)."""
-    from reports.build import build
+    from reports.page import build
 
     path = tmp_path_factory.mktemp("report")
     make_results(path, sweep=EVIL_SWEEP)

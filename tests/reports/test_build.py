@@ -1,4 +1,5 @@
-"""The report: figures from the fixture, every section on the page, escaping, and offline self-containment."""
+"""The report: tables and figures from the fixture, every section on the page in order, the answer first,
+escaping, and offline self-containment."""
 
 import math
 import re
@@ -8,13 +9,13 @@ import plotly.graph_objects as go
 import plotly.offline
 import pytest
 
-from reports import build as report
-from reports.build import SECTIONS, build
+from reports import figures, page, schema, tables
+from reports.page import SECTIONS, build
 
 
 def ok_runs(path):
-    runs = report.load_runs(path)
-    return runs, runs[runs["ok"]], report.link_order(runs)
+    runs = tables.load_runs(path)
+    return runs, runs[runs["ok"]], tables.link_order(runs)
 
 
 def test_link_order_puts_full_speed_last(results_dir):
@@ -24,47 +25,51 @@ def test_link_order_puts_full_speed_last(results_dir):
 
 def test_figures_from_the_fixture(results_dir):
     runs, ok, links = ok_runs(results_dir)
-    steps = report.load_steps(results_dir)
+    steps = tables.load_steps(results_dir)
 
-    throughput = report.throughput_figure(ok, links)
+    throughput = figures.throughput_figure(ok, links)
     names = {t.name for t in throughput.data}
-    assert report.IDEAL in names and "ring" in names
+    assert figures.IDEAL in names and "ring" in names
     assert "throughput (samples/s)" in throughput.layout.yaxis.title.text
 
-    scaling = report.scaling_figure(ok, links)
+    scaling = figures.scaling_figure(ok, links)
     ring_1gbit = [t for t in scaling.data if t.name == "ring"][0]
     assert list(ring_1gbit.x) == [1, 2, 4] and ring_1gbit.y[0] == pytest.approx(1.0)
 
-    split = report.step_time_figure(ok, links)
+    split = figures.step_time_figure(ok, links)
     assert {t.name for t in split.data} == {"compute", "communication"} and split.layout.barmode == "stack"
 
-    traffic = report.traffic_figure(ok)
+    traffic = figures.traffic_figure(ok)
     assert {"worker sent (measured)", "worker sent (analytic)", "server sent (measured)"} <= {
         t.name for t in traffic.data}
     assert "MB = 10^6 bytes" in traffic.layout.yaxis.title.text
 
-    requirement = report.requirement_frame(ok)
+    requirement = tables.requirement_frame(ok)
     assert set(requirement["target"]) == {"P = 0.5", "P = 0.8", "P = 0.9"}
     assert requirement["workers"].max() == 1024
-    assert isinstance(report.bandwidth_figure(ok), go.Figure)
+    assert isinstance(figures.bandwidth_figure(ok), go.Figure)
 
-    fits, predicted = report.calibration(ok)
+    fits, predicted = tables.calibration(ok)
     assert list(fits["link"]) == ["1Gbit", "full speed"] and (fits["alpha"] >= 0).all()
     assert len(predicted) == 12  # multi-worker runs: 3 strategies x 2 n x 2 links
-    assert isinstance(report.parity_figure(predicted, ok), go.Figure)
-    model = report.extrapolation_figure(ok, alpha=float(fits["alpha"].median()))
+    assert isinstance(figures.parity_figure(predicted, ok), go.Figure)
+    model = figures.extrapolation_figure(ok, alpha=float(fits["alpha"].median()))
     assert model.layout.title.text.startswith("MODEL, not measured")
     assert sorted({x for t in model.data for x in t.x}) == [8, 16, 32, 64, 128, 256, 512, 1024]
 
-    text, figures, note = report.convergence_section(ok, steps)
-    assert len(figures) == 4  # loss vs step, loss vs wall time, consensus distance, spectral gap
-    assert "Distorted" in note
+    convergence = page.convergence_section(page.Results(runs, ok, steps, None, links))
+    assert convergence.count('class="plotly-graph-div"') == 4  # loss vs step and wall time, consensus, gap
+    assert "Distorted" in convergence
 
 
 def test_every_section_present_and_plotly_embedded_once(built_report):
     page = built_report.read_text()
-    for section_id, heading in SECTIONS.items():
-        assert f'<section id="{section_id}"><h2>{heading}</h2>' in page
+    positions = []
+    for number, section in enumerate(SECTIONS, start=1):
+        tag = f'<section id="{section.id}"><h2>{number}. {section.title}</h2>'
+        assert tag in page
+        positions.append(page.index(tag))
+    assert positions == sorted(positions)  # the page follows the one ordered list
     plotly_js = plotly.offline.get_plotlyjs()
     assert page.count(plotly_js) == 1
     rest = page.replace(plotly_js, "")  # the bundle itself mentions its CDN; nothing else may load from one
@@ -84,7 +89,7 @@ def test_notes_beside_distorted_figures(built_report):
 def test_no_notes_when_nothing_is_distorted(tmp_path, fake_results):
     fake_results(tmp_path)
     runs = pd.read_parquet(tmp_path / "runs.parquet")
-    runs["oversubscribed"] = False
+    runs["cores_oversubscribed"] = False
     runs.to_parquet(tmp_path / "runs.parquet")
     assert '<div class="note">' not in build(tmp_path).read_text()
 
@@ -134,14 +139,15 @@ def test_stragglers_section_shows_relative_throughput(results_dir):
     runs = pd.read_parquet(results_dir / "runs.parquet")
     slow = runs[(runs["workers"] == 4) & (runs["link"] == "1Gbit")].copy()
     slow["run_id"] += "-straggler"
-    slow["straggler"] = '{"ranks": [1], "slowdown": 2.0}'
+    slow["straggler_ranks"] = [[1]] * len(slow)
+    slow["straggler_slowdown"] = 2.0
     slow["throughput"] /= 1.5
     pd.concat([runs, slow]).to_parquet(results_dir / "runs.parquet")
     page = build(results_dir).read_text()
     section = page.split('id="stragglers"')[1]
     assert "rank 1 computes 2x slower" in section and 'class="plotly-graph-div"' in section
-    ok = report.load_runs(results_dir)
-    df = report.stragglers_frame(ok[ok["ok"]])
+    ok = tables.load_runs(results_dir)
+    df = tables.stragglers_frame(ok[ok["ok"]])
     ratios = df[df["imbalance"] != "balanced"]["relative"]
     assert len(ratios) == 3 and ratios.round(6).eq(round(1 / 1.5, 6)).all()
 
@@ -154,15 +160,79 @@ def test_no_straggler_says_so(results_dir):
 def test_native_on_an_emulated_link_is_flagged_and_cannot_win(results_dir):
     runs = pd.read_parquet(results_dir / "runs.parquet")
     fast = runs[runs["strategy"] == "ring"].copy()
-    fast["strategy"], fast["strategy_params"] = "native", "{}"
+    fast["strategy"], fast["strategy_label"], fast["strategy_params"] = "native", "native", "{}"
+    fast["bytes_counted"] = False
     fast["run_id"] += "-native"
     fast["throughput"] *= 100  # full loopback speed: it never paid the emulated link
     pd.concat([runs, fast]).to_parquet(results_dir / "runs.parquet")
-    loaded = report.load_runs(results_dir)
+    loaded = tables.load_runs(results_dir)
     ok = loaded[loaded["ok"]]
-    best = report.best_strategies(ok, report.link_order(loaded))
+    best = tables.best_strategies(ok, tables.link_order(loaded))
     assert set(best.loc[best["link"] == "1Gbit", "best strategy"]) and \
         "native" not in set(best.loc[best["link"] == "1Gbit", "best strategy"])
     assert set(best.loc[best["link"] == "full speed", "best strategy"]) == {"native"}
     page = build(results_dir).read_text()
     assert page.count("Not emulated:") == 3  # summary, throughput, step time
+
+
+def test_the_summary_opens_with_the_answer(built_report):
+    """For each workload and link at the largest worker count: which strategy, by how much, and why."""
+    summary = built_report.read_text().split('<section id="summary">')[1].split("</section>")[0]
+    answer = summary.split('<div class="answer">')[1].split("</div>")[0]
+    assert summary.index('<div class="answer">') < summary.index("<b>Sweep:</b>")
+    sentences = answer.split("<p>")[1:]
+    assert len(sentences) == 2  # resnet18 on 1Gbit and on full speed, each at n = 4
+    for sentence in sentences:
+        assert sentence.startswith("resnet18 on ") and ", 4 workers: use " in sentence
+        assert "x the throughput of the next best" in sentence and "samples/s" in sentence
+        assert "critical path" in sentence or "rounds" in sentence or "measured transport" in sentence
+
+
+def test_best_strategy_table_leaves_out_a_single_worker(results_dir):
+    runs, ok, links = ok_runs(results_dir)
+    best = tables.best_strategies(ok, links)
+    assert not best.empty and (best["workers"] > 1).all()
+
+
+def test_scaling_efficiency_is_one_at_one_worker_for_every_strategy(results_dir):
+    _, ok, _ = ok_runs(results_dir)
+    eff = tables.scaling_efficiency(ok)
+    assert (eff.loc[eff["workers"] == 1, "efficiency"] == 1.0).all()
+    assert eff.loc[eff["workers"] == 1, "label"].nunique() == 3
+
+
+def test_an_implausible_fit_is_shown_as_such_not_as_a_calibration(tmp_path, fake_results):
+    """Communication 30x slower than its emulated link (cores contended, say) gives a fitted bandwidth far
+    from the link's: the page says it is not a calibration and why."""
+    fake_results(tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    slow = runs["link"] == "1Gbit"
+    runs.loc[slow, "comm_s"] *= 30
+    runs.to_parquet(tmp_path / "runs.parquet")
+    _, ok, _ = ok_runs(tmp_path)
+    fits, _ = tables.calibration(ok)
+    one_gbit = fits[fits["link"] == "1Gbit"].iloc[0]
+    assert one_gbit["plausible"] == "no" and "fitted bandwidth" in one_gbit["why not"]
+    assert "likely cause" in one_gbit["why not"]
+    cost = build(tmp_path).read_text().split('<section id="cost-model">')[1]
+    assert "Not a calibration:" in cost and "1Gbit" in cost.split("Not a calibration:")[1][:200]
+
+
+def test_workers_sharing_a_gpu_are_called_that_not_more_ranks_than_cores(tmp_path, fake_results):
+    fake_results(tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    runs["cores_oversubscribed"] = False
+    runs["device"], runs["cores"] = "cuda", 16
+    runs["gpu_shared"] = runs["workers"] > 1
+    runs.to_parquet(tmp_path / "runs.parquet")
+    text = build(tmp_path).read_text()
+    assert "several workers share a GPU" in text and "more ranks than CPU cores" not in text
+
+
+def test_the_fixture_is_the_schema(results_dir):
+    """The fixture is built from the schema, so the report tests read exactly the runner's columns."""
+    runs = pd.read_parquet(results_dir / "runs.parquet")
+    assert list(runs.columns[:len(schema.RUNS)]) == schema.names(schema.RUNS)
+    assert set(runs.columns) - set(schema.names(schema.RUNS)) <= {"param_servers", "param_topology"}
+    with pytest.raises(KeyError, match="not columns of the schema: oversubscribed"):
+        schema.row(schema.RUNS, oversubscribed=True)

@@ -1,0 +1,244 @@
+"""The report's plotly figures, one function per figure, each drawing a frame that reports/tables.py computed.
+
+Every text that reaches a figure is escaped (plotly reads `<b>`-style tags in labels). Units on every axis.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from reports.model import EXTRAPOLATION_LINKS, GBIT, MB, TARGET_EFFICIENCIES, extrapolate
+from reports.tables import (
+    REQUIREMENT_WORKERS,
+    compute_time_per_workload,
+    mean_per_config,
+    per_worker_baseline,
+    requirement_frame,
+    scaling_efficiency,
+    strategy_specs,
+)
+
+IDEAL = "ideal linear scaling"
+COMPUTE_LINE = "compute time Ts (measured)"
+LINK_LINE = "1/10/25/100 Gbit links"
+FACET_HEIGHT = 320  # pixels per row of facets
+
+
+def esc(value) -> str:
+    """HTML-escape anything for the page (and for plotly labels, which decode entities back to text)."""
+    return html.escape(str(value), quote=True)
+
+
+def for_plot(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose text columns are escaped, since plotly reads `<b>`-style tags in labels."""
+    df = df.copy()
+    for col in ("label", "workload", "link", "group", "part", "measure"):
+        if col in df:
+            df[col] = df[col].map(esc)
+    return df
+
+
+def palette(ok: pd.DataFrame) -> dict[str, str]:
+    """One colour per strategy label, the same in every figure."""
+    colors = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
+    return {esc(label): colors[i % len(colors)] for i, label in enumerate(sorted(ok["label"].unique()))}
+
+
+def tidy(fig: go.Figure, rows: int = 1, title: str = "") -> go.Figure:
+    """Shared layout: facet titles without 'column=' prefixes, a readable height, a white template."""
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_layout(template="plotly_white", height=max(360, FACET_HEIGHT * rows + 120), title=title,
+                      legend_title_text="", margin=dict(t=80, r=20, l=70, b=60))
+    return fig
+
+
+def throughput_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
+    """Throughput vs workers, one line per strategy plus ideal linear scaling, faceted by workload and link."""
+    agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
+    ideal = []
+    for b in per_worker_baseline(ok).itertuples():
+        for n in sorted(agg.loc[(agg["workload"] == b.workload) & (agg["link"] == b.link), "workers"].unique()):
+            ideal.append({"workload": b.workload, "link": b.link, "label": IDEAL, "workers": n,
+                          "throughput": b.per_worker * n})
+    df = for_plot(pd.concat([agg, pd.DataFrame(ideal)], ignore_index=True))
+    fig = px.line(df, x="workers", y="throughput", color="label", color_discrete_map=palette(ok),
+                  facet_row="workload", facet_col="link",
+                  markers=True, category_orders={"link": [esc(x) for x in links]},
+                  labels={"workers": "workers (n)", "throughput": "throughput (samples/s)", "label": "strategy"})
+    fig.for_each_trace(lambda t: t.update(line=dict(dash="dash", color="gray"), marker=dict(size=4))
+                       if t.name == IDEAL else None)
+    fig.update_xaxes(tickvals=sorted(ok["workers"].unique()))
+    fig.update_yaxes(matches=None, rangemode="tozero")
+    return tidy(fig, ok["workload"].nunique(), "Throughput (samples/s of the group) vs workers; dashed: ideal "
+                                               "n x throughput(1)")
+
+
+def scaling_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
+    """Scaling efficiency(n) = throughput(n) / (n x throughput(1)) vs workers; 1.0 at n = 1 by definition."""
+    fig = px.line(for_plot(scaling_efficiency(ok)), x="workers", y="efficiency", color="label",
+                  color_discrete_map=palette(ok), facet_row="workload",
+                  facet_col="link", markers=True, category_orders={"link": [esc(x) for x in links]},
+                  labels={"workers": "workers (n)", "label": "strategy",
+                          "efficiency": "scaling efficiency (fraction of linear)"})
+    fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
+    fig.update_xaxes(tickvals=sorted(ok["workers"].unique()))
+    fig.update_yaxes(rangemode="tozero")
+    return tidy(fig, ok["workload"].nunique(), "Scaling efficiency(n) = throughput(n) / (n x throughput(1))")
+
+
+def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
+    """Mean step time per strategy and n, stacked into compute and communication."""
+    agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
+    agg["group"] = agg["workload"] + " · " + agg["link"]
+    long = agg.melt(id_vars=["group", "label", "workers", "workload", "link"], value_vars=["compute_s", "comm_s"],
+                    var_name="part", value_name="seconds")
+    long["part"] = long["part"].map({"compute_s": "compute", "comm_s": "communication"})
+    long["n"] = "n=" + long["workers"].astype(str)
+    order = [f"{w} · {link}" for w in ok["workload"].unique() for link in links
+             if ((agg["workload"] == w) & (agg["link"] == link)).any()]
+    fig = px.bar(for_plot(long.sort_values("workers")), x="n", y="seconds", color="part", facet_row="group",
+                 facet_col="label", barmode="stack",
+                 category_orders={"group": [esc(g) for g in order], "part": ["compute", "communication"]},
+                 labels={"n": "workers", "seconds": "time per step (s)", "part": ""})
+    fig.update_yaxes(matches=None, rangemode="tozero")
+    return tidy(fig, len(order), "Step time per strategy and n: compute + communication (mean over timed steps)")
+
+
+def traffic_figure(ok: pd.DataFrame) -> go.Figure:
+    """Bytes per worker (and per server) per step: measured sent/received vs the strategy's analytic bytes."""
+    agg = mean_per_config(ok[ok["workers"] > 1], ["workload", "label", "workers"])
+    measures = {"bytes_sent_per_worker": "worker sent (measured)",
+                "bytes_recv_per_worker": "worker received (measured)",
+                "analytic_bytes_sent_per_worker": "worker sent (analytic)",
+                "bytes_sent_per_server": "server sent (measured)",
+                "bytes_recv_per_server": "server received (measured)"}
+    long = agg.melt(id_vars=["workload", "label", "workers"], value_vars=list(measures),
+                    var_name="measure", value_name="bytes").dropna(subset=["bytes"])
+    long["measure"] = long["measure"].map(measures)
+    long["MB"] = long["bytes"] / MB
+    long = long.sort_values(["label", "workers"])
+    long["config"] = long["label"].map(esc) + " n=" + long["workers"].astype(str)
+    fig = px.bar(for_plot(long), x="config", y="MB", color="measure", barmode="group", facet_row="workload",
+                 category_orders={"measure": list(measures.values())},
+                 labels={"config": "strategy and workers", "MB": "MB per step (MB = 10^6 bytes)"})
+    fig.update_yaxes(matches=None)
+    return tidy(fig, ok["workload"].nunique(), "Bytes per rank per step: measured vs analytic")
+
+
+def bandwidth_figure(ok: pd.DataFrame) -> go.Figure | None:
+    """Link bandwidth needed for parallel efficiency 0.5, 0.8, 0.9 as n grows (zero latency, analytic bytes)."""
+    df = requirement_frame(ok)
+    if df.empty:
+        return None
+    df["text"], df["link"] = "", 0
+    links = []  # reference lines: what 1/10/25/100 Gbit links carry, labelled at the right end
+    for (workload, target), _ in df.groupby(["workload", "target"], sort=False):
+        for gbit in (1, 10, 25, 100):
+            links += [{"workload": workload, "target": target, "label": LINK_LINE, "workers": n,
+                       "MB/s": gbit * GBIT / MB, "text": f"{gbit} Gbit" if n == REQUIREMENT_WORKERS[-1] else "",
+                       "link": gbit} for n in (REQUIREMENT_WORKERS[0], REQUIREMENT_WORKERS[-1])]
+    df = pd.concat([df, pd.DataFrame(links)], ignore_index=True)
+    fig = px.line(for_plot(df), x="workers", y="MB/s", color="label", color_discrete_map=palette(ok),
+                  facet_row="workload", facet_col="target",
+                  markers=True, log_x=True, log_y=True, text="text", line_group="link",
+                  category_orders={"target": [f"P = {p:g}" for p in TARGET_EFFICIENCIES]},
+                  labels={"workers": "workers (n)", "MB/s": "bandwidth needed (MB/s, MB = 10^6 bytes)",
+                          "label": "strategy"})
+    fig.for_each_trace(lambda t: t.update(line=dict(dash="dot", color="#999", width=1), mode="lines+text",
+                                          textposition="top left", textfont=dict(size=10, color="#777"))
+                       if t.name == LINK_LINE else t.update(textposition="top center"))
+    fig.update_xaxes(tickvals=list(REQUIREMENT_WORKERS), ticktext=[str(n) for n in REQUIREMENT_WORKERS])
+    return tidy(fig, df["workload"].nunique(),
+                "Bandwidth needed per NIC for parallel efficiency P (dotted: 1/10/25/100 Gbit links)")
+
+
+def parity_figure(predicted: pd.DataFrame, ok: pd.DataFrame) -> go.Figure | None:
+    """Predicted (alpha-beta, calibrated per link) vs measured communication time per step, one point per run."""
+    if predicted.empty:
+        return None
+    fig = px.scatter(for_plot(predicted), x="comm_s", y="predicted_s", color="label", color_discrete_map=palette(ok),
+                     symbol="link", hover_data=["workload", "workers", "run_id"],
+                     labels={"comm_s": "measured communication time per step (s)",
+                             "predicted_s": "predicted communication time per step (s)", "label": "strategy"})
+    top = float(np.nanmax([predicted["comm_s"].max(), predicted["predicted_s"].max()])) * 1.05 or 1.0
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured",
+                             line=dict(dash="dash", color="gray")))
+    return tidy(fig, 1, "Alpha-beta model vs measurement: predicted vs measured communication time")
+
+
+def extrapolation_figure(ok: pd.DataFrame, alpha: float) -> go.Figure | None:
+    """MODEL: communication time per step for n = 8..1024 at 1/10/25/100 Gbit, with the measured Ts."""
+    specs, _ = strategy_specs(ok)
+    ts = compute_time_per_workload(ok)
+    frames = []
+    for workload, g in ok.groupby("workload", sort=False):
+        measured = set(g["label"])
+        df = extrapolate(int(g["numel"].iloc[0]), [s for s in specs if s[0] in measured], alpha)
+        df = df.rename(columns={"strategy": "label"})
+        if df.empty:
+            continue
+        line = df[["workers", "link"]].drop_duplicates().assign(label=COMPUTE_LINE, comm_s=ts[workload][0])
+        frames.append(pd.concat([df, line], ignore_index=True).assign(workload=workload))
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True)
+    fig = px.line(for_plot(df), x="workers", y="comm_s", color="label", color_discrete_map=palette(ok),
+                  facet_row="workload", facet_col="link",
+                  markers=True, log_x=True, log_y=True, category_orders={"link": list(EXTRAPOLATION_LINKS)},
+                  labels={"workers": "workers (n)", "comm_s": "modelled communication time per step (s)",
+                          "label": "strategy"})
+    fig.for_each_trace(lambda t: t.update(line=dict(dash="dash", color="gray"), marker=dict(size=3))
+                       if t.name == esc(COMPUTE_LINE) else None)
+    fig.update_xaxes(tickvals=list(df["workers"].unique()), ticktext=[str(n) for n in df["workers"].unique()])
+    return tidy(fig, df["workload"].nunique(),
+                f"MODEL, not measured: communication time per step at 1/10/25/100 Gbit "
+                f"(alpha = {alpha * 1e6:.1f} us calibrated, beta = 1/bandwidth)")
+
+
+def loss_figure(df: pd.DataFrame, ok: pd.DataFrame, x: str) -> go.Figure:
+    """Training loss vs step (or vs wall time) per strategy; one line per run, faceted by workload and n."""
+    df = df.dropna(subset=["loss"])
+    xlabel = {"step": "step", "wall_s": "wall time since the first step (s)"}[x]
+    fig = px.line(for_plot(df), x=x, y="loss", color="label", color_discrete_map=palette(ok),
+                  line_dash="link", line_group="run_id", facet_row="workload", facet_col="n",
+                  category_orders={"n": [f"n={n}" for n in sorted(df["workers"].unique())]},
+                  labels={x: xlabel, "loss": "training loss (mean over workers)", "label": "strategy"})
+    return tidy(fig, df["workload"].nunique(), f"Loss vs {xlabel}")
+
+
+def consensus_figure(df: pd.DataFrame, ok: pd.DataFrame) -> go.Figure:
+    """Decentralized runs: distance of the workers' parameters from their average, per step."""
+    df = df.dropna(subset=["consensus_distance"])
+    fig = px.line(for_plot(df), x="step", y="consensus_distance", color="label", color_discrete_map=palette(ok),
+                  line_dash="link", line_group="run_id", facet_row="workload", facet_col="n", log_y=True,
+                  category_orders={"n": [f"n={n}" for n in sorted(df["workers"].unique())]},
+                  labels={"step": "step", "label": "strategy",
+                          "consensus_distance": "consensus distance (parameter L2 units)"})
+    return tidy(fig, df["workload"].nunique(), "Decentralized: consensus distance vs step")
+
+
+def spectral_gap_figure(ok: pd.DataFrame) -> go.Figure:
+    """Decentralized runs: the spectral gap of the topology's mixing matrix vs workers."""
+    df = ok.dropna(subset=["spectral_gap"]).groupby(["label", "workers"], as_index=False)["spectral_gap"].mean()
+    fig = px.line(for_plot(df), x="workers", y="spectral_gap", color="label", color_discrete_map=palette(ok),
+                  markers=True,
+                  labels={"workers": "workers (n)", "spectral_gap": "spectral gap (1 - |lambda_2|, unitless)",
+                          "label": "strategy"})
+    fig.update_xaxes(tickvals=sorted(df["workers"].unique()))
+    fig.update_yaxes(rangemode="tozero")
+    return tidy(fig, 1, "Decentralized: spectral gap of the topology (larger mixes faster)")
+
+
+def stragglers_figure(df: pd.DataFrame, ok: pd.DataFrame) -> go.Figure:
+    """Throughput with one slow rank (or NIC) relative to the same strategy with none."""
+    fig = px.bar(for_plot(df), x="imbalance", y="relative", color="label", barmode="group",
+                 color_discrete_map=palette(ok), facet_col="workload",
+                 labels={"imbalance": "imbalance", "relative": "throughput / balanced throughput",
+                         "label": "strategy"})
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    return tidy(fig, 1, "Throughput with one slow rank, relative to the same strategy with none")
