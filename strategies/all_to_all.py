@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.base import Strategy, StrategyConfig, uniform_traffic
-from strategies.ops import finish_reduction, reduce_into
-from strategies.primitives import Scratch
+from strategies.primitives import Scratch, reduce_in_rank_order
 
 
 class AllToAll(Strategy):
@@ -27,10 +26,7 @@ class AllToAll(Strategy):
         sends = [self.comm.isend(arrays[rank], (rank + k) % n) for k in range(1, n)]
         for handle in recvs + sends:
             handle.wait()
-        flat.copy_(arrays[0])
-        for peer in range(1, n):
-            reduce_into(flat, arrays[peer], op)
-        finish_reduction(flat, op, n)
+        reduce_in_rank_order(flat, arrays, op)
 
 
 @dataclass(frozen=True)

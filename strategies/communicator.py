@@ -34,13 +34,9 @@ class PeerCounters:
 
 
 @dataclass
-class Counters:
-    """A snapshot of one rank's traffic: totals and per peer. Payload bytes only."""
+class Counters(PeerCounters):
+    """A snapshot of one rank's traffic: totals (the inherited fields) and per peer. Payload bytes only."""
 
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    msgs_sent: int = 0
-    msgs_recv: int = 0
     per_peer: dict[int, PeerCounters] = field(default_factory=dict)
 
     def as_dict(self) -> dict:

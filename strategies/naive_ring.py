@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.base import Strategy, StrategyConfig, uniform_traffic
-from strategies.ops import finish_reduction, reduce_into
-from strategies.primitives import Scratch
+from strategies.primitives import Scratch, reduce_in_rank_order
 
 
 class NaiveRing(Strategy):
@@ -31,12 +30,7 @@ class NaiveRing(Strategy):
             pending[r].wait()
         for handle in sends:
             handle.wait()
-        # Every rank reduces the same arrays in the same order (rank 0, 1, .., n-1), so every rank ends with
-        # the same bits; adding in arrival order would give each rank its own rounding.
-        flat.copy_(arrays[0])
-        for source in range(1, n):
-            reduce_into(flat, arrays[source], op)
-        finish_reduction(flat, op, n)
+        reduce_in_rank_order(flat, arrays, op)
 
 
 @dataclass(frozen=True)

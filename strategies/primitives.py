@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from strategies.communicator import Communicator
-from strategies.ops import reduce_into
+from strategies.ops import finish_reduction, reduce_into
 
 
 class Scratch:
@@ -73,6 +73,21 @@ def ring_allgather(comm: Communicator, flat: torch.Tensor, bounds: list[tuple[in
         pending[rnd].wait()
     for handle in sends:
         handle.wait()
+
+
+# -- every rank holding every array -------------------------------------------------------------------
+
+
+def reduce_in_rank_order(flat: torch.Tensor, arrays: torch.Tensor, op: str) -> None:
+    """flat <- arrays[0] (op) arrays[1] (op) .. (op) arrays[n-1], finished (a mean divided once).
+
+    Every rank folds the same rows in the same order, so every rank ends with the same bits; folding in the
+    order arrays arrived would give each rank its own rounding.
+    """
+    flat.copy_(arrays[0])
+    for row in arrays[1:]:
+        reduce_into(flat, row, op)
+    finish_reduction(flat, op, len(arrays))
 
 
 # -- binomial trees -----------------------------------------------------------------------------------
