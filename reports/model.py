@@ -22,11 +22,13 @@ import pandas as pd
 
 from strategies import make as make_strategy
 from strategies import names as strategy_names
+from workloads.models import MODELS as WORKLOAD_MODELS
+from workloads.models import param_count
 
 MB = 1e6
 GBIT = 1e9 / 8  # bytes per second of a 1 Gbit/s link
 
-MODELS = ("resnet18", "resnet50", "vgg11", "vgg16")
+MODELS = tuple(m for m in WORKLOAD_MODELS if m != "tiny")  # the torchvision models `syncbench model` knows
 EXTRAPOLATION_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 EXTRAPOLATION_LINKS = {"1 Gbit": 1 * GBIT, "10 Gbit": 10 * GBIT, "25 Gbit": 25 * GBIT, "100 Gbit": 100 * GBIT}
 TARGET_EFFICIENCIES = (0.5, 0.8, 0.9)
@@ -114,15 +116,10 @@ def calibrate(rounds, path_bytes, comm_s) -> AlphaBeta:
 
 @functools.cache
 def model_numel(model: str) -> int:
-    """Parameter count of a torchvision model with 1,000 classes (vgg16 -> 138,357,544); cached."""
+    """Parameter count of a model with 1,000 classes (vgg16 -> 138,357,544), counted by workloads; cached."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: known are {', '.join(MODELS)} (or give model bytes)")
-    import torch
-    import torchvision
-
-    with torch.device("meta"):  # count parameters without allocating or initializing them
-        net = getattr(torchvision.models, model)(weights=None, num_classes=1000)
-    return sum(p.numel() for p in net.parameters())
+    return param_count(model, num_classes=1000, image_size=224)
 
 
 def _params_key(params: dict | str | None) -> str:

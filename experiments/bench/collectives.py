@@ -18,7 +18,8 @@ import strategies
 from experiments.cluster import placement
 from experiments.cluster.group import WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
-from experiments.cluster.ray_runtime import ensure_ray, stop_ray
+from experiments.cluster.ray_runtime import ray_session
+from reports.model import comm_time, critical_path
 from strategies.link import Network
 from strategies.ops import BITWISE, LOGICAL, OPS, check_op
 from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
@@ -124,13 +125,12 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
     check_ranks(max(world for world, _ in _groups(settings, workers)), RANK_BASE_BYTES + numel * (8 * workers + 16),
                 capacity_for(address), f"verify --workers {workers} --numel {numel:,}", oversubscribe)
     groups = _groups(settings, workers)
-    started = ensure_ray(address, num_cpus=max(_cores(), max(world for world, _ in groups)))
     all_ok = True
     width = max(len(_setting_label(n, p)) for n, p in settings)
     out(f"verify: {workers} workers, {numel} {dtype} elements, op {op}, gloo between Ray actors"
         + (f"; skipped (no op {op!r}): {', '.join(unsupported)}" if unsupported else ""))
     out(f"{'strategy':{width}s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
-    try:
+    with ray_session(address, num_cpus=max(_cores(), max(world for world, _ in groups))):
         for world, group_settings in groups:
             with WorkerGroup(world) as group:
                 per_rank = group.run(_verify_on_rank, group_settings, workers, numel, op, dtype)
@@ -144,9 +144,6 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
                 shown = f"{traffic.worker_bytes_sent:,}" if traffic.counted else "in backend"
                 out(f"{label:{width}s} {'yes' if ok else 'NO':>4s} {error:12.3g} {measured:>24,} {shown:>12s}"
                     + (f"  {why}" if why else ""))
-    finally:
-        if started:
-            stop_ray()
     return all_ok
 
 
@@ -204,9 +201,8 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     check_ranks(max(world for world, _ in _groups(names, workers)), RANK_BASE_BYTES + 3 * max(sizes),
                 capacity_for(address), f"bench --workers {workers} --sizes up to {max(sizes):,} bytes",
                 oversubscribe)
-    started = ensure_ray(address, num_cpus=max(_cores(), workers + 1))
     results: dict = {}
-    try:
+    with ray_session(address, num_cpus=max(_cores(), workers + 1)):
         for world, _ in _groups(names, workers):
             placement.check(world, network)
         for world, group_names in _groups(names, workers):
@@ -216,9 +212,6 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
                 # each iteration takes as long as its slowest rank; report the median over iterations
                 per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
                 results[key] = statistics.median(per_iter)
-    finally:
-        if started:
-            stop_ray()
     rows = []
     factor = 2 * (workers - 1) / workers
     for nbytes in sizes:
@@ -234,15 +227,14 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
 
 
 def _predicted(name: str, workers: int, nbytes: int, network: Network | None) -> float:
-    """The alpha-beta time on the emulated links: rounds x latency + critical-path bytes / bandwidth."""
-    config = strategies.make(name)
-    if network is not None and network.emulation == "kernel" and not config.traffic(workers, 0).counted:
-        config = strategies.make("ring")  # the kernel shapes the backend's bytes too: modelled as ring
-    if network is None or not config.traffic(workers, 0).counted:
-        return math.nan  # no emulation, or a backend the emulation does not slow (native)
-    traffic = config.traffic(workers, nbytes // 4, 4)
-    link = network.default
-    return traffic.rounds * link.latency + traffic.path_bytes / link.bandwidth
+    """The alpha-beta model (reports.model) on the emulated links: rounds x latency + critical-path bytes /
+    bandwidth. NaN without emulation, or for a backend's own bytes that python emulation does not slow."""
+    counted = strategies.get(name).counted
+    if network is None or (not counted and network.emulation != "kernel"):
+        return math.nan
+    modelled = name if counted else "ring"  # the kernel shapes the backend's bytes too: modelled as ring
+    rounds, path_bytes, _ = critical_path(modelled, workers, nbytes // 4)
+    return comm_time(rounds, path_bytes, network.default.bandwidth, network.default.latency)
 
 
 def format_bench(rows: list[dict], workers: int, link: dict | None) -> str:

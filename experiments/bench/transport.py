@@ -23,18 +23,11 @@ def transport_bench(sizes=(1 * MB, 16 * MB, 64 * MB), repeats: int = 10, warmup:
     """One row per size (one-direction bandwidth) plus a 4-byte latency row; medians of `repeats` runs."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats {repeats!r} must be >= 1 and warmup {warmup!r} >= 0")
-    import ray
+    from experiments.cluster.ray_runtime import ray_session
 
-    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
-
-    started = ensure_ray() if not ray.is_initialized() else False
-    try:
-        with WorkerGroup(2, timeout=timeout) as group:
-            rows = group.run(_bench_on_rank, tuple(sizes), repeats, warmup)[0]
-            machine = {"cpu": group.cpu, "cores": group.cores, "host": group.host, "transport": group.backend}
-    finally:
-        if started:
-            stop_ray()
+    with ray_session(), WorkerGroup(2, timeout=timeout) as group:
+        rows = group.run(_bench_on_rank, tuple(sizes), repeats, warmup)[0]
+        machine = {"cpu": group.cpu, "cores": group.cores, "host": group.host, "transport": group.backend}
     return [{**row, **machine, "repeats": repeats, "warmup": warmup} for row in rows]
 
 
@@ -144,7 +137,7 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
     """1 worker, no synchronization (ring on one rank), vs the plain loop, alternated in one actor."""
     import ray
 
-    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
+    from experiments.cluster.ray_runtime import ray_session
     from experiments.config.sweep import SweepError, parse
 
     if not 1 <= rounds <= 1000:
@@ -158,19 +151,14 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
         raise ValueError(str(e).replace(":\n  - ", ": ", 1).replace("\n  - ", "; ")) from None
     if device == "cuda" and not ray.is_initialized() and not torch.cuda.is_available():
         raise ValueError("bench --harness --device cuda: this machine has no CUDA GPU (torch sees none): use cpu")
-    started = ensure_ray() if not ray.is_initialized() else False
     rows = []
-    try:
-        with WorkerGroup(1, num_gpus=1 if device == "cuda" else 0) as group:
-            for i in range(rounds):  # alternate, so drift in the machine's load hits both alike
-                plain = group.run(_plain_loop, spec)[0]
-                ours = group.run(_syncbench_loop, spec)[0]
-                rows.append({"round": i, "plain_samples_per_s": plain, "syncbench_samples_per_s": ours,
-                             "ratio": ours / plain, "cpu": group.cpu, "cores": group.cores,
-                             "gpu": group.gpu_name or ""})
-    finally:
-        if started:
-            stop_ray()
+    with ray_session(), WorkerGroup(1, num_gpus=1 if device == "cuda" else 0) as group:
+        for i in range(rounds):  # alternate, so drift in the machine's load hits both alike
+            plain = group.run(_plain_loop, spec)[0]
+            ours = group.run(_syncbench_loop, spec)[0]
+            rows.append({"round": i, "plain_samples_per_s": plain, "syncbench_samples_per_s": ours,
+                         "ratio": ours / plain, "cpu": group.cpu, "cores": group.cores,
+                         "gpu": group.gpu_name or ""})
     return rows
 
 

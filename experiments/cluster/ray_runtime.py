@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -45,6 +46,18 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
              logging_level=logging.WARNING,
              configure_logging=True)
     return True
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None):
+    """Ray for one command: connect to `address` or start an embedded Ray, and stop (and clean up) afterwards
+    only a Ray this started. Yields True when it started one."""
+    started = ensure_ray(address, num_cpus=num_cpus)
+    try:
+        yield started
+    finally:
+        if started:
+            stop_ray()
 
 
 def stop_ray() -> None:
