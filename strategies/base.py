@@ -92,6 +92,8 @@ class StrategyConfig:
       identical       every worker rank ends with the same bits (required of an exact strategy)
       counted         the Communicator sees its bytes (False: they move inside a backend, like native)
       variants        parameter settings the generic tests cover (each a dict of this class's fields)
+      wraps_model     training wraps the model (wrap(), e.g. DistributedDataParallel) instead of calling
+                      sync() on gradient buckets; it then needs ranks joined by torch.distributed
     """
 
     name: ClassVar[str] = ""
@@ -102,6 +104,7 @@ class StrategyConfig:
     identical: ClassVar[bool] = True
     counted: ClassVar[bool] = True
     variants: ClassVar[tuple[dict, ...]] = ({},)
+    wraps_model: ClassVar[bool] = False
     runtime: ClassVar[type[Strategy]]
 
     def __post_init__(self):
@@ -126,6 +129,10 @@ class StrategyConfig:
     def spectral_gap(self, workers: int, round: int = 0) -> float:
         """Inexact strategies: 1 - |lambda_2(W)|; larger mixes faster, 0 never converges."""
         raise NotImplementedError(f"strategy {self.name!r} is exact: it has no spectral gap")
+
+    def wrap(self, model, bucket_mb: float | None, device):
+        """Strategies with wraps_model: the model wrapped so that its backward synchronizes gradients."""
+        raise NotImplementedError(f"strategy {self.name!r} synchronizes through sync(), it does not wrap models")
 
     def bind(self, comm: Communicator, workers: int) -> Strategy:
         if comm.world_size != self.world_size(workers):

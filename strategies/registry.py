@@ -45,6 +45,8 @@ def contract_problems(config_cls: type[StrategyConfig]) -> list[str]:
         for method in ("mixing_matrix", "spectral_gap"):
             if getattr(config_cls, method) is getattr(StrategyConfig, method):
                 problems.append(f"a `{method}` method (it is not exact: exact = False)")
+    if config_cls.wraps_model and config_cls.wrap is StrategyConfig.wrap:
+        problems.append("a `wrap(model, bucket_mb, device)` method (it declares wraps_model = True)")
     if not config_cls.variants or not all(isinstance(v, dict) for v in config_cls.variants):
         problems.append(f"`variants`: a non-empty tuple of parameter dicts (got {config_cls.variants!r})")
     elif not problems:

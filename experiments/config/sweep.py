@@ -338,10 +338,10 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     _check_compute(point, config, errors)
     if len(errors) > start:
         return None
-    if config.role == PARAMETERS or getattr(config, "wraps_model", False):
+    if config.role == PARAMETERS or config.wraps_model:
         # neighbour averaging works on parameters, which exist only after the local step: it never overlaps;
         # DistributedDataParallel always does. One run each, whatever the grid says.
-        point["overlap"] = getattr(config, "wraps_model", False)
+        point["overlap"] = config.wraps_model
     if link and link.get("emulation") == "python":  # the default: the same run id with or without it
         link = {k: v for k, v in link.items() if k != "emulation"}
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}

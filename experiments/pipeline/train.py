@@ -65,22 +65,29 @@ def train(ctx, spec, progress=None) -> dict:
     return _work(ctx, spec, config, model, flat, buckets, profile, device, progress)
 
 
+def profile_key(spec, device: str) -> tuple:
+    """What a measured profile depends on: ranks replaying the same key replay the same profile."""
+    return ("profile", spec.workload, spec.batch_size, spec.image_size, spec.num_classes, device)
+
+
 def _profile_for(ctx, spec):
-    """The run's profile: its file, or measured at the start on rank 0 alone (once per actor and workload)
-    and shared with every rank over the control plane (uncounted)."""
+    """The run's profile: its file, else the one the runner measured at the sweep's start and installed on
+    this actor (experiments/pipeline/profiles.py), else measured here on rank 0 alone and shared with every
+    rank over the control plane (uncounted); each rank keeps it for the next runs of its actor."""
     if spec.profile:
         profile = load_profile(spec.profile)
         profile.check_run(spec.workload, spec.batch_size, spec.image_size, spec.num_classes, where=spec.profile)
         return profile
-    measured = None
-    if ctx.rank == 0:
-        key = ("profile", spec.workload, spec.batch_size, spec.image_size, spec.num_classes, ctx.device)
-        if key not in ctx.state:  # other ranks wait in the exchange below: the measurement runs alone
-            ctx.state[key] = measure_profile(spec.workload, spec.batch_size, spec.image_size, ctx.device,
-                                             spec.num_classes, seed=spec.seed, lr=spec.lr, momentum=spec.momentum)
-        measured = ctx.state[key].as_dict()
-    data = ctx.comm.allgather_object(measured)[0] if ctx.comm.world_size > 1 else measured
-    return profile_from_dict(data, where="the profile measured at the start")
+    key = profile_key(spec, ctx.device)
+    if key not in ctx.state:
+        measured = None
+        if ctx.rank == 0:  # the other ranks wait in the exchange below: the measurement runs alone
+            measured = measure_profile(spec.workload, spec.batch_size, spec.image_size, ctx.device,
+                                       spec.num_classes, seed=spec.seed, lr=spec.lr,
+                                       momentum=spec.momentum).as_dict()
+        data = ctx.comm.allgather_object(measured)[0] if ctx.comm.world_size > 1 else measured
+        ctx.state[key] = profile_from_dict(data, where="the profile measured at the start")
+    return ctx.state[key]
 
 
 def _optimizer(spec, params):
@@ -105,7 +112,7 @@ def _work(ctx, spec, config, model, flat, buckets, profile, device, progress) ->
     if profile is not None:  # the timeline replaces the model's arithmetic; gradients from one real pass
         start_loss = _real_gradients(model, flat, data)
         replay = net = ReplayModel(profile, flat.trainable, [g.clone() for g in flat.grad_views], slowdown)
-    wraps = getattr(config, "wraps_model", False) and comm.world_size > 1
+    wraps = config.wraps_model and comm.world_size > 1
     if wraps:  # ddp: torch's DistributedDataParallel averages gradients inside backward, bucket by bucket
         net = config.wrap(net, spec.bucket_mb, device)
     optimizer = None

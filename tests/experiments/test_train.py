@@ -11,10 +11,14 @@ from experiments.config.sweep import RunSpec
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
 from reports import schema
+from strategies.base import PARAMETERS
 from strategies.threads import run_threads
 
-SYNCHRONOUS = ["ring", "halving_doubling", "reduce_broadcast", "all_to_all", "naive_ring", "native",
-               "parameter_server"]
+# Every registered exact strategy that averages gradients or serves them (not neighbour averaging), with each
+# declared variant; a model-wrapping one (ddp) needs torch.distributed ranks: tests/experiments/test_overlap.py.
+SYNCHRONOUS = [(name, params) for name, params in strategies.registry.settings()
+               if strategies.get(name).exact and strategies.get(name).role != PARAMETERS
+               and not strategies.get(name).wraps_model]
 
 
 def train_on_threads(spec: RunSpec):
@@ -27,8 +31,8 @@ def train_on_threads(spec: RunSpec):
     return run_threads(spec.world_size(), body, timeout=60)
 
 
-def spec_for(strategy, workers=3, steps=5, **kw):
-    params = {"servers": 1} if strategy == "parameter_server" else {}
+def spec_for(strategy, workers=3, steps=5, params=None, **kw):
+    params = params if params is not None else ({"servers": 1} if strategy == "parameter_server" else {})
     return RunSpec(workload="tiny", image_size=16, batch_size=8, steps=steps, warmup_steps=1, strategy=strategy,
                    workers=workers, strategy_params=params, **kw)
 
@@ -40,15 +44,16 @@ def final_norms(results, workers):
 def test_synchronous_strategies_end_with_the_same_parameters():
     torch.set_num_threads(1)
     params = {}
-    for name in SYNCHRONOUS:
-        results = train_on_threads(spec_for(name))
+    assert {"ring", "native", "parameter_server", "chain"} <= {name for name, _ in SYNCHRONOUS}
+    for name, variant in SYNCHRONOUS:
+        results = train_on_threads(spec_for(name, params=variant))
         for r in results[1:3]:  # every worker holds the same parameters
             assert torch.allclose(r["params"], results[0]["params"], atol=1e-5, rtol=0), name
-        params[name] = results[0]["params"]
-    reference = params["native"]
-    for name, p in params.items():
+        params[(name, str(variant))] = results[0]["params"]
+    reference = params[("native", "{}")]
+    for key, p in params.items():
         diff = float((p - reference).abs().max())
-        assert diff <= 1e-5, (name, diff)
+        assert diff <= 1e-5, (key, diff)
     # and training moved the parameters: a run of 1 step ends elsewhere
     one_step = train_on_threads(spec_for("ring", steps=1))[0]["params"]
     assert float((one_step - reference).abs().max()) > 1e-3
