@@ -62,6 +62,16 @@ RUNS: tuple[Column, ...] = (
     Column("profile_step_s", "float", "the profile's own step time in seconds"),
     Column("bucket_mb", "float", "gradient bucket size in MB (NaN: one flat bucket)"),
     Column("overlap", "bool", "buckets synchronized while backward runs"),
+    # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
+    Column("sim_platform", "str", "the simulated platform, for display"),
+    Column("sim_topology", "str", "star, fat_tree or nodes (of k GPUs)"),
+    Column("sim_network_model", "str", "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
+    Column("sim_nic", "str", "'shared' (concurrent sends share a NIC) or 'fifo' (one at a time, as the emulation)"),
+    Column("sim_oversubscription", "float", "fat tree: leaf uplink oversubscription (NaN elsewhere)"),
+    Column("sim_gpus_per_node", "int", "nodes topology: GPUs per node (0 elsewhere)"),
+    Column("compute_source", "str", "where a simulation's compute times came from (a profile id, or 'fixed')"),
+    Column("sim_wall_s", "float", "wall time the simulation took, seconds"),
+    Column("model_comm_s", "float", "the alpha-beta model's communication time for the same step, seconds"),
     # where and how it ran
     Column("status", "str", "'ok' or 'failed'"),
     Column("error", "str", "why it failed ('' when ok)"),
