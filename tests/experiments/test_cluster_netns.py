@@ -233,3 +233,17 @@ def test_down_leaves_no_namespace_bridge_process_or_port(cluster):
     assert not Path(c.temp_dir).exists() and netns.Cluster.load(c.name) is None
     assert netns.down(c.name, log=lambda *_: None) is False  # nothing left to remove
 
+
+
+def test_down_after_up_crashed_halfway_removes_what_exists(tmp_path, monkeypatch):
+    """`up` writes its state file before it creates anything: a crash after the network (before Ray) is undone."""
+    monkeypatch.setenv("SYNCBENCH_CLUSTER_DIR", str(tmp_path))
+    crashed = netns.plan(f"c{os.getpid() % 100000}", [netns.Link(125e6)] * 2)
+    crashed.save()
+    netns._make_network(crashed)  # and here `up` dies: no Ray, no processes
+    assert all(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
+    assert netns.down(crashed.name, log=lambda *_: None)
+    assert not any(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert crashed.bridge not in links and not Path(crashed.temp_dir).exists()
+    assert netns.Cluster.load(crashed.name) is None
