@@ -27,6 +27,7 @@ from experiments.cluster.group import GroupError, WorkerGroup
 from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
 from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 from experiments.config.sweep import RunSpec, Sweep
+from experiments.pipeline.profiles import install_profile
 from experiments.pipeline.store import Store, StoreError
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
@@ -77,6 +78,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
             raise
     previous = _stop_on_signals()
     group: WorkerGroup | None = None
+    measured_profiles: dict = {}  # compute = "profile" without a file: measured once per sweep
     started = time.perf_counter()
     try:
         for spec in todo:  # every kernel-emulated run placeable on the cluster's shaped nodes, or no run starts
@@ -103,6 +105,10 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                         store.append(run_row, [])
                     print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
                     continue
+            try:
+                install_profile(group, spec, measured_profiles, store)
+            except GroupError as e:
+                print(f"           -> profile measurement failed: {str(e)[:300]}", file=log, flush=True)
             run_row, step_rows = _run_one(group, spec, train_fn, log)
             with _signals_held():
                 store.append(run_row, step_rows)

@@ -4,6 +4,7 @@ Thread ranks where the check is about arithmetic (fast); Ray actors over gloo wh
 torch.distributed (ddp) or honest timing (the timeline prediction).
 """
 
+import io
 import json
 import math
 from types import SimpleNamespace
@@ -213,3 +214,18 @@ def test_profile_mode_four_workers_follow_the_timeline_prediction(ray_session, t
                         failures.append(f"{name} overlap={overlap}: measured {row['step_time_s']:.3f} s, "
                                         f"predicted {predicted.step_s:.3f} s (x{ratio:.2f})")
     assert not failures, failures
+
+
+@pytest.mark.ray
+def test_a_sweep_measures_its_profile_once_and_saves_it(ray_session, tmp_path):
+    from experiments.pipeline.runner import run_sweep
+
+    sweep = parse({"name": "p", "defaults": {"workload": "tiny", "image_size": 16, "batch_size": 8, "steps": 3,
+                                             "warmup_steps": 1, "compute": "profile", "bucket_mb": 0.01},
+                   "grid": {"strategy": ["ring", "halving_doubling"], "workers": [1, 2], "overlap": [True]}})
+    runs = run_sweep(sweep, tmp_path, log=io.StringIO())
+    assert (runs["status"] == "ok").all() and (runs["compute"] == "profile").all()
+    ids = set(runs["profile_id"])
+    assert len(ids) == 1  # one measurement for the whole sweep, whatever the group
+    (profile_id,) = ids
+    assert (tmp_path / f"profile-{profile_id}.json").is_file()
