@@ -43,6 +43,9 @@ INSTALL_HINT = ("install SimGrid's Python bindings: as root on Debian/Ubuntu `ap
                 "package that needs a long C++ build")
 
 
+NIC_MODES = ("shared", "fifo")
+
+
 class SimGridMissing(ImportError):
     """SimGrid's Python module is not installed where syncbench looks for it."""
 
@@ -131,12 +134,69 @@ class _Receive:
         return None
 
 
-class Cluster:
-    """The state the ranks of one simulation share: actors, mailboxes, the control-plane board."""
+class _Queued:
+    """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
-    def __init__(self, sg, world_size: int):
+    __slots__ = ("nic", "box", "message", "nbytes", "done")
+
+    def __init__(self, nic, box, message, nbytes):
+        self.nic, self.box, self.message, self.nbytes, self.done = nic, box, message, nbytes, False
+
+    def wait(self, timeout):
+        while not self.done:  # each delivery releases once; a release meant for another send just loops
+            self.nic.delivered.acquire()
+
+
+class _Nic:
+    """fifo mode: one actor per rank sends its messages one at a time, in the order they were posted."""
+
+    def __init__(self, sg, host, rank: int):
+        from collections import deque
+
+        self.queue: deque[_Queued] = deque()
+        self.posted = sg.Semaphore(0)
+        self.delivered = sg.Semaphore(0)
+        self.closed = False
+        sg.Actor.create(f"nic{rank}", host, self._run)
+
+    def post(self, item: _Queued) -> None:
+        self.queue.append(item)
+        self.posted.release()
+
+    def close(self) -> None:
+        self.closed = True
+        self.posted.release()
+
+    def _run(self):
+        try:
+            while True:
+                self.posted.acquire()
+                if not self.queue:  # closed, nothing left to send
+                    return
+                item = self.queue.popleft()
+                item.box.put(item.message, item.nbytes)
+                item.done = True
+                self.delivered.release()
+        except Exception as e:  # noqa: BLE001 - SimGrid ends a deadlocked simulation's actors this way
+            if type(e).__name__ != "ActorKilled":
+                raise
+
+
+class Cluster:
+    """The state the ranks of one simulation share: actors, mailboxes, the control-plane board.
+
+    nic = "shared": a rank's concurrent sends share its NIC as TCP flows do (SimGrid's max-min sharing).
+    nic = "fifo": they leave one at a time in posting order, each at the full rate, as the link emulation
+    (strategies/link.py) books them; one more actor per rank and about twice the SimGrid calls per message.
+    """
+
+    def __init__(self, sg, world_size: int, nic: str = "shared"):
+        if nic not in NIC_MODES:
+            raise ValueError(f"nic = {nic!r}: accepted are {', '.join(NIC_MODES)}")
         self.sg = sg
         self.world_size = world_size
+        self.nic = nic
+        self.nics: list[_Nic | None] = [None] * world_size
         self.actors: list = [None] * world_size
         self.boxes: dict[tuple[int, int], object] = {}
         self.board: list = [None] * world_size
@@ -171,7 +231,15 @@ class SimGridCommunicator(Communicator):
 
     def _raw_isend(self, tensor, dst, stamp):
         nbytes = tensor.numel() * tensor.element_size()
-        return _Sent(self.cluster.box(self.rank, dst).put_async(_Message(tensor), nbytes))
+        box = self.cluster.box(self.rank, dst)
+        if self.cluster.nic == "fifo":
+            nic = self.cluster.nics[self.rank]
+            if nic is None:
+                nic = self.cluster.nics[self.rank] = _Nic(self.sg, self.sg.this_actor.get_host(), self.rank)
+            item = _Queued(nic, box, _Message(tensor), nbytes)
+            nic.post(item)
+            return item
+        return _Sent(box.put_async(_Message(tensor), nbytes))
 
     def _raw_irecv(self, tensor, src, stamped):
         return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor)
@@ -197,11 +265,12 @@ class SimGridCommunicator(Communicator):
 
 
 def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], build_platform,
-                config: tuple[str, ...] = (), hosts: list[str] | None = None) -> list:
+                config: tuple[str, ...] = (), nic: str = "shared") -> list:
     """Simulate fn(comm) on world_size ranks; return each rank's result, or raise the first error.
 
     build_platform(sg) creates the platform (zones, hosts, links) in the fresh engine and returns the host of
-    each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). Once per process.
+    each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). `nic`: "shared" or
+    "fifo" (see Cluster). Once per process.
     """
     sg = load_simgrid()
     if getattr(sg, "_syncbench_engine_used", False):
@@ -214,7 +283,7 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
     hosts = build_platform(sg)
     if len(hosts) != world_size:
         raise ValueError(f"run_simgrid: the platform has {len(hosts)} hosts for {world_size} ranks")
-    cluster = Cluster(sg, world_size)
+    cluster = Cluster(sg, world_size, nic)
     results: list = [None] * world_size
     errors: list = [None] * world_size
     finished = [False] * world_size
@@ -229,6 +298,9 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
                 return  # SimGrid ends the actors of a deadlocked simulation this way: reported below
             errors[rank] = e
             finished[rank] = True
+        finally:
+            if cluster.nics[rank] is not None:
+                cluster.nics[rank].close()
 
     for rank in range(world_size):
         cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)

@@ -8,6 +8,7 @@ adds the platform and the compute timeline; a list value is one more grid axis:
     topology = ["star", "fat_tree"]     # star | fat_tree | nodes
     oversubscription = 4                # fat_tree: 4 = 4:1 (hosts_per_leaf = 16 by default)
     network_model = "tcp"               # tcp (SimGrid's default corrections) | alpha_beta (corrections off)
+    nic = "shared"                      # shared (concurrent sends share the NIC, as TCP) | fifo (one at a time)
     profile = "experiments/config/profiles/resnet50-b8-s224-cpu.json"   # or forward_s/backward_s/optimizer_s
     bucket_mb = 25                      # DDP-style buckets (leave out: one flat bucket)
     overlap = true                      # sync each bucket as soon as it is ready, while backward goes on
@@ -39,7 +40,7 @@ from experiments.pipeline.summary import summarize
 from experiments.simulate.platform import Platform
 from experiments.simulate.run import Compute, SimSpec, check_simulable, simulate_in_child
 
-PLATFORM_KEYS = ("topology", "network_model", "hosts_per_leaf", "oversubscription", "gpus_per_node",
+PLATFORM_KEYS = ("topology", "network_model", "nic", "hosts_per_leaf", "oversubscription", "gpus_per_node",
                  "intra_bandwidth", "intra_latency")
 COMPUTE_KEYS = ("profile", "forward_s", "backward_s", "optimizer_s")
 RUN_KEYS = ("bucket_mb", "overlap")
@@ -157,8 +158,8 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
     traffic = _traffic(config, spec.workers, sim)
     link = plat.bandwidth
     row.update({"run_id": rid, "substrate": "simgrid", "sim_platform": plat.label(), "sim_topology": plat.topology,
-                "sim_network_model": plat.network_model, "sim_oversubscription": float(plat.oversubscription)
-                if plat.topology == "fat_tree" else math.nan,
+                "sim_network_model": plat.network_model, "sim_nic": plat.nic,
+                "sim_oversubscription": float(plat.oversubscription) if plat.topology == "fat_tree" else math.nan,
                 "sim_gpus_per_node": plat.gpus_per_node if plat.topology == "nodes" else 0,
                 "compute_source": sim.compute.source, "bucket_mb": sim.bucket_mb if sim.bucket_mb else math.nan,
                 "overlap": sim.overlap, "sim_wall_s": wall, "cores_oversubscribed": False,

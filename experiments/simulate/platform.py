@@ -9,6 +9,8 @@ Every rank is a host with its own NIC: a split-duplex link (send and receive eac
   `intra_latency`, NVLink-like) and reaching other nodes through the node's NIC (`bandwidth`, `latency`),
   all nodes on one non-blocking switch.
 One message pays its route's latency once: a route's links split the configured `latency` between them.
+A rank's concurrent sends share its NIC as TCP flows do (nic = "shared", SimGrid's max-min sharing), or leave
+one at a time in posting order (nic = "fifo": what the link emulation does, strategies/link.py).
 
 Network models (SimGrid's, stated on every result row):
 - "tcp" (SimGrid's default LV08): max-min sharing with TCP corrections: 97% goodput (bandwidth-factor 0.97),
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from strategies.link import BANDWIDTH_HELP, LATENCY_HELP, parse_bandwidth, parse_latency
 
 TOPOLOGIES = ("star", "fat_tree", "nodes")
+NIC_MODES = ("shared", "fifo")  # as strategies.simgrid.NIC_MODES (imported there with SimGrid, not here)
 NETWORK_MODELS = {
     "tcp": ("network/model:LV08",),
     "alpha_beta": ("network/model:CM02", "network/crosstraffic:0", "network/TCP-gamma:0",
@@ -43,6 +46,7 @@ class Platform:
     bandwidth: float = 125e6
     latency: float = 50e-6
     network_model: str = "tcp"
+    nic: str = "shared"
     hosts_per_leaf: int = 16
     oversubscription: float = 1.0
     gpus_per_node: int = 8
@@ -55,6 +59,9 @@ class Platform:
             problems.append(f"topology = {self.topology!r}: accepted are {', '.join(TOPOLOGIES)}")
         if self.network_model not in NETWORK_MODELS:
             problems.append(f"network_model = {self.network_model!r}: accepted are {NETWORK_MODEL_HELP}")
+        if self.nic not in NIC_MODES:
+            problems.append(f"nic = {self.nic!r}: accepted are 'shared' (a rank's concurrent sends share its NIC, as "
+                            f"TCP flows do) or 'fifo' (they leave one at a time, as the link emulation books them)")
         for key in ("hosts_per_leaf", "gpus_per_node"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -137,7 +137,8 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
         return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": compute.numel,
                                          "consensus_distance": math.nan}}
 
-    return run_simgrid(world, rank_main, lambda sg: sim.platform.build(sg, world), sim.platform.config)
+    return run_simgrid(world, rank_main, lambda sg: sim.platform.build(sg, world), sim.platform.config,
+                       sim.platform.nic)
 
 
 def _busy(compute: Compute, role: str) -> float:
