@@ -44,11 +44,13 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) ->
             start = time.perf_counter()
             results, error, wall = simulate_in_child(spec, sim)
             total = time.perf_counter() - start
-            step = max((r["steps"][0]["compute_s"] + r["steps"][0]["comm_s"] for r in results
-                        if r["steps"][0]["role"] == "worker"), default=float("nan")) if results else float("nan")
+            workers = [r["steps"][0] for r in results or [] if r["steps"][0]["role"] == "worker"]
+            step = max((w["compute_s"] + w["comm_s"] for w in workers), default=float("nan"))
+            sync = max((w["sync_s"] for w in workers), default=float("nan"))
+            model = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
             rows.append({"strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
                          "ranks": config.world_size(n), "messages": messages, "wall_s": wall, "total_s": total,
-                         "sim_step_s": step, "error": error})
+                         "sim_step_s": step, "sim_sync_s": sync, "model_sync_s": model, "error": error})
             print(f"        -> {wall:.1f} s" + (f"  FAILED: {error}" if error else ""), file=log, flush=True)
     return rows
 
@@ -59,13 +61,16 @@ def format_bench(rows: list[dict]) -> str:
 
     lines = [f"# syncbench simulate --bench: one ResNet-50 step ({PROFILE.name}), star of {LINK['bandwidth']} / "
              f"{LINK['latency']} NICs, SimGrid {_simgrid_version()} default TCP model",
-             f"# host {platform.node()}, {os.cpu_count()} cores; wall s = the simulation, total s = with the "
-             f"process start; sim step s = the simulated step",
+             f"# host {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+             f"wall s = the simulation, total s = with the process start",
+             "# sim step s = the simulated step (compute + exposed sync), sim sync s = the simulated gradient sync, "
+             "alpha-beta s = rounds x latency + path bytes / bandwidth",
              f"{'strategy':>28s} {'workers':>7s} {'ranks':>6s} {'messages':>10s} {'wall s':>8s} {'total s':>8s} "
-             f"{'sim step s':>10s}"]
+             f"{'sim step s':>10s} {'sim sync s':>10s} {'alpha-beta s':>12s}"]
     for r in rows:
         lines.append(f"{r['strategy']:>28s} {r['workers']:7d} {r['ranks']:6d} {r['messages']:10,d} {r['wall_s']:8.1f} "
-                     f"{r['total_s']:8.1f} {r['sim_step_s']:10.3f}" + (f"  FAILED: {r['error']}" if r["error"] else ""))
+                     f"{r['total_s']:8.1f} {r['sim_step_s']:10.3f} {r['sim_sync_s']:10.3f} {r['model_sync_s']:12.3f}"
+                     + (f"  FAILED: {r['error']}" if r["error"] else ""))
     return "\n".join(lines)
 
 
