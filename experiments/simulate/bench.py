@@ -46,7 +46,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) ->
             total = time.perf_counter() - start
             workers = [r["steps"][0] for r in results or [] if r["steps"][0]["role"] == "worker"]
             step = max((w["compute_s"] + w["comm_s"] for w in workers), default=float("nan"))
-            sync = max((w["sync_s"] for w in workers), default=float("nan"))
+            sync = max((w["comm_busy_s"] for w in workers), default=float("nan"))
             model = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
             rows.append({"strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
                          "ranks": config.world_size(n), "messages": messages, "wall_s": wall, "total_s": total,

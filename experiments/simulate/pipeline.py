@@ -162,7 +162,12 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
                 "sim_oversubscription": float(plat.oversubscription) if plat.topology == "fat_tree" else math.nan,
                 "sim_gpus_per_node": plat.gpus_per_node if plat.topology == "nodes" else 0,
                 "compute_source": sim.compute.source, "bucket_mb": sim.bucket_mb if sim.bucket_mb else math.nan,
-                "overlap": sim.overlap, "sim_wall_s": wall, "cores_oversubscribed": False,
+                "overlap": sim.overlap, "sim_wall_s": wall, "cores_oversubscribed": False, "gpu_shared": False,
+                "link_emulation": "", "compute": "profile" if sim.compute.profile_id else "fixed",
+                "profile_id": sim.compute.profile_id, "profile_device": sim.compute.profile_device,
+                "profile_step_s": (sim.compute.forward_s + sim.compute.backward_s + sim.compute.optimizer_s
+                                   if sim.compute.profile_id else math.nan),
+                "buckets": float(len(traffic["sizes"])),
                 "model_comm_s": traffic["rounds"] * plat.latency + traffic["path_bytes"] / link})
     if results is None:
         return row, []
@@ -185,6 +190,11 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
         "compute_s": float(slowest["compute_s"].mean()),
         "comm_s": float(slowest["comm_s"].mean()),
         "comm_fraction": float(slowest["comm_s"].sum() / step_time.sum()),
+        "backward_end_s": float(slowest["backward_end_s"].mean()),
+        "exposed_comm_s": float(slowest["comm_s"].mean()),
+        "comm_busy_s": float(slowest["comm_busy_s"].mean()),
+        "overlap_fraction": (float(1 - slowest["comm_s"].sum() / slowest["comm_busy_s"].sum())
+                             if slowest["comm_busy_s"].sum() > 0 else math.nan),
         "bytes_sent_per_worker": float(workers["bytes_sent"].mean()),
         "bytes_recv_per_worker": float(workers["bytes_recv"].mean()),
         "bytes_sent_per_server": float(servers["bytes_sent"].mean()) if len(servers) else math.nan,
@@ -214,7 +224,7 @@ def _traffic(config, workers: int, sim: SimSpec) -> dict:
         ranks = per if ranks is None else [(a[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(ranks, per)]
         rounds += t.rounds
         path += t.path_bytes
-    return {"ranks": ranks, "rounds": rounds, "path_bytes": path}
+    return {"ranks": ranks, "rounds": rounds, "path_bytes": path, "sizes": sizes}
 
 
 def _bytes_mismatch(steps: pd.DataFrame, analytic: list[tuple[str, int, int]]) -> str:

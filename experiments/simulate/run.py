@@ -41,6 +41,8 @@ class Compute:
     numels: tuple[int, ...]
     ready_s: tuple[float, ...]
     source: str
+    profile_id: str = ""
+    profile_device: str = ""
 
     @property
     def numel(self) -> int:
@@ -49,7 +51,8 @@ class Compute:
     @classmethod
     def from_profile(cls, profile) -> Compute:
         return cls(profile.forward_s, profile.backward_s, profile.optimizer_s, tuple(profile.numels),
-                   tuple(profile.ready_s), f"profile {profile.id} ({profile.device_name})")
+                   tuple(profile.ready_s), f"profile {profile.id} ({profile.device_name})", profile.id,
+                   profile.device)
 
     @classmethod
     def fixed(cls, forward_s: float, backward_s: float, optimizer_s: float, numels: tuple[int, ...]) -> Compute:
@@ -127,10 +130,11 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
                     comm.compute(compute.optimizer_s)
             counters = comm.counters()
             # compute_s is the timeline's compute; comm_s the exposed communication (the rest of the step):
-            # with overlap, what hides under backward is not counted. sync_s: time inside the strategy's sync.
+            # with overlap, what hides under backward is not counted. comm_busy_s: time inside the syncs.
             busy = _busy(compute, config.role)
             rows.append({"step": step, "rank": comm.rank, "role": "worker", "timed": step >= spec.warmup_steps,
-                         "compute_s": busy, "comm_s": comm.now() - start - busy, "sync_s": sync_s,
+                         "compute_s": busy, "comm_s": comm.now() - start - busy, "comm_busy_s": sync_s,
+                         "backward_end_s": compute.forward_s + compute.backward_s,
                          "bytes_sent": counters.bytes_sent, "bytes_recv": counters.bytes_recv,
                          "loss": math.nan, "samples": spec.batch_size, "consensus_distance": math.nan,
                          "wall_s": comm.now()})
@@ -164,7 +168,8 @@ def _serve(comm, runtimes, spec: RunSpec, compute: Compute, buckets) -> dict:
             runtime.serve(bucket.numel, torch.float32, "mean", update, device="meta")
         counters = comm.counters()
         rows.append({"step": step, "rank": comm.rank, "role": "server", "timed": step >= spec.warmup_steps,
-                     "compute_s": busy[0], "comm_s": comm.now() - start - busy[0], "sync_s": comm.now() - start,
+                     "compute_s": busy[0], "comm_s": comm.now() - start - busy[0],
+                     "comm_busy_s": comm.now() - start, "backward_end_s": math.nan,
                      "bytes_sent": counters.bytes_sent, "bytes_recv": counters.bytes_recv, "loss": math.nan,
                      "samples": 0, "consensus_distance": math.nan, "wall_s": comm.now()})
     return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": compute.numel,
