@@ -43,7 +43,7 @@ INSTALL_HINT = ("install SimGrid's Python bindings: as root on Debian/Ubuntu `ap
                 "package that needs a long C++ build")
 
 
-NIC_MODES = ("shared", "fifo")
+NIC_MODES = ("shared", "fifo", "buffered")
 
 
 class SimGridMissing(ImportError):
@@ -137,10 +137,11 @@ class _Receive:
 class _Queued:
     """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
-    __slots__ = ("nic", "box", "message", "nbytes", "done")
+    __slots__ = ("nic", "box", "message", "nbytes", "done", "via")
 
-    def __init__(self, nic, box, message, nbytes):
+    def __init__(self, nic, box, message, nbytes, via=None):
         self.nic, self.box, self.message, self.nbytes, self.done = nic, box, message, nbytes, False
+        self.via = via  # buffered mode: `box` is the receiver's switch port (a _Port), `via` the pair's mailbox
 
     def wait(self, timeout):
         while not self.done:  # each delivery releases once; a release meant for another send just loops
@@ -157,6 +158,7 @@ class _Nic:
         self.posted = sg.Semaphore(0)
         self.delivered = sg.Semaphore(0)
         self.closed = False
+        self.sg, self.host = sg, host
         sg.Actor.create(f"nic{rank}", host, self._run)
 
     def post(self, item: _Queued) -> None:
@@ -174,10 +176,44 @@ class _Nic:
                 if not self.queue:  # closed, nothing left to send
                     return
                 item = self.queue.popleft()
-                item.box.put(item.message, item.nbytes)
+                if item.via is None:
+                    item.box.put(item.message, item.nbytes)
+                else:  # buffered: the port starts draining now (cut-through) while this NIC sends up to it
+                    item.box.post((item.via, item.message, item.nbytes))
+                    self.sg.Comm.sendto(self.host, item.box.host, item.nbytes)
                 item.done = True
                 self.delivered.release()
         except Exception as e:  # noqa: BLE001 - SimGrid ends a deadlocked simulation's actors this way
+            if type(e).__name__ != "ActorKilled":
+                raise
+
+
+class _Port:
+    """buffered mode: the switch port in front of a rank. A message starts down to the rank as soon as its
+    sender starts sending it up (cut-through), one message at a time in the order they started: the downlink
+    cannot finish before the uplink (same rate, later start), the sender is never slowed by a busy receiver
+    (the switch buffers), as the link emulation books a receive (strategies/link.py, LinkClock.receive)."""
+
+    def __init__(self, sg, port_host, rank: int):
+        from collections import deque
+
+        self.host = port_host
+        self.queue: deque = deque()
+        self.posted = sg.Semaphore(0)
+        actor = sg.Actor.create(f"port{rank}", port_host, self._run)
+        actor.daemonize()  # ends with the simulation's last rank
+
+    def post(self, item) -> None:
+        self.queue.append(item)
+        self.posted.release()
+
+    def _run(self):
+        try:
+            while True:
+                self.posted.acquire()
+                pair_box, message, nbytes = self.queue.popleft()
+                pair_box.put(message, nbytes)
+        except Exception as e:  # noqa: BLE001 - SimGrid ends the daemon this way
             if type(e).__name__ != "ActorKilled":
                 raise
 
@@ -186,8 +222,12 @@ class Cluster:
     """The state the ranks of one simulation share: actors, mailboxes, the control-plane board.
 
     nic = "shared": a rank's concurrent sends share its NIC as TCP flows do (SimGrid's max-min sharing).
-    nic = "fifo": they leave one at a time in posting order, each at the full rate, as the link emulation
-    (strategies/link.py) books them; one more actor per rank and about twice the SimGrid calls per message.
+    nic = "fifo": they leave one at a time in posting order, each at the full rate; one more actor per rank
+    and about twice the SimGrid calls per message.
+    nic = "buffered": as fifo on the sender's uplink into a switch that buffers; each receiver's downlink
+    takes one message at a time, in the order they started (see _Port): the link emulation's model
+    (strategies/link.py books each NIC's transmit and receive sides separately). Star platforms only; two
+    more actors per rank.
     """
 
     def __init__(self, sg, world_size: int, nic: str = "shared"):
@@ -197,6 +237,7 @@ class Cluster:
         self.world_size = world_size
         self.nic = nic
         self.nics: list[_Nic | None] = [None] * world_size
+        self.ports: list[_Port] = []
         self.actors: list = [None] * world_size
         self.boxes: dict[tuple[int, int], object] = {}
         self.board: list = [None] * world_size
@@ -232,11 +273,14 @@ class SimGridCommunicator(Communicator):
     def _raw_isend(self, tensor, dst, stamp):
         nbytes = tensor.numel() * tensor.element_size()
         box = self.cluster.box(self.rank, dst)
-        if self.cluster.nic == "fifo":
+        if self.cluster.nic in ("fifo", "buffered"):
             nic = self.cluster.nics[self.rank]
             if nic is None:
                 nic = self.cluster.nics[self.rank] = _Nic(self.sg, self.sg.this_actor.get_host(), self.rank)
-            item = _Queued(nic, box, _Message(tensor), nbytes)
+            if self.cluster.nic == "buffered":
+                item = _Queued(nic, self.cluster.ports[dst], _Message(tensor), nbytes, via=box)
+            else:
+                item = _Queued(nic, box, _Message(tensor), nbytes)
             nic.post(item)
             return item
         return _Sent(box.put_async(_Message(tensor), nbytes))
@@ -269,8 +313,8 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
     """Simulate fn(comm) on world_size ranks; return each rank's result, or raise the first error.
 
     build_platform(sg) creates the platform (zones, hosts, links) in the fresh engine and returns the host of
-    each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). `nic`: "shared" or
-    "fifo" (see Cluster). Once per process.
+    each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). `nic`: "shared",
+    "fifo" or "buffered" (see Cluster). Once per process.
     """
     sg = load_simgrid()
     if getattr(sg, "_syncbench_engine_used", False):
@@ -304,6 +348,12 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
 
     for rank in range(world_size):
         cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)
+    if nic == "buffered":
+        ports = [sg.Host.by_name(f"port{rank}") for rank in range(world_size)]
+        if any(p is None for p in ports):
+            raise ValueError("nic = 'buffered' needs a platform with a switch port host 'port<rank>' per rank "
+                             "(the star platform builds them)")
+        cluster.ports = [_Port(sg, ports[rank], rank) for rank in range(world_size)]
     with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
         engine.run()
     first = next((e for e in errors if e is not None), None)

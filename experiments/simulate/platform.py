@@ -10,7 +10,8 @@ Every rank is a host with its own NIC: a split-duplex link (send and receive eac
   all nodes on one non-blocking switch.
 One message pays its route's latency once: a route's links split the configured `latency` between them.
 A rank's concurrent sends share its NIC as TCP flows do (nic = "shared", SimGrid's max-min sharing), or leave
-one at a time in posting order (nic = "fifo": what the link emulation does, strategies/link.py).
+one at a time in posting order (nic = "fifo"), or, on the star, one at a time into a switch that buffers them
+and drains each receiver's port one message at a time (nic = "buffered": the link emulation's model).
 
 Network models (SimGrid's, stated on every result row):
 - "tcp" (SimGrid's default LV08): max-min sharing with TCP corrections: 97% goodput (bandwidth-factor 0.97),
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from strategies.link import BANDWIDTH_HELP, LATENCY_HELP, parse_bandwidth, parse_latency
 
 TOPOLOGIES = ("star", "fat_tree", "nodes")
-NIC_MODES = ("shared", "fifo")  # as strategies.simgrid.NIC_MODES (imported there with SimGrid, not here)
+NIC_MODES = ("shared", "fifo", "buffered")  # as strategies.simgrid.NIC_MODES (imported there with SimGrid, not here)
 NETWORK_MODELS = {
     "tcp": ("network/model:LV08",),
     "alpha_beta": ("network/model:CM02", "network/crosstraffic:0", "network/TCP-gamma:0",
@@ -61,7 +62,10 @@ class Platform:
             problems.append(f"network_model = {self.network_model!r}: accepted are {NETWORK_MODEL_HELP}")
         if self.nic not in NIC_MODES:
             problems.append(f"nic = {self.nic!r}: accepted are 'shared' (a rank's concurrent sends share its NIC, as "
-                            f"TCP flows do) or 'fifo' (they leave one at a time, as the link emulation books them)")
+                            f"TCP flows do), 'fifo' (they leave one at a time) or 'buffered' (one at a time into a "
+                            f"buffering switch, drained one at a time per receiver: the link emulation's model)")
+        if self.nic == "buffered" and self.topology != "star":
+            problems.append(f"nic = 'buffered' is modelled on the star only, not on topology = {self.topology!r}")
         for key in ("hosts_per_leaf", "gpus_per_node"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -124,6 +128,10 @@ class Platform:
                 nic = root.create_split_duplex_link(f"nic{rank}", self.bandwidth).set_latency(self.latency / 2).seal()
                 root.add_route(host.netpoint, None, None, None, [sg.LinkInRoute(nic, up)], True)
                 hosts.append(host)
+            if self.nic == "buffered":  # the switch's port in front of each rank: a host with no link of its own
+                for rank in range(ranks):
+                    port = root.create_host(f"port{rank}", _HOST_SPEED).seal()
+                    root.add_route(port.netpoint, None, None, None, [], True)
             root.seal()
             return hosts
         if self.topology == "fat_tree":  # host NIC to leaf, then the leaf's aggregated uplink to the spine

@@ -86,13 +86,14 @@ def _emulated_sync_s(strategy: str, workers: int, numel: int, network: Network, 
 
 @pytest.mark.parametrize("workers", [4, 8])
 def test_simulated_sync_matches_the_python_emulation(workers):
-    """Star platform, SimGrid's corrections off, sends leaving each NIC one at a time (nic = "fifo", as the
-    emulation books them): every strategy's simulated sync of one 1 MB array within 10% of the same sync
-    measured over the python link emulation (thread ranks, 100 Mbit/s, 50 us NICs: slow enough that the
-    copies and reductions the emulation also does stay a few percent of the time)."""
+    """Star platform, SimGrid's corrections off, the emulation's NIC model (nic = "buffered": a rank's sends
+    leave one at a time into a buffering switch, each receiver's port drains one at a time): every strategy's
+    simulated sync of one 1 MB array within 10% of the same sync measured over the python link emulation
+    (thread ranks, 100 Mbit/s, 50 us NICs: slow enough that the copies and reductions the emulation also does
+    stay a few percent of the time)."""
     network = Network.from_spec({"bandwidth": "100Mbit", "latency": "50us"})
     platform = Platform.parse({"bandwidth": "100Mbit", "latency": "50us", "network_model": "alpha_beta",
-                               "nic": "fifo"})
+                               "nic": "buffered"})
     numel = 250_000
     for strategy in SIMULABLE:
         measured = _emulated_sync_s(strategy, workers, numel, network)
