@@ -60,7 +60,7 @@ def _child_call(fn, world: int, platform: Platform) -> list:
     return result
 
 
-def _emulated_sync_s(strategy: str, workers: int, numel: int, network: Network, repeats: int = 2) -> float:
+def _emulated_sync_s(strategy: str, workers: int, numel: int, network: Network, repeats: int = 3) -> float:
     """The python link emulation, measured: thread ranks, emulated NICs; the slowest rank's time, the best of
     `repeats` (delays from other processes only ever add time)."""
     config = strategies.make(strategy)
