@@ -38,6 +38,11 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
         raise ValueError(f"{str(path)!r} has no runs: nothing to report")
     runs = conform(runs, RUNS)
     runs["label"] = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
+    # runs with and without overlap (or with other bucket sizes) are different configurations, never averaged
+    if runs["bucket_mb"].nunique(dropna=False) > 1:
+        runs["label"] += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")
+    if runs["overlap"].nunique() > 1:
+        runs["label"] += runs["overlap"].map(lambda on: " +overlap" if on else "")
     runs["distorted"] = runs["cores_oversubscribed"] | runs["gpu_shared"]
     runs["ok"] = runs["status"] == "ok"
     return runs
@@ -363,3 +368,33 @@ def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
     df["distorted"] = np.where(runs["cores_oversubscribed"], "cores",
                                np.where(runs["gpu_shared"], "GPU shared", ""))
     return df.rename(columns=RUN_COLUMNS)
+
+
+# ---- overlap --------------------------------------------------------------------------------------------------
+
+def overlap_frame(ok: pd.DataFrame, target: float = 0.9) -> pd.DataFrame:
+    """Exposed vs hidden communication per multi-worker configuration, P = Ts / (Ts + exposed), and the NIC
+    bandwidth for efficiency `target` without overlap and with the overlap measured.
+
+    Without overlap all communication is exposed: S = path_bytes / ((1-P)/P x Ts). With overlap the hidden
+    seconds (busy - exposed, communication that ran behind backward) add to that budget:
+    S = path_bytes / ((1-P)/P x Ts + hidden). Runs whose backend hides its bytes (ddp) have no busy time.
+    """
+    multi = ok[(ok["workers"] > 1)]
+    if multi.empty or "exposed_comm_s" not in multi:
+        return pd.DataFrame()
+    multi = multi.assign(buckets_of=multi["bucket_mb"].map(lambda mb: "flat" if mb != mb else f"{mb:g}"))
+    agg = mean_per_config(multi, ["workload", "link", "workers", "label", "compute", "overlap", "buckets_of"])
+    budget = (1 - target) / target * agg["compute_s"]
+    hidden = (agg["comm_busy_s"] - agg["exposed_comm_s"]).clip(lower=0)
+    path = agg["analytic_path_bytes"]
+    out = pd.DataFrame({
+        "workload": agg["workload"], "link": agg["link"], "workers": agg["workers"], "strategy": agg["label"],
+        "compute": agg["compute"], "bucket MiB": agg["buckets_of"], "step s": agg["step_time_s"],
+        "Ts s": agg["compute_s"], "exposed s": agg["exposed_comm_s"], "busy s": agg["comm_busy_s"],
+        "hidden s": hidden, "overlap fraction": agg["overlap_fraction"],
+        "P": agg["compute_s"] / (agg["compute_s"] + agg["exposed_comm_s"]),
+        f"S for P={target:g}, no overlap MB/s": path / budget / 1e6,
+        f"S for P={target:g}, measured overlap MB/s": path / (budget + hidden.fillna(0)) / 1e6,
+    })
+    return out.sort_values(["workload", "link", "workers", "strategy"]).reset_index(drop=True)

@@ -80,8 +80,9 @@ def test_every_section_present_and_plotly_embedded_once(built_report):
 
 def test_notes_beside_distorted_figures(built_report):
     page = built_report.read_text()
-    # summary, throughput, scaling, step time, bandwidth, cost model and convergence carry a note; traffic not
-    assert page.count('<div class="note">') == 7
+    # summary, throughput, scaling, step time, bandwidth, cost model, overlap and convergence carry a note;
+    # traffic not
+    assert page.count('<div class="note">') == 8
     traffic = page.split('<section id="traffic">')[1].split("</section>")[0]
     assert 'class="note"' not in traffic
 
@@ -172,7 +173,7 @@ def test_native_on_an_emulated_link_is_flagged_and_cannot_win(results_dir):
         "native" not in set(best.loc[best["link"] == "1Gbit", "best strategy"])
     assert set(best.loc[best["link"] == "full speed", "best strategy"]) == {"native"}
     page = build(results_dir).read_text()
-    assert page.count("Not emulated:") == 3  # summary, throughput, step time
+    assert page.count("Not emulated:") == 4  # summary, throughput, step time, overlap
 
 
 def test_the_summary_opens_with_the_answer(built_report):
