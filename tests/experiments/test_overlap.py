@@ -101,18 +101,20 @@ def test_overlap_ends_within_1e5_of_ring():
     assert float((on_threads(spec_for("ring", steps=1))[0]["params"] - reference).abs().max()) > 1e-3
 
 
-def test_per_bucket_traffic_adds_up_to_the_measured_bytes():
+@pytest.mark.parametrize("name", [n for n in EXACT if n != "native"] + ["decentralized"])
+def test_per_bucket_traffic_adds_up_to_the_measured_bytes(name):
     import strategies
 
-    spec = spec_for("parameter_server", workers=3, bucket_mb=0.01, overlap=True)
+    spec = spec_for(name, workers=3, steps=2, bucket_mb=0.01, overlap=True)
     results = on_threads(spec)
     numels = [b.numel for b in make_buckets(param_sizes("tiny"), 0.01)]
-    config = strategies.make("parameter_server", servers=1)
+    config = spec.strategy_config()
+    assert config.counted and strategies.get(name).counted
     for rank in range(spec.world_size()):
         analytic = [config.traffic(3, n).ranks[rank] for n in numels]
         for row in results[rank]["steps"]:
-            assert row["bytes_sent"] == sum(r.bytes_sent for r in analytic)
-            assert row["bytes_recv"] == sum(r.bytes_recv for r in analytic)
+            assert row["bytes_sent"] == sum(r.bytes_sent for r in analytic), (name, rank)
+            assert row["bytes_recv"] == sum(r.bytes_recv for r in analytic), (name, rank)
 
 
 def test_profile_mode_one_worker_takes_the_profiles_step_time(tmp_path):
