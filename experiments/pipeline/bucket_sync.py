@@ -58,7 +58,11 @@ class BucketSync:
         bucket = self.owner[param]
         self.pending[bucket] -= 1
         if self.pending[bucket] == 0 and self.overlap:
-            self._queue.put(bucket)
+            ready = None
+            if self.buffer.is_cuda:  # the hook runs when the kernel is queued: the thread waits for it to run
+                ready = torch.cuda.Event()
+                ready.record()
+            self._queue.put((bucket, ready))
 
     def finish(self) -> None:
         """Return once every bucket is synchronized (overlap off: sync them all now, in order)."""
@@ -69,7 +73,7 @@ class BucketSync:
         for bucket in self.buckets:  # a parameter that got no gradient this step: its bucket goes as it is
             if self.pending[bucket.index] > 0:
                 self.pending[bucket.index] = 0
-                self._queue.put(bucket.index)
+                self._queue.put((bucket.index, None))
         if not self._done.wait(self.comm.timeout * len(self.buckets) + 30):
             raise TimeoutError(f"rank {self.comm.rank}: the communication thread did not finish the step's "
                                f"{len(self.buckets)} bucket(s) within the timeout")
@@ -79,7 +83,7 @@ class BucketSync:
 
     def close(self) -> None:
         if self._thread is not None:
-            self._queue.put(_STOP)
+            self._queue.put((_STOP, None))
             self._thread.join(timeout=5)
             self._thread = None
 
@@ -93,9 +97,11 @@ class BucketSync:
         ready: set[int] = set()
         following = 0
         while True:
-            bucket = self._queue.get()
+            bucket, event = self._queue.get()
             if bucket == _STOP:
                 return
+            if event is not None:
+                event.synchronize()
             ready.add(bucket)
             try:
                 while following in ready and self._error is None:
