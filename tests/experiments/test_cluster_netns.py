@@ -92,10 +92,8 @@ else:
 """
 
 
-def test_shaped_bandwidth_between_two_nodes_is_the_configured_one(cluster):
-    c, _ = cluster
-    sender, receiver = c.nodes[0], c.nodes[1]
-    nbytes = 160 << 20  # 1.3 s at 1 Gbit/s: tbf's 2 ms burst is noise
+def _transfer(sender, receiver, nbytes: int) -> tuple[float, float]:
+    """One TCP transfer between two nodes: (payload bytes/s, bytes/s the receiver's port carried)."""
     wire_before = _tc_bytes(receiver.veth_bridge)  # the receiver's port: frames as the link carries them
     recv = subprocess.Popen(["ip", "netns", "exec", receiver.namespace, sys.executable, "-c", TCP_PROBE, "recv",
                              receiver.ip, str(nbytes)], stdout=subprocess.PIPE, text=True)
@@ -108,12 +106,23 @@ def test_shaped_bandwidth_between_two_nodes_is_the_configured_one(cluster):
         recv.kill()
         recv.wait()
     assert int(got) == nbytes
-    wire = (_tc_bytes(receiver.veth_bridge) - wire_before) / float(seconds)
-    goodput = nbytes / float(seconds)
-    assert abs(wire - 125e6) / 125e6 <= 0.10, f"the link carried {wire / 1e6:.1f} MB/s, configured 125 MB/s"
+    return nbytes / float(seconds), (_tc_bytes(receiver.veth_bridge) - wire_before) / float(seconds)
+
+
+def test_shaped_bandwidth_between_two_nodes_is_the_configured_one(cluster):
+    c, _ = cluster
+    # 160 MiB: 1.3 s at 1 Gbit/s, so tbf's 2 ms burst is noise. The link's capacity is the best of up to three
+    # transfers: a receiver starved of CPU by other jobs on this machine can only make one slower, never faster
+    best_goodput = best_wire = 0.0
+    for _ in range(3):
+        goodput, wire = _transfer(c.nodes[0], c.nodes[1], 160 << 20)
+        best_goodput, best_wire = max(best_goodput, goodput), max(best_wire, wire)
+        if abs(best_wire - 125e6) / 125e6 <= 0.05:
+            break
+    assert abs(best_wire - 125e6) / 125e6 <= 0.10, f"the link carried {best_wire / 1e6:.1f} MB/s, configured 125"
     # Ethernet + IP + TCP headers are 66 of every 1514 bytes on the wire: 119.5 MB/s of payload at most
     ceiling = 125e6 * 1448 / 1514
-    assert goodput <= ceiling * 1.02 and goodput >= ceiling * 0.85, f"TCP payload {goodput / 1e6:.1f} MB/s"
+    assert ceiling * 0.85 <= best_goodput <= ceiling * 1.02, f"TCP payload {best_goodput / 1e6:.1f} MB/s"
 
 
 SWEEP = """
