@@ -160,10 +160,16 @@ def _print_runs(runs) -> None:
             "bytes_sent_per_worker"]
     if "accuracy" in runs and runs["accuracy"].notna().any():  # a real data set: held-out accuracy too
         cols += ["final_loss", "accuracy"]
-    table = runs[cols].sort_values(["link", "workers", "strategy"]).copy()
+    order = ["link", "workers", "strategy"]
+    if "overlap" in runs and runs["overlap"].nunique() > 1:  # buckets synced during backward: exposed vs busy
+        cols[cols.index("strategy") + 1:cols.index("strategy") + 1] = ["overlap"]
+        cols += ["comm_busy_s"]
+        order.append("overlap")
+    table = runs[cols].sort_values(order).copy()
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",
-                                  "comm_s": "comm s", "bytes_sent_per_worker": "MB sent/worker"})
+                                  "comm_s": "comm s", "bytes_sent_per_worker": "MB sent/worker",
+                                  "comm_busy_s": "busy s"})
     with pd.option_context("display.width", 160, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
 
