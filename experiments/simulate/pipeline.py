@@ -35,7 +35,7 @@ import pandas as pd
 
 from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import RunSpec
-from experiments.pipeline.store import Store
+from experiments.pipeline.store import Store, default_dir
 from experiments.pipeline.summary import summarize
 from experiments.simulate.platform import Platform
 from experiments.simulate.run import Compute, SimSpec, check_simulable, simulate_in_child
@@ -120,7 +120,11 @@ def run_simulations(path: str | Path, out: str | Path | None = None, resume: boo
                     overwrite: bool = False, log=sys.stderr) -> tuple[pd.DataFrame, Path]:
     """Simulate every run of the sweep not already done; return runs.parquet and the results directory."""
     sweep, pairs = load(path)
-    store = Store(out or Path("results") / f"{sweep.name}")
+    if out is None:  # the sweep file's name never chooses a path outside results/
+        out, note = default_dir(sweep.name)
+        if note:
+            print(f"syncbench simulate: {note}", file=log)
+    store = Store(out)
     if not resume and not store.runs().empty:
         if not overwrite:
             raise FileExistsError(f"{store.dir} already holds results: pass --resume to complete them or "
