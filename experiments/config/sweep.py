@@ -180,7 +180,8 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     errors: list[str] = []
     for key in data:
         if key not in TOP_LEVEL:
-            errors.append(f"unknown top-level key {key!r}: accepted are {', '.join(TOP_LEVEL)}")
+            hint = " (a [simulate] table: run this file with `syncbench simulate`)" if key == "simulate" else ""
+            errors.append(f"unknown top-level key {key!r}: accepted are {', '.join(TOP_LEVEL)}{hint}")
     name = data.get("name", Path(where).stem)
     if not isinstance(name, str) or not name.strip():
         errors.append(f"name = {name!r}: expected a non-empty string")

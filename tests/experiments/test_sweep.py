@@ -54,7 +54,14 @@ def test_shipped_sweeps_parse():
     files = sorted(Path("experiments/config/sweeps").glob("*.toml"))
     assert {f.stem for f in files} >= {"quick", "bandwidth", "scaling", "convergence", "stragglers"}
     for f in files:
-        assert sweep_mod.load(f).runs
+        if "\n[simulate]" in f.read_text():  # a simulated sweep: `syncbench simulate` reads it, `run` refuses it
+            from experiments.simulate.pipeline import load as load_simulated
+
+            assert load_simulated(f)[1]
+            with pytest.raises(sweep_mod.SweepError, match="run this file with `syncbench simulate`"):
+                sweep_mod.load(f)
+        else:
+            assert sweep_mod.load(f).runs
 
 
 @pytest.mark.parametrize("edit, expected", [
