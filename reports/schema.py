@@ -60,7 +60,8 @@ RUNS: tuple[Column, ...] = (
     Column("profile_id", "str", "the compute profile replayed ('' in real mode)"),
     Column("profile_device", "str", "the device the profile was measured on"),
     Column("profile_step_s", "float", "the profile's own step time in seconds"),
-    Column("bucket_mb", "float", "gradient bucket size in MB (NaN: one flat bucket)"),
+    Column("bucket_mb", "float", "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one flat "
+                                 "bucket)"),
     Column("overlap", "bool", "buckets synchronized while backward runs"),
     # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
     Column("sim_platform", "str", "the simulated platform, for display"),
@@ -126,6 +127,8 @@ STEPS: tuple[Column, ...] = (
     Column("wall_s", "float", "seconds since the run's first step"),
     Column("backward_end_s", "float", "time from step start to the end of backward, seconds"),
     Column("comm_busy_s", "float", "time spent inside synchronization, seconds"),
+    Column("exposed_comm_s", "float", "communication after backward ended, seconds (= comm_s)"),
+    Column("overlap_fraction", "float", "share of this step's communication hidden behind backward"),
 )
 
 TABLES = {"runs": RUNS, "steps": STEPS}
