@@ -132,8 +132,10 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
             # compute_s is the timeline's compute; comm_s the exposed communication (the rest of the step):
             # with overlap, what hides under backward is not counted. comm_busy_s: time inside the syncs.
             busy = _busy(compute, config.role)
+            exposed = comm.now() - start - busy
             rows.append({"step": step, "rank": comm.rank, "role": "worker", "timed": step >= spec.warmup_steps,
-                         "compute_s": busy, "comm_s": comm.now() - start - busy, "comm_busy_s": sync_s,
+                         "compute_s": busy, "comm_s": exposed, "exposed_comm_s": exposed, "comm_busy_s": sync_s,
+                         "overlap_fraction": 1 - exposed / sync_s if sync_s > 0 else math.nan,
                          "backward_end_s": compute.forward_s + compute.backward_s,
                          "bytes_sent": counters.bytes_sent, "bytes_recv": counters.bytes_recv,
                          "loss": math.nan, "samples": spec.batch_size, "consensus_distance": math.nan,
