@@ -14,31 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic
-from strategies.ring import RingConfig
+from strategies.native import NativeConfig
 
 MIB = 2**20
 
 
-class Ddp(Strategy):
-    def _sync(self, flat, op):
-        self.comm.native_allreduce(flat, op)
-
-
 @dataclass(frozen=True)
-class DdpConfig(StrategyConfig):
+class DdpConfig(NativeConfig):
+    """As a collective, native's: the backend's allreduce, its bytes hidden (counted = False), ring's path."""
+
     name = "ddp"
     summary = "torch DistributedDataParallel: backend allreduce per bucket inside backward (bytes uncounted)"
-    runtime = Ddp
-    counted = False
     wraps_model = True  # training wraps the model (wrap()) instead of calling sync() on a buffer
-
-    def traffic(self, workers, numel, itemsize=4):
-        # The backend hides its bytes (counted=False); rounds and path are a ring's, gloo's and NCCL's
-        # algorithm for large messages.
-        ring = RingConfig().traffic(workers, numel, itemsize)
-        ranks = tuple(RankTraffic("worker", 0, 0, 0, 0) for _ in range(workers))
-        return Traffic(ranks, rounds=ring.rounds, path_bytes=ring.path_bytes, counted=False)
 
     def wrap(self, model, bucket_mb: float | None, device):
         """`model` in DistributedDataParallel over the default process group, buckets as syncbench's."""

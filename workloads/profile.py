@@ -236,8 +236,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def cpu_model() -> str:
+    """The CPU's model name, e.g. 'AMD EPYC 7B13' (platform.processor() is empty on Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

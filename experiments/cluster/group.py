@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
 import socket
 import sys
 import time
@@ -26,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from strategies.communicator import DEFAULT_TIMEOUT_S
 from strategies.link import Network
+from workloads.profile import cpu_model
 
 STARTUP_TIMEOUT_S = 120.0
 # every wait on Ray returns at least this often, so that Ctrl-C (and SIGTERM) interrupt it promptly
@@ -57,18 +57,6 @@ class RankContext:
     comm: object  # a TorchCommunicator, fresh for each run() call
     device: str  # "cpu" or "cuda"
     state: dict = field(default_factory=dict)  # persists on the actor across run() calls
-
-
-def cpu_model() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC 7B13' (platform.processor() is empty on Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _interface_of(ip: str) -> str | None:

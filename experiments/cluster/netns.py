@@ -316,13 +316,9 @@ def _start_ray(cluster: Cluster) -> None:
                                        env, wait=False))
                      for node in pending[first:first + START_BATCH]]
             for node, proc in procs:
-                try:
-                    _, err = proc.communicate(timeout=RAY_START_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    _, err = proc.communicate()
-                if proc.returncode != 0:
-                    failures[node.name] = f"node {node.name}: ray start exited {proc.returncode}: {_tail(err)}"
+                problem = _finish_start(node, proc)
+                if problem:
+                    failures[node.name] = problem
                     _kill(_netns_pids(node.namespace))  # what the failed start left, before it is tried again
                     shutil.rmtree(node.temp_dir, ignore_errors=True)
         pending = [node for node in pending if node.name in failures]
@@ -347,14 +343,20 @@ def _ray_start(cluster: Cluster, node: Node, args: list[str], env: dict, wait: b
                             start_new_session=True)
     if not wait:
         return proc
+    problem = _finish_start(node, proc)
+    if problem:
+        raise ClusterError(problem)
+    return proc
+
+
+def _finish_start(node: Node, proc: subprocess.Popen) -> str:
+    """Wait for one `ray start` (killed after RAY_START_TIMEOUT_S); '' when it worked, else what went wrong."""
     try:
         _, err = proc.communicate(timeout=RAY_START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise ClusterError(f"node {node.name}: ray start exited {proc.returncode}: {_tail(err)}")
-    return proc
+    return f"node {node.name}: ray start exited {proc.returncode}: {_tail(err)}" if proc.returncode != 0 else ""
 
 
 def alive_nodes(cluster: Cluster) -> list[dict]:

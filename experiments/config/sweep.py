@@ -160,15 +160,20 @@ class Sweep:
     source: str  # the TOML text, saved beside the results
 
 
-def load(path: str | Path, progress=None) -> Sweep:
+def read_toml(path: str | Path) -> tuple[dict, str]:
+    """A sweep file's table and text; SweepError naming the file when it is missing or not TOML."""
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"sweep file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{path}: not valid TOML: {e}") from None
+
+
+def load(path: str | Path, progress=None) -> Sweep:
+    data, text = read_toml(path)
     return parse(data, source=text, where=str(path), progress=progress)
 
 

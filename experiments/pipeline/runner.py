@@ -43,12 +43,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
     limit.
     """
     store = Store(out_dir)
-    if not resume and not store.runs().empty:
-        if not overwrite:
-            raise FileExistsError(f"{store.dir} already holds results: pass --resume to complete them "
-                                  f"or --overwrite to start again")
-        for name in ("runs.parquet", "steps.parquet"):
-            (store.dir / name).unlink(missing_ok=True)
+    store.start(resume, overwrite)
     if resume and not overwrite:
         check_same_sweep(store, sweep)
     store.write_text("sweep.toml", sweep.source)

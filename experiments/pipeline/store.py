@@ -56,6 +56,16 @@ class Store:
         except OSError as e:
             raise StoreError(f"results directory {str(self.dir)!r} is not writable: {e.strerror}") from None
 
+    def start(self, resume: bool, overwrite: bool) -> None:
+        """Before a sweep: refuse to mix with earlier results unless resuming; --overwrite removes them."""
+        if resume or self.runs().empty:
+            return
+        if not overwrite:
+            raise FileExistsError(f"{self.dir} already holds results: pass --resume to complete them "
+                                  f"or --overwrite to start again")
+        for name in (RUNS, STEPS):
+            (self.dir / name).unlink(missing_ok=True)
+
     def runs(self) -> pd.DataFrame:
         return _read(self.dir / RUNS, RUN_COLUMNS)
 

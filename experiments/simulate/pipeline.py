@@ -28,7 +28,6 @@ import json
 import math
 import platform as platform_mod
 import sys
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -49,14 +48,7 @@ SIMULATE_KEYS = PLATFORM_KEYS + COMPUTE_KEYS + RUN_KEYS
 
 def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec]]]:
     """Parse and validate the sweep and its [simulate] table; every run paired with its simulation settings."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"sweep file {str(path)!r} does not exist")
-    text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    data, text = sweep_mod.read_toml(path)
     table = data.pop("simulate", {})
     if not isinstance(table, dict):
         raise ValueError(f"{path}: simulate = {table!r}: expected a table ([simulate])")
@@ -125,12 +117,7 @@ def run_simulations(path: str | Path, out: str | Path | None = None, resume: boo
         if note:
             print(f"syncbench simulate: {note}", file=log)
     store = Store(out)
-    if not resume and not store.runs().empty:
-        if not overwrite:
-            raise FileExistsError(f"{store.dir} already holds results: pass --resume to complete them or "
-                                  f"--overwrite to start again")
-        for name in ("runs.parquet", "steps.parquet"):
-            (store.dir / name).unlink(missing_ok=True)
+    store.start(resume, overwrite)
     store.write_text("sweep.toml", sweep.source)
     done = store.done() if resume else set()
     todo = [(s, sim) for s, sim in pairs if run_id(s, sim) not in done]
