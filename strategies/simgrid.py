@@ -29,6 +29,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,20 +119,28 @@ class _Sent:
 
 
 class _Receive:
-    """A posted receive: wait() takes the next message from the pair's mailbox and checks its size."""
+    """A posted receive. Messages from one peer match receives in the order they were posted (as gloo's do):
+    wait() takes the pair's next messages for every earlier receive from that peer still pending, then its own."""
 
-    def __init__(self, box, rank: int, src: int, tensor: torch.Tensor):
-        self.box, self.rank, self.src, self.tensor = box, rank, src, tensor
+    def __init__(self, box, rank: int, src: int, tensor: torch.Tensor, posted):
+        self.box, self.rank, self.src, self.tensor, self.posted = box, rank, src, tensor, posted
+        self.done = False
+        posted.append(self)
 
     def wait(self, timeout):
+        while not self.done:
+            self.posted.popleft()._take()
+        return None
+
+    def _take(self):
         message = self.box.get()
+        self.done = True
         if message.numel != self.tensor.numel() or message.dtype != self.tensor.dtype:
             raise CommError(f"rank {self.rank}: recv from rank {self.src} expected {self.tensor.numel()} x "
                             f"{self.tensor.dtype}, got {message.numel} x {message.dtype}: ranks disagree on the "
                             f"tensor's size")
         if message.values is not None and not self.tensor.is_meta:
             self.tensor.copy_(message.values)
-        return None
 
 
 class _Queued:
@@ -152,8 +161,6 @@ class _Nic:
     """fifo mode: one actor per rank sends its messages one at a time, in the order they were posted."""
 
     def __init__(self, sg, host, rank: int):
-        from collections import deque
-
         self.queue: deque[_Queued] = deque()
         self.posted = sg.Semaphore(0)
         self.delivered = sg.Semaphore(0)
@@ -195,8 +202,6 @@ class _Port:
     (the switch buffers), as the link emulation books a receive (strategies/link.py, LinkClock.receive)."""
 
     def __init__(self, sg, port_host, rank: int):
-        from collections import deque
-
         self.host = port_host
         self.queue: deque = deque()
         self.posted = sg.Semaphore(0)
@@ -269,6 +274,7 @@ class SimGridCommunicator(Communicator):
         super().__init__(rank, cluster.world_size)  # no link emulation: the simulated platform is the network
         self.cluster = cluster
         self.sg = cluster.sg
+        self._posted: dict[int, deque[_Receive]] = {}  # per peer, receives posted and not yet matched
 
     def _raw_isend(self, tensor, dst, stamp):
         nbytes = tensor.numel() * tensor.element_size()
@@ -286,7 +292,10 @@ class SimGridCommunicator(Communicator):
         return _Sent(box.put_async(_Message(tensor), nbytes))
 
     def _raw_irecv(self, tensor, src, stamped):
-        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor)
+        posted = self._posted.get(src)
+        if posted is None:
+            posted = self._posted[src] = deque()
+        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor, posted)
 
     def allgather_object(self, obj) -> list:
         return self.cluster.exchange(self.rank, obj)

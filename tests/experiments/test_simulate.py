@@ -240,3 +240,21 @@ def test_simulate_table_errors_name_the_value(tmp_path):
     with pytest.raises(ValueError, match="'native' cannot be simulated"):
         load(sweep)
     assert math.isfinite(Platform.parse({"bandwidth": "25Gbit", "latency": "5us"}).bandwidth)
+
+
+def test_messages_from_one_peer_match_receives_in_posting_order():
+    """As over gloo: two receives from the same peer get its messages in the order they were posted, whichever
+    is waited for first."""
+
+    def fn(comm):
+        if comm.rank == 0:
+            first, second = torch.zeros(3), torch.zeros(3)
+            a, b = comm.irecv(first, 1), comm.irecv(second, 1)
+            b.wait()
+            a.wait()
+            return first.tolist(), second.tolist()
+        comm.send(torch.ones(3), 0)
+        comm.send(torch.full((3,), 2.0), 0)
+        return None
+
+    assert _child_call(fn, 2, Platform())[0] == ([1.0] * 3, [2.0] * 3)
