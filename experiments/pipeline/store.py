@@ -17,9 +17,9 @@ import pandas as pd
 RUNS = "runs.parquet"
 STEPS = "steps.parquet"
 RESULTS_ROOT = Path("results")  # where a sweep's results go when --out is not given
-# the columns without which a Parquet file is not one of ours (another tool's file, say)
-RUN_COLUMNS = ("run_id", "status", "strategy", "workers")
-STEP_COLUMNS = ("run_id", "step", "rank", "role")
+# the columns the store itself reads: a Parquet file without them is not one of ours (another tool's file, say)
+RUN_COLUMNS = ("run_id", "status")
+STEP_COLUMNS = ("run_id",)
 
 
 class StoreError(ValueError):
