@@ -242,3 +242,17 @@ def stragglers_figure(df: pd.DataFrame, ok: pd.DataFrame) -> go.Figure:
                          "label": "strategy"})
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
     return tidy(fig, 1, "Throughput with one slow rank, relative to the same strategy with none")
+
+
+def substrates_figure(df: pd.DataFrame) -> go.Figure | None:
+    """Communication per step: measured, simulated and modelled side by side, per strategy and workers."""
+    if df.empty:
+        return None
+    long = df.melt(id_vars=["workload", "strategy", "workers", "link", "platform", "network model"],
+                   value_vars=["measured comm ms", "simulated comm ms", "modelled comm ms"],
+                   var_name="measure", value_name="ms").dropna(subset=["ms"])
+    long["config"] = long["strategy"].map(esc) + " n=" + long["workers"].astype(str) + " " + long["platform"].map(esc)
+    fig = px.bar(for_plot(long), x="config", y="ms", color="measure", barmode="group", facet_row="workload",
+                 log_y=True, labels={"config": "strategy, workers, simulated platform",
+                                     "ms": "communication per step (ms, log scale)", "measure": ""})
+    return tidy(fig, df["workload"].nunique(), "Communication per step: measured, simulated (SimGrid) and modelled")

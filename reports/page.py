@@ -255,6 +255,23 @@ def overlap_section(r: Results) -> str:
                                  "S for P=0.9, measured overlap MB/s": ",.1f"}, sortable=True, table_id="overlap"))
 
 
+def substrates_section(r: Results) -> str:
+    """Simulated (SimGrid), measured and modelled communication side by side, where a simulation ran."""
+    df = tables.substrates_frame(r.ok)
+    if df.empty:
+        return ("<p>This sweep has no simulated runs. <code>syncbench simulate SWEEP.toml</code> runs the same "
+                "strategy code on a SimGrid platform (up to thousands of ranks); its results directory, or one "
+                "holding both kinds, shows them here beside the measured and the modelled times.</p>")
+    text = ("<p>The same strategy code, three ways: measured on Ray actors over the (emulated) link, simulated on "
+            "a SimGrid platform with the same NIC bandwidth and latency (the network model is named: "
+            "<code>tcp</code> applies SimGrid's TCP corrections, about 97% goodput and latency x 13.01; "
+            "<code>alpha_beta</code> none), and modelled (rounds x latency + critical-path bytes / bandwidth). "
+            "Measured is empty where only a simulation covered the configuration.</p>")
+    return (text + html_table(df, {"workers": "d", "measured comm ms": ",.1f", "simulated comm ms": ",.1f",
+                                   "simulated step ms": ",.1f", "modelled comm ms": ",.1f"})
+            + figure_html(figures.substrates_figure(df)))
+
+
 def convergence_section(r: Results) -> str:
     """Loss vs step and wall time; consensus distance and spectral gap for decentralized strategies."""
     if r.steps is None:
@@ -302,6 +319,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("bandwidth", "Bandwidth requirement", bandwidth_section),
     Section("cost-model", "Cost model (alpha-beta)", cost_model_section),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap_section),
+    Section("substrates", "Simulated, measured and modelled", substrates_section),
     Section("convergence", "Convergence", convergence_section),
     Section("stragglers", "Stragglers and slow links", stragglers_section),
 )

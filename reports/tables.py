@@ -44,6 +44,8 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     if runs["overlap"].nunique() > 1:
         runs["label"] += runs["overlap"].map(lambda on: " +overlap" if on else "")
     runs["distorted"] = runs["cores_oversubscribed"] | runs["gpu_shared"]
+    # a simulated run never averages with a measured one of the same strategy
+    runs["label"] += np.where(runs["substrate"] == "simgrid", " [simulated]", "")
     runs["ok"] = runs["status"] == "ok"
     return runs
 
@@ -398,3 +400,35 @@ def overlap_frame(ok: pd.DataFrame, target: float = 0.9) -> pd.DataFrame:
         f"S for P={target:g}, measured overlap MB/s": path / (budget + hidden.fillna(0)) / 1e6,
     })
     return out.sort_values(["workload", "link", "workers", "strategy"]).reset_index(drop=True)
+
+
+# ---- simulated, measured and modelled -------------------------------------------------------------------
+
+def substrates_frame(ok: pd.DataFrame) -> pd.DataFrame:
+    """Communication per step of the same strategy, workers and link: measured (Ray actors), simulated
+    (SimGrid, per platform and network model) and modelled (alpha-beta: rounds x latency + critical-path bytes
+    / bandwidth of the strategy's analytic traffic). Only configurations a simulation covered."""
+    simulated = ok[ok["substrate"] == "simgrid"]
+    if simulated.empty:
+        return pd.DataFrame()
+    measured = ok[(ok["substrate"] != "simgrid") & (ok["workers"] > 1)]
+    keys = ["workload", "strategy_label", "workers", "link"]
+    measured_comm = measured.groupby(keys + ["overlap"])["comm_s"].mean()
+    rows = []
+    for key, g in simulated.groupby(keys + ["sim_platform", "sim_network_model", "overlap"], sort=False):
+        run = g.iloc[0]
+        modelled = run["model_comm_s"]
+        if not math.isfinite(modelled) and math.isfinite(run["link_bandwidth"]):
+            try:
+                rounds, path_bytes, _ = critical_path(run["strategy"], int(run["workers"]), int(run["numel"]),
+                                                      strategy_params(run))
+                modelled = rounds * run["link_latency_s"] + path_bytes / run["link_bandwidth"]
+            except (ValueError, NotImplementedError):
+                modelled = math.nan
+        rows.append({"workload": key[0], "strategy": key[1], "workers": int(key[2]), "link": key[3],
+                     "platform": key[4], "network model": key[5], "overlap": "on" if key[6] else "off",
+                     "measured comm ms": measured_comm.get((*key[:4], key[6]), math.nan) * 1e3,
+                     "simulated comm ms": g["comm_s"].mean() * 1e3,
+                     "simulated step ms": g["step_time_s"].mean() * 1e3,
+                     "modelled comm ms": modelled * 1e3})
+    return pd.DataFrame(rows).sort_values(["workload", "link", "workers", "strategy"]).reset_index(drop=True)

@@ -237,3 +237,33 @@ def test_the_fixture_is_the_schema(results_dir):
     assert set(runs.columns) - set(schema.names(schema.RUNS)) <= {"param_servers", "param_topology"}
     with pytest.raises(KeyError, match="not columns of the schema: oversubscribed"):
         schema.row(schema.RUNS, oversubscribed=True)
+
+
+def test_simulated_runs_sit_beside_measured_and_modelled(tmp_path, fake_results):
+    """A results directory holding measured and simulated runs of the same configuration: the section shows
+    the three communication times side by side, and the figures never average a simulated run with a measured."""
+    fake_results(tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    sim = runs[(runs["strategy"] == "ring") & (runs["workers"] == 4) & (runs["link"] == "1Gbit")].copy()
+    sim["run_id"] += "-sim"
+    sim["substrate"], sim["transport"] = "simgrid", "simgrid"
+    sim["sim_platform"], sim["sim_network_model"] = "star", "alpha_beta"
+    sim["comm_s"] *= 0.9
+    sim["model_comm_s"] = sim["comm_s"] * 0.95
+    pd.concat([runs, sim]).to_parquet(tmp_path / "runs.parquet")
+    _, ok, _ = ok_runs(tmp_path)
+    assert "ring [simulated]" in set(ok["label"])
+    df = tables.substrates_frame(ok)
+    assert len(df) == 1
+    row = df.iloc[0]
+    measured = float(runs.loc[runs["run_id"] == "ring-4-1Gbit", "comm_s"].iloc[0]) * 1e3
+    assert row["measured comm ms"] == pytest.approx(measured)
+    assert row["simulated comm ms"] == pytest.approx(0.9 * measured)
+    assert row["modelled comm ms"] == pytest.approx(0.9 * 0.95 * measured)
+    section = build(tmp_path).read_text().split('<section id="substrates">')[1].split("</section>")[0]
+    assert "simulated comm ms" in section and 'class="plotly-graph-div"' in section
+
+
+def test_without_simulated_runs_the_section_says_how_to_get_them(built_report):
+    section = built_report.read_text().split('<section id="substrates">')[1].split("</section>")[0]
+    assert "syncbench simulate" in section and "plotly-graph-div" not in section
