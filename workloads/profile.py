@@ -332,10 +332,16 @@ def _seconds(value) -> bool:
 
 # -- replay ---------------------------------------------------------------------------------------------
 
+_EARLY_S = 1e-3  # a deadline closer than this is taken as reached: a wake-up can cost more than that on busy cores
+
+
 def _sleep_until(deadline: float) -> None:
-    """Sleep until a time.perf_counter() deadline (absolute deadlines: a late wake-up does not accumulate)."""
+    """Sleep until a time.perf_counter() deadline (absolute deadlines: a late wake-up does not accumulate).
+
+    Gradients whose ready times lie within 1 ms of each other are released together, without a sleep each:
+    on loaded cores every sleep wakes late, and 62 late wake-ups in a row added 20-50 ms to a 180 ms backward."""
     left = deadline - time.perf_counter()
-    if left > 0:
+    if left > _EARLY_S:
         time.sleep(left)
 
 

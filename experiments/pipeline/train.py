@@ -141,6 +141,8 @@ def _work(ctx, spec, config, model, flat, buckets, profile, device, progress) ->
         for step in range(spec.steps):
             comm.reset_counters()
             step_start = time.perf_counter()
+            if replay is not None:
+                replay.begin_step()  # the replayed forward ends forward_s after this, zeroing included
             # -- compute: forward, backward (with overlap, buckets sync meanwhile) -------------------------
             if flat is not None:
                 flat.zero_grad()
@@ -149,7 +151,6 @@ def _work(ctx, spec, config, model, flat, buckets, profile, device, progress) ->
             if syncer is not None:
                 syncer.begin_step()
             if replay is not None:
-                replay.begin_step()
                 loss, samples = net(None), spec.batch_size
             else:
                 x, y = data.next_batch()
