@@ -204,7 +204,7 @@ def test_profile_mode_four_workers_follow_the_timeline_prediction(ray_session, t
                 for overlap, bucket_mb in ((False, None), (True, 25.0)):
                     if name == "decentralized" and overlap:
                         continue  # averages parameters after the local step: it never overlaps
-                    spec = RunSpec(workload="resnet18", batch_size=16, image_size=32, steps=3, warmup_steps=1,
+                    spec = RunSpec(workload="resnet18", batch_size=16, image_size=32, steps=2, warmup_steps=1,
                                    strategy=name, workers=4, link=link, compute="profile",
                                    profile=str(tmp_path / "p.json"), overlap=overlap, bucket_mb=bucket_mb,
                                    strategy_params={"servers": 1} if name == "parameter_server" else {})
