@@ -439,16 +439,29 @@ def down(name: str, log=print) -> bool:
         namespaces |= {n.namespace for n in cluster.all_nodes()}
     killed = _kill([pid for ns in namespaces for pid in _netns_pids(ns)]
                    + (_pids_using(cluster.temp_dir) if cluster else []))
+    bridge = cluster.bridge if cluster else f"sb-{name}"
+    # the bridge-side veth ends first: a namespace's deletion removes its peers only asynchronously
+    for link in _links_named(bridge + "-"):
+        _sh(["ip", "link", "del", link], check=False)
     for ns in sorted(namespaces):
         _sh(["ip", "netns", "del", ns], check=False)
-    bridge = cluster.bridge if cluster else f"sb-{name}"
     _sh(["ip", "link", "del", bridge], check=False)
+    deadline = time.monotonic() + 10
+    while _links_named(bridge) and time.monotonic() < deadline:  # wait for the kernel to finish removing them
+        time.sleep(0.05)
     if cluster is not None:
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
         state_path(name).unlink(missing_ok=True)
     log(f"cluster {name!r} down: {killed} processes stopped, {len(namespaces)} namespaces and bridge {bridge} "
         f"removed")
     return True
+
+
+def _links_named(prefix: str) -> list[str]:
+    """Interfaces of the root namespace whose name starts with `prefix` (veth ends print as NAME@ifN)."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    names = [line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
+    return [n for n in names if n.startswith(prefix)]
 
 
 def _kill(pids: list[int], grace: float = 5.0) -> int:
