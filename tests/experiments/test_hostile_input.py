@@ -396,13 +396,16 @@ def test_a_placement_that_cannot_fit_fails_at_once_and_ctrl_c_interrupts_a_wait(
     assert time.perf_counter() - start < 5
     pg = placement_group([{"CPU": 1, "syncbench_nonexistent": 1}])  # never placed
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    # Ctrl-C as a user's shell delivers it (earlier tests in the session may have left another SIGINT handler)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.perf_counter()
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            _wait_any([pg.ready()], None)
+            _wait_any([pg.ready()], 30)  # a deadline, so a SIGINT that never arrives fails instead of hanging
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
         remove_placement_group(pg)
     assert time.perf_counter() - start < 3
 
