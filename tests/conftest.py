@@ -18,12 +18,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGIN_DIR, os.environ.ge
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """An embedded Ray with 8 logical CPUs (8 one-CPU actors fit on 2 cores), no dashboard, own temp dir."""
+    """An embedded Ray with 10 logical CPUs on the 2 cores, no dashboard, own temp dir: the largest group a test
+    starts (verify at 5 workers: 5 workers + 3 parameter servers) fits beside the shared 2-rank group."""
     import ray
 
     from experiments.cluster.ray_runtime import ensure_ray
 
-    started = ensure_ray(num_cpus=8)
+    started = ensure_ray(num_cpus=10)
     yield ray
     if started:
         ray.shutdown()
@@ -39,12 +40,15 @@ def _shared_groups():
 
 @pytest.fixture
 def group2(ray_session, _shared_groups):
-    """A healthy 2-rank gloo WorkerGroup shared across tests; replaced if an earlier test broke it."""
+    """A healthy 2-rank gloo WorkerGroup shared across tests; replaced if an earlier test broke it.
+
+    It lives for the whole session, so its ranks reserve a token 0.01 CPU each: at 1 CPU each they held 2 of the
+    session's CPUs for good and a test's own 8-rank group waited for a placement that never came."""
     from experiments.cluster.group import WorkerGroup
 
     group = _shared_groups.get(2)
     if group is None or group.broken:
         if group is not None:
             group.shutdown()
-        group = _shared_groups[2] = WorkerGroup(2, timeout=20)
+        group = _shared_groups[2] = WorkerGroup(2, num_cpus=0.01, timeout=20)
     return group
