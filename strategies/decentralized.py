@@ -61,16 +61,12 @@ class Decentralized(Strategy):
         self._plans: dict[int, tuple] = {}
 
     def _plan(self, round):
-        """(peers to send to, [(peer, weight)] to receive from, own weight) for this round."""
+        """(peers to send to, [(peer, weight)] to receive from, own weight) for this round, in schedule order."""
         key = round % max((self.workers - 1).bit_length(), 1)
         if self.config.topology != "one_peer_exponential":
             key = 0
         if key not in self._plans:
-            w = self.config.mixing_matrix(self.workers, key)
-            i = self.rank
-            targets = [j for j in range(self.workers) if j != i and w[j, i] > 0]
-            sources = [(j, float(w[i, j])) for j in range(self.workers) if j != i and w[i, j] > 0]
-            self._plans[key] = (targets, sources, float(w[i, i]))
+            self._plans[key] = self.config.schedule(self.workers, self.rank, key)
         return self._plans[key]
 
     def _sync(self, flat, op):
@@ -108,16 +104,59 @@ class DecentralizedConfig(StrategyConfig):
             raise ValueError(f"decentralized: unknown weights {self.weights!r}: accepted are "
                              f"{', '.join(WEIGHTS)}")
 
+    def weights_of(self, peers: list[list[int]], i: int) -> tuple[list[tuple[int, float]], float]:
+        """Row i of W without building W: [(in-neighbour j, W_ij)] and W_ii; uniform over the closed
+        neighbourhood, or Metropolis (1 / (1 + max(deg i, deg j)))."""
+        degree = len(peers[i])
+        row = [(j, 1 / (degree + 1) if self.weights == "uniform" else 1 / (1 + max(degree, len(peers[j]))))
+               for j in peers[i]]
+        return row, 1 - sum(w for _, w in row)
+
     def mixing_matrix(self, workers: int, round: int = 0) -> np.ndarray:
-        """The doubly stochastic W of this round: uniform over the closed neighbourhood, or Metropolis."""
+        """The doubly stochastic W of this round (its rows from weights_of)."""
         peers = in_neighbours(self.topology, workers, round)
-        degree = [len(p) for p in peers]
         w = np.zeros((workers, workers))
+        for i in range(workers):
+            row, own = self.weights_of(peers, i)
+            for j, weight in row:
+                w[i, j] = weight
+            w[i, i] = own
+        return w
+
+    def schedule(self, workers: int, rank: int, round: int = 0):
+        """This rank's (targets, [(source, weight)], own weight) in the order the exchange runs.
+
+        Every rank sends its k-th message along the same direction (ring: right, then left; torus: right, left,
+        down, up; circulant graphs: by offset (j - i) mod n), so in each slot every rank receives exactly one
+        message and a receiver's link is never asked for two at once; receives are waited in the order they
+        arrive (by the slot their sender sends them in). Sending to the neighbours in rank order instead left
+        some ranks receiving two messages in the second slot: 1.44x the analytic time at 4 workers, 1 Gbit.
+        Costs O(n x degree), never n x n, so 1,024 simulated ranks do not each build W.
+        """
+        peers = in_neighbours(self.topology, workers, round)
+        outs: list[list[int]] = [[] for _ in range(workers)]
         for i, near in enumerate(peers):
             for j in near:
-                w[i, j] = 1 / (degree[i] + 1) if self.weights == "uniform" else 1 / (1 + max(degree[i], degree[j]))
-            w[i, i] = 1 - w[i].sum()
-        return w
+                outs[j].append(i)  # j's message reaches i
+
+        def ordered(i: int) -> list[int]:
+            return sorted(outs[i], key=lambda j: self._slot(workers, i, j))
+
+        row, own = self.weights_of(peers, rank)
+        weight = dict(row)
+        slot_to_me = {j: ordered(j).index(rank) for j in peers[rank]}
+        sources = sorted(weight, key=lambda j: (slot_to_me[j], j))
+        return ordered(rank), [(j, weight[j]) for j in sources], own
+
+    def _slot(self, workers: int, i: int, j: int) -> tuple[int, int]:
+        """The sort key of rank i's send to j: a direction shared by all ranks."""
+        if self.topology == "torus":
+            rows, cols = grid(workers)
+            r, c = divmod(i, cols)
+            directions = [r * cols + (c + 1) % cols, r * cols + (c - 1) % cols,
+                          ((r + 1) % rows) * cols + c, ((r - 1) % rows) * cols + c]
+            return (directions.index(j), 0)
+        return (0, (j - i) % workers)
 
     def spectral_gap(self, workers: int, round: int = 0) -> float:
         """1 - |lambda_2(W)|, the second largest eigenvalue modulus: larger mixes faster."""

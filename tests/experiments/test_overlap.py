@@ -190,11 +190,14 @@ def test_ddp_ends_within_1e5_of_ring(group2):
 
 
 @pytest.mark.ray
-@pytest.mark.skipif(not os.environ.get("SYNCBENCH_TIMING_TESTS"),
-                    reason="a timing check (4 min): needs a quiet machine; set SYNCBENCH_TIMING_TESTS=1. On the shared "
-                           "development machine (load 15-35) it measured 1.2-1.7x the prediction")
+@pytest.mark.skipif(bool(os.environ.get("SYNCBENCH_SKIP_TIMING_TESTS")),
+                    reason="SYNCBENCH_SKIP_TIMING_TESTS is set: a timing check needs a quiet machine (on the shared "
+                           "development machine at load 15-35 it measured 1.2-1.7x the prediction)")
 def test_profile_mode_four_workers_follow_the_timeline_prediction(ray_session, tmp_path):
-    """Emulated 1 Gbit/s, 50 us: every strategy whose bytes the emulation sees, overlap off and on."""
+    """Emulated 1 Gbit/s, 50 us: every strategy whose bytes the emulation sees, overlap off and on, within 20% of
+    `predict_step`. A setting outside is run once more (one timed step each: a late wake-up of one rank shows).
+    Quiet 2-core machine: 0.81-1.13 (parameter server with 25 MiB buckets 0.81: pushes and replies pipeline
+    across buckets, which the bucket-by-bucket model does not credit); about 100 s."""
     from experiments.cluster.group import WorkerGroup
 
     profile = synthetic_profile(tmp_path / "p.json")
@@ -212,11 +215,16 @@ def test_profile_mode_four_workers_follow_the_timeline_prediction(ray_session, t
                                    strategy=name, workers=4, link=link, compute="profile",
                                    profile=str(tmp_path / "p.json"), overlap=overlap, bucket_mb=bucket_mb,
                                    strategy_params={"servers": 1} if name == "parameter_server" else {})
-                    row, _ = summarize(spec, group.run(train, spec, network=spec.network()), "", META)
                     predicted = predict_step(profile, name, 4, bucket_mb, overlap, spec.network(),
                                              spec.strategy_params)
-                    ratio = row["step_time_s"] / predicted.step_s
-                    if not 0.8 <= ratio <= 1.2:
+                    for _ in range(2):
+                        row, _ = summarize(spec, group.run(train, spec, network=spec.network()), "", META)
+                        ratio = row["step_time_s"] / predicted.step_s
+                        print(f"{name:18s} overlap={overlap!s:5s} measured {row['step_time_s']:.3f} s, "
+                              f"predicted {predicted.step_s:.3f} s, x{ratio:.2f}")
+                        if 0.8 <= ratio <= 1.2:
+                            break
+                    else:
                         failures.append(f"{name} overlap={overlap}: measured {row['step_time_s']:.3f} s, "
                                         f"predicted {predicted.step_s:.3f} s (x{ratio:.2f})")
     assert not failures, failures

@@ -46,6 +46,26 @@ def test_torus_grid():
     np.testing.assert_array_equal(torus.mixing_matrix(7), ring.mixing_matrix(7))
 
 
+@pytest.mark.parametrize("topology,weights", list(itertools.product(TOPOLOGIES, WEIGHTS)))
+def test_the_exchange_schedule_gives_every_receiver_one_message_per_slot(topology, weights):
+    """The k-th sends of all ranks go to distinct ranks (no receiver takes two at once), each rank waits its
+    receives in the slot order they are sent in, and the schedule's weights are W's row."""
+    config = strategies.make("decentralized", topology=topology, weights=weights)
+    for workers, rnd in itertools.product((1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), range(3)):
+        case = f"{topology}/{weights} workers={workers} round={rnd}"
+        w = config.mixing_matrix(workers, rnd)
+        plans = [config.schedule(workers, i, rnd) for i in range(workers)]
+        for slot in range(max(len(targets) for targets, _, _ in plans)):
+            receivers = [targets[slot] for targets, _, _ in plans if slot < len(targets)]
+            assert len(receivers) == len(set(receivers)), f"{case}: slot {slot} sends {receivers}"
+        for i, (targets, sources, own) in enumerate(plans):
+            assert sorted(targets) == [j for j in range(workers) if j != i and w[j, i] > 0], case
+            assert [plans[j][0].index(i) for j, _ in sources] == sorted(plans[j][0].index(i) for j, _ in sources)
+            assert {j: weight for j, weight in sources} == pytest.approx(
+                {j: w[i, j] for j in range(workers) if j != i and w[i, j] > 0}), case
+            assert own == pytest.approx(w[i, i]), case
+
+
 @pytest.mark.parametrize("workers", [2, 3, 5, 8])
 def test_one_peer_exponential_changes_every_sync(workers):
     """Round t uses hop 2^(t mod ceil(log2 n)); after log2 n rounds a power of two is exactly averaged."""
