@@ -61,17 +61,19 @@ def throughput_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     """Throughput vs workers, one line per strategy plus ideal linear scaling, faceted by workload and link."""
     agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
     ideal = []
-    for b in per_worker_baseline(ok).itertuples():
+    base = per_worker_baseline(ok)
+    several = base.groupby(["workload", "link"])["compute"].transform("nunique") > 1
+    for b, both in zip(base.itertuples(), several):
         for n in sorted(agg.loc[(agg["workload"] == b.workload) & (agg["link"] == b.link), "workers"].unique()):
-            ideal.append({"workload": b.workload, "link": b.link, "label": IDEAL, "workers": n,
-                          "throughput": b.per_worker * n})
+            ideal.append({"workload": b.workload, "link": b.link, "workers": n, "throughput": b.per_worker * n,
+                          "label": f"{IDEAL} [{b.compute}]" if both else IDEAL})
     df = for_plot(pd.concat([agg, pd.DataFrame(ideal)], ignore_index=True))
     fig = px.line(df, x="workers", y="throughput", color="label", color_discrete_map=palette(ok),
                   facet_row="workload", facet_col="link",
                   markers=True, category_orders={"link": [esc(x) for x in links]},
                   labels={"workers": "workers (n)", "throughput": "throughput (samples/s)", "label": "strategy"})
     fig.for_each_trace(lambda t: t.update(line=dict(dash="dash", color="gray"), marker=dict(size=4))
-                       if t.name == IDEAL else None)
+                       if t.name.startswith(IDEAL) else None)
     fig.update_xaxes(tickvals=sorted(ok["workers"].unique()))
     fig.update_yaxes(matches=None, rangemode="tozero")
     return tidy(fig, ok["workload"].nunique(), "Throughput (samples/s of the group) vs workers; dashed: ideal "

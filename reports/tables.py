@@ -43,6 +43,10 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
         runs["label"] += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")
     if runs["overlap"].nunique() > 1:
         runs["label"] += runs["overlap"].map(lambda on: " +overlap" if on else "")
+    # a replayed profile and the model computing for real are different machines: never averaged, and each
+    # scales against its own single worker (per_worker_baseline)
+    if runs["compute"].nunique() > 1:
+        runs["label"] += np.where(runs["compute"] == "profile", " [profile]", "")
     runs["distorted"] = runs["cores_oversubscribed"] | runs["gpu_shared"]
     # a simulated run never averages with a measured one of the same strategy
     runs["label"] += np.where(runs["substrate"] == "simgrid", " [simulated]", "")
@@ -109,21 +113,23 @@ def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def per_worker_baseline(ok: pd.DataFrame) -> pd.DataFrame:
-    """Throughput per worker of the baseline per (workload, link): the single worker with nothing to synchronize
-    (every strategy's n = 1 run, averaged), else the smallest n the sweep has."""
+    """Throughput per worker of the baseline per (workload, link, compute mode): the single worker with nothing
+    to synchronize (every strategy's n = 1 run, averaged), else the smallest n the sweep has. Per compute mode:
+    a profile-mode run scales against a profile-mode single worker, a real one against a real one."""
     rows = []
-    for (workload, link), g in ok.groupby(["workload", "link"], sort=False):
+    for (workload, link, compute), g in ok.groupby(["workload", "link", "compute"], sort=False):
         n0 = g["workers"].min()
-        rows.append({"workload": workload, "link": link, "n0": n0,
+        rows.append({"workload": workload, "link": link, "compute": compute, "n0": n0,
                      "per_worker": g.loc[g["workers"] == n0, "throughput"].mean() / n0})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["workload", "link", "compute", "n0", "per_worker"])
 
 
 def scaling_efficiency(ok: pd.DataFrame) -> pd.DataFrame:
-    """efficiency(n) = throughput(n) / (n x throughput(1)) per workload, link, strategy and n; 1.0 at n = 1 by
-    definition (the baseline is the single worker, whichever strategy it was launched under)."""
-    agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
-    agg = agg.merge(per_worker_baseline(ok), on=["workload", "link"])
+    """efficiency(n) = throughput(n) / (n x throughput(1)) per workload, link, compute mode, strategy and n; 1.0
+    at n = 1 by definition (the baseline is the single worker of that compute mode, whichever strategy it was
+    launched under)."""
+    agg = mean_per_config(ok, ["workload", "link", "compute", "label", "workers"])
+    agg = agg.merge(per_worker_baseline(ok), on=["workload", "link", "compute"])
     agg["efficiency"] = agg["throughput"] / (agg["workers"] * agg["per_worker"])
     agg.loc[agg["workers"] == agg["n0"], "efficiency"] = 1.0
     return agg

@@ -202,6 +202,23 @@ def test_scaling_efficiency_is_one_at_one_worker_for_every_strategy(results_dir)
     assert eff.loc[eff["workers"] == 1, "label"].nunique() == 3
 
 
+def test_scaling_efficiency_is_per_compute_mode(tmp_path, fake_results):
+    """A sweep with real and profile-mode runs: each has its own label and scales against its own single worker
+    (a profile 4x faster than the real compute must not make the real runs look 4x less efficient)."""
+    fake_results(tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    profiled = runs.assign(run_id=runs["run_id"] + "-profile", compute="profile",
+                           throughput=runs["throughput"] * 4)
+    pd.concat([runs, profiled], ignore_index=True).to_parquet(tmp_path / "runs.parquet")
+    _, ok, _ = ok_runs(tmp_path)
+    assert {"ring", "ring [profile]"} <= set(ok["label"])
+    eff = tables.scaling_efficiency(ok).set_index(["link", "label", "workers"])["efficiency"]
+    assert (eff.xs(1, level="workers") == 1.0).all()
+    for link in ("1Gbit", "full speed"):
+        assert eff[(link, "ring [profile]", 4)] == pytest.approx(eff[(link, "ring", 4)])
+    figures.throughput_figure(ok, ["1Gbit", "full speed"])  # one dashed ideal line per compute mode
+
+
 def test_an_implausible_fit_is_shown_as_such_not_as_a_calibration(tmp_path, fake_results):
     """Communication 30x slower than its emulated link (cores contended, say) gives a fitted bandwidth far
     from the link's: the page says it is not a calibration and why."""
