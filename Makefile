@@ -17,7 +17,7 @@ demo: $(VENV_STAMP)
 
 test: $(VENV_STAMP)
 	.venv/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --transport

@@ -408,6 +408,30 @@ def overlap_frame(ok: pd.DataFrame, target: float = 0.9) -> pd.DataFrame:
     return out.sort_values(["workload", "link", "workers", "strategy"]).reset_index(drop=True)
 
 
+# ---- python-emulated vs kernel-shaped links --------------------------------------------------------------
+
+def emulations_frame(ok: pd.DataFrame) -> pd.DataFrame:
+    """Communication per step of the same configuration on a python-emulated and a kernel-shaped link (same
+    bandwidth): one row per (workload, workers > 1, strategy) that ran on both, with their ratio."""
+    both = ok[ok["link_emulation"].isin(["python", "kernel"]) & (ok["workers"] > 1)].copy()  # n = 1 sends nothing
+    if both.empty or both["link_emulation"].nunique() < 2:
+        return pd.DataFrame()
+    both["bandwidth"] = both["link"].str.removesuffix(" kernel")
+    agg = mean_per_config(both, ["workload", "workers", "label", "bandwidth", "link_emulation"])
+    wide = agg.pivot_table(index=["workload", "workers", "label", "bandwidth"], columns="link_emulation",
+                           values="comm_s").dropna().reset_index()
+    if wide.empty:
+        return pd.DataFrame()
+    hidden = set(ok.loc[~ok["bytes_counted"], "label"])
+    return pd.DataFrame({
+        "workload": wide["workload"], "workers": wide["workers"], "strategy": wide["label"],
+        "link": wide["bandwidth"], "comm s, python": wide["python"], "comm s, kernel": wide["kernel"],
+        "python / kernel": wide["python"] / wide["kernel"],
+        "note": wide["label"].map(lambda label: "python: not slowed (the backend's bytes bypass the communicator)"
+                                  if label in hidden else ""),
+    })
+
+
 # ---- simulated, measured and modelled -------------------------------------------------------------------
 
 def substrates_frame(ok: pd.DataFrame) -> pd.DataFrame:

@@ -219,6 +219,23 @@ def test_scaling_efficiency_is_per_compute_mode(tmp_path, fake_results):
     figures.throughput_figure(ok, ["1Gbit", "full speed"])  # one dashed ideal line per compute mode
 
 
+def test_python_and_kernel_emulated_runs_are_set_side_by_side(tmp_path, fake_results):
+    fake_results(tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs.parquet")
+    python = runs[runs["link"] == "1Gbit"].assign(link_emulation="python")
+    kernel = python.assign(run_id=python["run_id"] + "-k", link="1Gbit kernel", link_emulation="kernel",
+                           comm_s=python["comm_s"] * 1.25)
+    pd.concat([runs[runs["link"] != "1Gbit"], python, kernel], ignore_index=True).to_parquet(
+        tmp_path / "runs.parquet")
+    _, ok, _ = ok_runs(tmp_path)
+    frame = tables.emulations_frame(ok)
+    assert len(frame) == 6 and set(frame["link"]) == {"1Gbit"}  # 3 strategies x workers 2, 4
+    assert frame["python / kernel"].to_numpy() == pytest.approx(0.8)
+    text = build(tmp_path).read_text()
+    assert "Python-emulated vs kernel-shaped links" in text and 'id="emulations"' in text
+    assert "fair" in text  # why FIFO emulation and shared TCP flows differ
+
+
 def test_an_implausible_fit_is_shown_as_such_not_as_a_calibration(tmp_path, fake_results):
     """Communication 30x slower than its emulated link (cores contended, say) gives a fitted bandwidth far
     from the link's: the page says it is not a calibration and why."""
