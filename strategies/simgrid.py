@@ -25,6 +25,7 @@ runs each simulation in a fresh one).
 
 from __future__ import annotations
 
+import gc
 import importlib.machinery
 import importlib.util
 import os
@@ -363,8 +364,16 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
             raise ValueError("nic = 'buffered' needs a platform with a switch port host 'port<rank>' per rank "
                              "(the star platform builds them)")
         cluster.ports = [_Port(sg, ports[rank], rank) for rank in range(world_size)]
-    with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
-        engine.run()
+    # The cyclic garbage collector would walk every object the ranks allocate, again and again, while 1,024
+    # actor threads hand control around; the simulation's objects are freed by reference counting anyway.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
+            engine.run()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     first = next((e for e in errors if e is not None), None)
     if first is not None:
         raise first
