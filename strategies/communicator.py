@@ -153,14 +153,15 @@ class Communicator(ABC):
     def _guard(self, fn, what: str, peer: int | None = None, hint: str = "peer dead, stalled, or ranks disagree "
                "on sizes"):
         """Run a backend operation; turn any error into a CommError naming this rank, the operation and peer."""
-        where = f"rank {self.rank}: {what}" + (f" rank {peer}" if peer is not None else "")
         try:
             return fn()
         except CommError:
             raise
-        except TimeoutError as e:
-            raise CommTimeout(f"{where} timed out after {self.timeout:g} s ({hint}): {e}") from e
         except Exception as e:  # noqa: BLE001 - every backend error becomes a CommError
+            # the message is built only on failure: this wraps every send and receive
+            where = f"rank {self.rank}: {what}" + (f" rank {peer}" if peer is not None else "")
+            if isinstance(e, TimeoutError):
+                raise CommTimeout(f"{where} timed out after {self.timeout:g} s ({hint}): {e}") from e
             text = str(e).lower()
             kind = CommTimeout if ("timed out" in text or "timeout" in text) else CommError
             raise kind(f"{where} failed: {type(e).__name__}: {e}") from e

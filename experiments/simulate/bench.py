@@ -23,7 +23,8 @@ DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("dec
 LINK = {"bandwidth": "10Gbit", "latency": "20us"}
 
 
-def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) -> list[dict]:
+def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
+          network_model: str = "tcp") -> list[dict]:
     """One row per (strategy, ranks): wall seconds to simulate one step, and what the step was."""
     from workloads.profile import load_profile
 
@@ -37,7 +38,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) ->
             spec = RunSpec(sweep="bench", workload=profile.model, image_size=profile.image_size,
                            num_classes=profile.num_classes, batch_size=profile.batch_size, steps=1, warmup_steps=0,
                            strategy=name, workers=n, link=LINK, strategy_params=params)
-            sim = SimSpec(Platform.parse({"bandwidth": LINK["bandwidth"], "latency": LINK["latency"]}), compute)
+            sim = SimSpec(Platform.parse({**LINK, "network_model": network_model}), compute)
             traffic = config.traffic(n, compute.numel, 4)
             messages = sum(r.msgs_sent for r in traffic.ranks)
             print(f"[bench] {name} ranks={config.world_size(n)} messages={messages:,} ...", file=log, flush=True)
@@ -48,7 +49,8 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr) ->
             step = max((w["compute_s"] + w["comm_s"] for w in workers), default=float("nan"))
             sync = max((w["comm_busy_s"] for w in workers), default=float("nan"))
             model = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
-            rows.append({"strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
+            rows.append({"network_model": network_model,
+                         "strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
                          "ranks": config.world_size(n), "messages": messages, "wall_s": wall, "total_s": total,
                          "sim_step_s": step, "sim_sync_s": sync, "model_sync_s": model, "error": error})
             print(f"        -> {wall:.1f} s" + (f"  FAILED: {error}" if error else ""), file=log, flush=True)
@@ -59,8 +61,10 @@ def format_bench(rows: list[dict]) -> str:
     import os
     import platform
 
+    models = ", ".join(sorted({r["network_model"] for r in rows})) or "tcp"
     lines = [f"# syncbench simulate --bench: one ResNet-50 step ({PROFILE.name}), star of {LINK['bandwidth']} / "
-             f"{LINK['latency']} NICs, SimGrid {_simgrid_version()} default TCP model",
+             f"{LINK['latency']} NICs, SimGrid {_simgrid_version()}, network model {models} "
+             f"(tcp = SimGrid's default LV08, alpha_beta = its corrections off)",
              f"# host {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
              f"wall s = the simulation, total s = with the process start",
              "# sim step s = the simulated step (compute + exposed sync), sim sync s = the simulated gradient sync, "

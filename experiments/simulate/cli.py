@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--bench", action="store_true",
                    help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
     p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")
+    p.add_argument("--network-model", default="tcp", choices=("tcp", "alpha_beta"),
+                   help="with --bench: SimGrid's network model (default tcp, SimGrid's LV08; alpha_beta: its "
+                        "corrections off)")
     p.add_argument("--strategies", help="with --bench: comma-separated names (default: halving_doubling, "
                                         "parameter_server with 8 servers, decentralized, ring, all_to_all)")
 
@@ -31,7 +34,7 @@ def run(args) -> int:
 
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
         names = [n.strip() for n in args.strategies.split(",")] if args.strategies else None
-        rows = bench(workers, names, log=sys.stderr)
+        rows = bench(workers, names, log=sys.stderr, network_model=args.network_model)
         print(format_bench(rows))
         return 0
     if not args.sweep:
