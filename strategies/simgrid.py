@@ -1,9 +1,8 @@
-"""The simulated transport: ranks are SimGrid actors, messages are SimGrid transfers of their real size.
+"""The simulated transport: ranks are SimGrid actors, messages are SimGrid mailbox transfers of their real size.
 
 The same strategy code that runs on threads and over gloo runs here unchanged; only time is simulated. Each
-message is one host-to-host SimGrid transfer (`Comm.sendto_async`) of exactly `numel x element_size` bytes (the
-size the base class counts) from the sender's host to the receiver's; SimGrid's flow-level network model
-decides when it arrives.
+message is one `Mailbox.put_async` of exactly `numel x element_size` bytes (the size the base class counts)
+from the sender's host to the receiver's; SimGrid's flow-level network model decides when it arrives.
 
 Payloads. A rank's buffers are either real CPU tensors (the values move, so results can be checked against a
 reference) or `meta` tensors: they have the real shape and dtype, hence the real byte size, but no storage,
@@ -11,13 +10,17 @@ so 1,024 ranks of a 100 MB model take no memory. Sizes are never scaled: the sim
 the byte size of the tensor the strategy passed, and the receiver checks that the sender's element count and
 dtype equal its buffer's (as the other transports do).
 
-Matching. The payload travels beside its transfer, in a FIFO queue per (sender, receiver) pair, so messages
-from one peer match receives in posting order (as gloo's do). A send starts moving when it is posted (eager,
-as a TCP socket with room in its buffers, and as the link emulation books a send); the receive takes the
-pair's next message and waits for its transfer to end. Python actors are OS threads that SimGrid runs one at
-a time, so every call into SimGrid is a thread switch; a message costs one to start its transfer and one
-blocking wait where simulated time must pass. A finished transfer is recognised by its finish time (free to
-read), not by a call. A receiver whose queue is empty sleeps on its own semaphore until the sender posts.
+Mailboxes. One per (sender, receiver) pair, created on first use, with the receiver as its permanent
+receiver: a send starts moving when it is posted (eager, as a TCP socket with room in its buffers, and as the
+link emulation books a send), and the receive takes it when it arrives. A receive therefore costs one
+blocking `get` when it is waited for; a send one `put_async`, and a wait only if it is still in flight.
+Python actors are OS threads that SimGrid runs one at a time, so every call into SimGrid is a thread switch:
+these are the fewest calls a message can cost (see experiments/simulate/bench.py for what that buys). A
+finished send is recognised by its finish time (free to read), not by a wait.
+
+Host-to-host transfers (`Comm.sendto_async`) with the payload in a Python queue per pair were tried instead of
+mailboxes: 15% faster on a ring, but 14x slower on all_to_all at 256 ranks (SimGrid 3.32 spends the time
+walking a list inside the engine once hundreds of them are in flight), so mailboxes stay.
 
 No wall-clock timeout applies: a peer that never sends leaves the simulation with nothing to do, SimGrid
 reports the deadlock and `run_simgrid` raises a CommError naming the ranks that never finished.
@@ -102,45 +105,31 @@ class _quiet_stderr:
 
 
 class _Message:
-    """What a pair's queue carries: the sender's element count and dtype, the values (None for meta), and
-    the SimGrid transfer that carries its bytes (None once the transfer is known to be over)."""
+    """What travels through a mailbox: the sender's element count and dtype, and the values (None for meta)."""
 
-    __slots__ = ("numel", "dtype", "values", "comm")
+    __slots__ = ("numel", "dtype", "values")
 
-    def __init__(self, tensor: torch.Tensor, comm=None):
+    def __init__(self, tensor: torch.Tensor):
         self.numel = tensor.numel()
         self.dtype = tensor.dtype
         self.values = None if tensor.is_meta else tensor.clone()
-        self.comm = comm
 
 
 class _Sent:
-    """A send in flight (shared mode): its transfer's end is its completion."""
-
-    __slots__ = ("comm",)
-
     def __init__(self, comm):
         self.comm = comm
 
     def wait(self, timeout):
-        _finish(self.comm)
-
-
-def _finish(comm) -> None:
-    """Return once `comm` has ended. Its finish time is set when it ends and reading it is free; waiting is a
-    switch to the engine and back, so it is paid only for a transfer still in flight."""
-    if comm is not None and comm.finish_time < 0:
-        comm.wait()
+        if self.comm.finish_time < 0:  # set when the transfer ends: reading it is free, waiting is a switch
+            self.comm.wait()
 
 
 class _Receive:
     """A posted receive. Messages from one peer match receives in the order they were posted (as gloo's do):
     wait() takes the pair's next messages for every earlier receive from that peer still pending, then its own."""
 
-    __slots__ = ("cluster", "rank", "src", "tensor", "posted", "done")
-
-    def __init__(self, cluster, rank: int, src: int, tensor: torch.Tensor, posted):
-        self.cluster, self.rank, self.src, self.tensor, self.posted = cluster, rank, src, tensor, posted
+    def __init__(self, box, rank: int, src: int, tensor: torch.Tensor, posted):
+        self.box, self.rank, self.src, self.tensor, self.posted = box, rank, src, tensor, posted
         self.done = False
         posted.append(self)
 
@@ -150,8 +139,7 @@ class _Receive:
         return None
 
     def _take(self):
-        message = self.cluster.take(self.src, self.rank)
-        _finish(message.comm)  # the bytes arrive when the transfer ends
+        message = self.box.get()
         self.done = True
         if message.numel != self.tensor.numel() or message.dtype != self.tensor.dtype:
             raise CommError(f"rank {self.rank}: recv from rank {self.src} expected {self.tensor.numel()} x "
@@ -164,11 +152,11 @@ class _Receive:
 class _Queued:
     """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
-    __slots__ = ("nic", "dst", "message", "nbytes", "done", "port")
+    __slots__ = ("nic", "box", "message", "nbytes", "done", "via")
 
-    def __init__(self, nic, dst: int, message, nbytes, port=None):
-        self.nic, self.dst, self.message, self.nbytes, self.done = nic, dst, message, nbytes, False
-        self.port = port  # buffered mode: the receiver's switch port (a _Port)
+    def __init__(self, nic, box, message, nbytes, via=None):
+        self.nic, self.box, self.message, self.nbytes, self.done = nic, box, message, nbytes, False
+        self.via = via  # buffered mode: `box` is the receiver's switch port (a _Port), `via` the pair's mailbox
 
     def wait(self, timeout):
         while not self.done:  # each delivery releases once; a release meant for another send just loops
@@ -178,12 +166,12 @@ class _Queued:
 class _Nic:
     """fifo mode: one actor per rank sends its messages one at a time, in the order they were posted."""
 
-    def __init__(self, cluster, host, rank: int):
-        sg = cluster.sg
+    def __init__(self, sg, host, rank: int):
         self.queue: deque[_Queued] = deque()
         self.posted = sg.Semaphore(0)
         self.delivered = sg.Semaphore(0)
-        self.cluster, self.sg, self.host, self.rank = cluster, sg, host, rank
+        self.closed = False
+        self.sg, self.host = sg, host
         sg.Actor.create(f"nic{rank}", host, self._run)
 
     def post(self, item: _Queued) -> None:
@@ -191,6 +179,7 @@ class _Nic:
         self.posted.release()
 
     def close(self) -> None:
+        self.closed = True
         self.posted.release()
 
     def _run(self):
@@ -200,12 +189,11 @@ class _Nic:
                 if not self.queue:  # closed, nothing left to send
                     return
                 item = self.queue.popleft()
-                if item.port is None:
-                    self.sg.Comm.sendto(self.host, self.cluster.hosts[item.dst], item.nbytes)
-                    self.cluster.deliver(self.rank, item.dst, item.message)
+                if item.via is None:
+                    item.box.put(item.message, item.nbytes)
                 else:  # buffered: the port starts draining now (cut-through) while this NIC sends up to it
-                    item.port.post((self.rank, item.dst, item.message, item.nbytes))
-                    self.sg.Comm.sendto(self.host, item.port.host, item.nbytes)
+                    item.box.post((item.via, item.message, item.nbytes))
+                    self.sg.Comm.sendto(self.host, item.box.host, item.nbytes)
                 item.done = True
                 self.delivered.release()
         except Exception as e:  # noqa: BLE001 - SimGrid ends a deadlocked simulation's actors this way
@@ -219,9 +207,8 @@ class _Port:
     cannot finish before the uplink (same rate, later start), the sender is never slowed by a busy receiver
     (the switch buffers), as the link emulation books a receive (strategies/link.py, LinkClock.receive)."""
 
-    def __init__(self, cluster, port_host, rank: int):
-        sg = cluster.sg
-        self.cluster, self.sg, self.host = cluster, sg, port_host
+    def __init__(self, sg, port_host, rank: int):
+        self.host = port_host
         self.queue: deque = deque()
         self.posted = sg.Semaphore(0)
         actor = sg.Actor.create(f"port{rank}", port_host, self._run)
@@ -235,23 +222,15 @@ class _Port:
         try:
             while True:
                 self.posted.acquire()
-                src, dst, message, nbytes = self.queue.popleft()
-                self.sg.Comm.sendto(self.host, self.cluster.hosts[dst], nbytes)
-                self.cluster.deliver(src, dst, message)
+                pair_box, message, nbytes = self.queue.popleft()
+                pair_box.put(message, nbytes)
         except Exception as e:  # noqa: BLE001 - SimGrid ends the daemon this way
             if type(e).__name__ != "ActorKilled":
                 raise
 
 
 class Cluster:
-    """The state the ranks of one simulation share: hosts, the pairs' message queues, the control-plane board.
-
-    Messages. A send's bytes are one host-to-host SimGrid transfer (`Comm.sendto_async`) started when the send
-    is posted (eager, as a TCP socket with room in its buffers, and as the link emulation books a send); its
-    payload goes into the (sender, receiver) pair's FIFO queue at once, with the transfer, and the receive
-    takes it from there and waits for that transfer's end. A message thus costs one call into SimGrid to
-    start and one blocking wait where time must pass; no mailbox matching. A receiver that finds its pair's
-    queue empty sleeps on its own semaphore until the sender posts.
+    """The state the ranks of one simulation share: actors, mailboxes, the control-plane board.
 
     nic = "shared": a rank's concurrent sends share its NIC as TCP flows do (SimGrid's max-min sharing).
     nic = "fifo": they leave one at a time in posting order, each at the full rate; one more actor per rank
@@ -262,39 +241,26 @@ class Cluster:
     more actors per rank.
     """
 
-    def __init__(self, sg, hosts: list, nic: str = "shared"):
+    def __init__(self, sg, world_size: int, nic: str = "shared"):
         if nic not in NIC_MODES:
             raise ValueError(f"nic = {nic!r}: accepted are {', '.join(NIC_MODES)}")
         self.sg = sg
-        self.hosts = hosts
-        self.world_size = len(hosts)
+        self.world_size = world_size
         self.nic = nic
-        self.nics: list[_Nic | None] = [None] * self.world_size
+        self.nics: list[_Nic | None] = [None] * world_size
         self.ports: list[_Port] = []
-        self.queues: dict[tuple[int, int], deque[_Message]] = {}
-        self.waiting_for: list[int | None] = [None] * self.world_size  # the sender a blocked receiver waits on
-        self.wakeups = [sg.Semaphore(0) for _ in range(self.world_size)]
-        self.board: list = [None] * self.world_size
-        self.barrier = sg.Barrier(self.world_size)
+        self.actors: list = [None] * world_size
+        self.boxes: dict[tuple[int, int], object] = {}
+        self.board: list = [None] * world_size
+        self.barrier = sg.Barrier(world_size)
 
-    def deliver(self, src: int, dst: int, message: _Message) -> None:
-        """Put a message in the pair's queue (its transfer started, or over) and wake the receiver if it waits."""
-        queue = self.queues.get((src, dst))
-        if queue is None:
-            queue = self.queues[(src, dst)] = deque()
-        queue.append(message)
-        if self.waiting_for[dst] == src:
-            self.waiting_for[dst] = None
-            self.wakeups[dst].release()
-
-    def take(self, src: int, dst: int) -> _Message:
-        """The pair's next message, sleeping until the sender has posted one."""
-        while True:
-            queue = self.queues.get((src, dst))
-            if queue:
-                return queue.popleft()
-            self.waiting_for[dst] = src
-            self.wakeups[dst].acquire()
+    def box(self, src: int, dst: int):
+        key = (src, dst)
+        box = self.boxes.get(key)
+        if box is None:
+            box = self.boxes[key] = self.sg.Mailbox.by_name(f"{src}>{dst}")
+            box.set_receiver(self.actors[dst])  # eager: sends start when posted (see the module docstring)
+        return box
 
     def exchange(self, rank: int, obj) -> list:
         """Every rank's object in rank order; takes no simulated time (two barriers: all posted, all read)."""
@@ -318,24 +284,24 @@ class SimGridCommunicator(Communicator):
 
     def _raw_isend(self, tensor, dst, stamp):
         nbytes = tensor.numel() * tensor.element_size()
-        cluster = self.cluster
-        if cluster.nic == "shared":
-            comm = self.sg.Comm.sendto_async(cluster.hosts[self.rank], cluster.hosts[dst], nbytes)
-            cluster.deliver(self.rank, dst, _Message(tensor, comm))
-            return _Sent(comm)
-        nic = cluster.nics[self.rank]
-        if nic is None:
-            nic = cluster.nics[self.rank] = _Nic(cluster, cluster.hosts[self.rank], self.rank)
-        port = cluster.ports[dst] if cluster.nic == "buffered" else None
-        item = _Queued(nic, dst, _Message(tensor), nbytes, port)
-        nic.post(item)
-        return item
+        box = self.cluster.box(self.rank, dst)
+        if self.cluster.nic in ("fifo", "buffered"):
+            nic = self.cluster.nics[self.rank]
+            if nic is None:
+                nic = self.cluster.nics[self.rank] = _Nic(self.sg, self.sg.this_actor.get_host(), self.rank)
+            if self.cluster.nic == "buffered":
+                item = _Queued(nic, self.cluster.ports[dst], _Message(tensor), nbytes, via=box)
+            else:
+                item = _Queued(nic, box, _Message(tensor), nbytes)
+            nic.post(item)
+            return item
+        return _Sent(box.put_async(_Message(tensor), nbytes))
 
     def _raw_irecv(self, tensor, src, stamped):
         posted = self._posted.get(src)
         if posted is None:
             posted = self._posted[src] = deque()
-        return _Receive(self.cluster, self.rank, src, tensor, posted)
+        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor, posted)
 
     def allgather_object(self, obj) -> list:
         return self.cluster.exchange(self.rank, obj)
@@ -404,7 +370,7 @@ def _simulate(sg, world_size, fn, build_platform, config, nic) -> list:
     hosts = build_platform(sg)
     if len(hosts) != world_size:
         raise ValueError(f"run_simgrid: the platform has {len(hosts)} hosts for {world_size} ranks")
-    cluster = Cluster(sg, hosts, nic)
+    cluster = Cluster(sg, world_size, nic)
     results: list = [None] * world_size
     errors: list = [None] * world_size
     finished = [False] * world_size
@@ -424,13 +390,13 @@ def _simulate(sg, world_size, fn, build_platform, config, nic) -> list:
                 cluster.nics[rank].close()
 
     for rank in range(world_size):
-        sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)
+        cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)
     if nic == "buffered":
         ports = [sg.Host.by_name(f"port{rank}") for rank in range(world_size)]
         if any(p is None for p in ports):
             raise ValueError("nic = 'buffered' needs a platform with a switch port host 'port<rank>' per rank "
                              "(the star platform builds them)")
-        cluster.ports = [_Port(cluster, ports[rank], rank) for rank in range(world_size)]
+        cluster.ports = [_Port(sg, ports[rank], rank) for rank in range(world_size)]
     with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
         engine.run()
     first = next((e for e in errors if e is not None), None)
