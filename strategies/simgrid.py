@@ -340,16 +340,19 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
     # wake-up sent to another (measured: a 256-rank ring simulates about 20% faster). The cyclic garbage
     # collector would walk every object the ranks allocate, again and again, while up to 1,024 actor threads
     # hand control around; the simulation's objects are freed by reference counting anyway. Both restored.
-    cpus = os.sched_getaffinity(0)
+    pin = hasattr(os, "sched_setaffinity")  # Linux
+    cpus = os.sched_getaffinity(0) if pin else set()
     gc_was_enabled = gc.isenabled()
-    os.sched_setaffinity(0, {_current_cpu(cpus)})
+    if pin:
+        os.sched_setaffinity(0, {_current_cpu(cpus)})
     gc.disable()
     try:
         return _simulate(sg, world_size, fn, build_platform, config, nic)
     finally:
         if gc_was_enabled:
             gc.enable()
-        os.sched_setaffinity(0, cpus)
+        if pin:
+            os.sched_setaffinity(0, cpus)
 
 
 def _current_cpu(allowed: set[int]) -> int:
