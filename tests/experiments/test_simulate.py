@@ -117,6 +117,7 @@ def test_alpha_beta_model_at_1024_ranks():
 @pytest.mark.skipif(not os.environ.get("SYNCBENCH_SLOW_SIMULATION"),
                     reason="ring at 1,024 ranks (2.1 million messages) takes about 9 minutes on this 2-core machine, "
                            "too long for CI: set SYNCBENCH_SLOW_SIMULATION=1 to run it")
+@pytest.mark.timeout(1800)
 def test_ring_at_1024_ranks_matches_the_alpha_beta_model():
     platform = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "alpha_beta"})
     row, _ = _simulate("ring", 1024, 25_557_032, platform)
