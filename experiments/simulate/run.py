@@ -10,8 +10,11 @@ Each simulation runs in a forked process: SimGrid's engine is one per process.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,6 +191,7 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     parent, child = ctx.Pipe(duplex=False)
 
     def main():
+        _die_with_parent()
         try:
             start = time.perf_counter()
             result = call()
@@ -205,6 +209,9 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     except EOFError:
         proc.join()
         status, payload, wall = "error", f"the simulation process died (exit code {proc.exitcode})", 0.0
+    except BaseException:  # Ctrl-C, a test's timeout: the simulation must not outlive its reason to run
+        proc.kill()
+        raise
     finally:
         proc.join()
         parent.close()
@@ -214,3 +221,16 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
     """simulate() in a fresh process: (results or None, error, simulation wall seconds)."""
     return run_in_child(lambda: simulate(spec, sim))
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this (forked) process when its parent dies, even by SIGKILL, so that a killed
+    `syncbench simulate` or test run leaves no simulation running. Elsewhere a no-op. (The kernel watches the
+    thread that forked: run_in_child is called from the main thread.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return

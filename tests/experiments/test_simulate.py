@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -290,3 +291,44 @@ def test_a_simulation_runs_on_one_cpu_and_gives_the_others_back():
     for cpus, gc_on in inside:
         assert len(cpus) == 1 and cpus[0] in os.sched_getaffinity(0) and not gc_on
     assert restored and gc_back
+
+
+def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
+    """The simulation runs in a forked child; if its parent is killed (even by SIGKILL), the kernel kills the
+    child too, so an interrupted `syncbench simulate` or test run leaves nothing behind."""
+    import signal
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "child.pid"
+    script = (f"import os, time\n"
+              f"from experiments.simulate.run import run_in_child\n"
+              f"def call():\n"
+              f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+              f"    time.sleep(120)\n"
+              f"run_in_child(call)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=str(Path(__file__).resolve().parents[2]))
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), f"the simulation process {child} outlived its killed parent"
+    finally:
+        parent.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie reaped by init counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
