@@ -326,7 +326,7 @@ def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
 
 
 def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie reaped by init counts as gone)."""
+    """True while `pid` runs (a zombie, dead but not yet reaped, counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
