@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import strategies
+from experiments.cluster.netns import _alive
 from experiments.config.sweep import RunSpec
 from experiments.simulate.pipeline import load, run_simulations, summarize_simulated
 from experiments.simulate.platform import Platform
@@ -324,11 +325,3 @@ def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
         if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
