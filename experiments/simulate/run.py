@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -189,9 +190,10 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     """
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
+    parent_pid = os.getpid()
 
     def main():
-        _die_with_parent()
+        _die_with_parent(parent_pid)
         try:
             start = time.perf_counter()
             result = call()
@@ -223,10 +225,11 @@ def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, s
     return run_in_child(lambda: simulate(spec, sim))
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int) -> None:
     """Linux: have the kernel kill this (forked) process when its parent dies, even by SIGKILL, so that a killed
     `syncbench simulate` or test run leaves no simulation running. Elsewhere a no-op. (The kernel watches the
-    thread that forked: run_in_child is called from the main thread.)"""
+    thread that forked: run_in_child is called from the main thread.) A parent that died before the request
+    was made is caught by the check after it."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -234,3 +237,5 @@ def _die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
+    if os.getppid() != parent_pid:
+        os._exit(1)
