@@ -23,8 +23,9 @@ from strategies.threads import run_threads
 
 
 def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT_S,
-                   network: Network | None = None, repeat: int = 1, **params):
-    """Run strategy `name` once (or `repeat` times, feeding outputs back in) on len(inputs) worker threads."""
+                   network: Network | None = None, repeat: int = 1, p2p: str = "threads", **params):
+    """Run strategy `name` once (or `repeat` times, feeding outputs back in) on len(inputs) worker threads.
+    `p2p`: what carries the messages between the threads (strategies.threads.THREAD_P2P)."""
     config = strategies.make(name, **params)
     workers = len(inputs)
     if workers < 1:
@@ -46,7 +47,7 @@ def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAU
         role = "server" if runtime.is_server else "worker"
         return out, {"role": role, **counters.as_dict()}
 
-    results = run_threads(config.world_size(workers), body, timeout=timeout, network=network)
+    results = run_threads(config.world_size(workers), body, timeout=timeout, network=network, p2p=p2p)
     outputs = [out for out, _ in results[:workers]]
     traffic = [t for _, t in results]
     return outputs, traffic
@@ -156,12 +157,13 @@ def check_identical(outputs: list[np.ndarray], case: str) -> None:
                                      f"an exact strategy must leave every rank bitwise identical")
 
 
-def check_case(name: str, inputs: list[np.ndarray], op: str, case: str, **params) -> list[np.ndarray]:
+def check_case(name: str, inputs: list[np.ndarray], op: str, case: str, p2p: str = "threads",
+               **params) -> list[np.ndarray]:
     """One collective on thread ranks: roles, dtype and shape, the reference (exact for integers, min/max,
     logical and bitwise ops), bitwise agreement between ranks (exact strategies) and traffic. Returns outputs."""
     config = strategies.make(name, **params)
     workers, numel, dtype = len(inputs), inputs[0].size, inputs[0].dtype
-    outputs, traffic = run_collective(name, inputs, op=op, timeout=20, **params)
+    outputs, traffic = run_collective(name, inputs, op=op, timeout=20, p2p=p2p, **params)
     roles = ["worker"] * workers + ["server"] * config.num_servers(workers)
     if [t["role"] for t in traffic] != roles:
         raise StrategyCheckError(f"{case}: roles {[t['role'] for t in traffic]}, expected {roles}")
@@ -184,15 +186,17 @@ def check_case(name: str, inputs: list[np.ndarray], op: str, case: str, **params
     return outputs
 
 
-def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, dtype=None, **params) -> int:
+def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, dtype=None, p2p: str = "threads",
+                   **params) -> int:
     """Run `name` on every world size x size x op (default: all it supports) on threads; check every rank's
     result against numpy, bitwise agreement between ranks and the measured bytes against `traffic()`.
-    `dtype` (default: float32 for arithmetic, int32 for logical and bitwise ops). Returns the cases checked."""
+    `dtype` (default: float32 for arithmetic, int32 for logical and bitwise ops); `p2p` what carries the
+    messages between the threads (strategies.threads.THREAD_P2P). Returns the cases checked."""
     config = strategies.make(name, **params)
     cases = 0
     for workers, numel, op in itertools.product(world_sizes, numels, ops or config.ops):
         case_dtype = np.dtype(dtype or default_dtype(op))
         case = f"{name}{params or ''} workers={workers} numel={numel} op={op} dtype={case_dtype}"
-        check_case(name, make_inputs(workers, numel, op, case_dtype), op, case, **params)
+        check_case(name, make_inputs(workers, numel, op, case_dtype), op, f"{case} p2p={p2p}", p2p=p2p, **params)
         cases += 1
     return cases

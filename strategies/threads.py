@@ -106,19 +106,38 @@ class ThreadCommunicator(Communicator):
         tensor.copy_(result)
 
 
-def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None):
-    """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the first error."""
+THREAD_P2P = ("threads", "sockets", "sockets-unix", "sockets-tcp")
+
+
+def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None,
+                p2p: str = "threads"):
+    """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the first error.
+
+    `p2p`: "threads" (queues) or "sockets[-unix|-tcp]": strategies.sockets between the threads (on loopback),
+    with the queues as its control plane.
+    """
+    if p2p not in THREAD_P2P:
+        raise ValueError(f"p2p {p2p!r}: expected one of {', '.join(THREAD_P2P)}")
     fabric = Fabric(world_size)
     results: list = [None] * world_size
     errors: list = [None] * world_size
 
     def body(rank):
-        comm = ThreadCommunicator(fabric, rank, timeout, network)
+        comm = None
         try:
+            comm = ThreadCommunicator(fabric, rank, timeout, None if p2p != "threads" else network)
+            if p2p != "threads":
+                from strategies.sockets import SocketCommunicator
+
+                comm = SocketCommunicator(comm, timeout, network,
+                                          mode=p2p.removeprefix("sockets").removeprefix("-") or "auto")
             results[rank] = fn(comm)
         except BaseException as e:  # noqa: BLE001 - reported to the caller below
             errors[rank] = e
             fabric.abort(f"rank {rank} failed: {e}")
+        finally:
+            if comm is not None:
+                comm.close()
 
     threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True) for r in range(world_size)]
     for t in threads:

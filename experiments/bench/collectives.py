@@ -16,7 +16,7 @@ import torch
 
 import strategies
 from experiments.cluster import placement
-from experiments.cluster.group import WorkerGroup
+from experiments.cluster.group import P2P, WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
 from experiments.cluster.ray_runtime import ray_session
 from reports.model import comm_time, critical_path
@@ -27,6 +27,11 @@ from strategies.testing import StrategyCheckError, check_identical, check_traffi
 # dtypes `verify --dtype` accepts (numpy names)
 VERIFY_DTYPES = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int32", "int64",
                                                       "uint8", "uint16", "uint32", "uint64", "bool")}
+
+
+P2P_WORDS = {"gloo": "gloo", "sockets": "syncbench's sockets (Unix + single copy within a namespace, else TCP)",
+             "sockets-unix": "syncbench's sockets (Unix within a namespace, else TCP)",
+             "sockets-tcp": "syncbench's sockets (TCP)"}
 
 
 def _groups(settings, workers: int):
@@ -95,13 +100,16 @@ def _check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool,
 
 
 def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = None,
-           address: str | None = None, out=print, oversubscribe: bool = False, dtype: str = "float32") -> bool:
+           address: str | None = None, out=print, oversubscribe: bool = False, dtype: str = "float32",
+           p2p: str = "gloo") -> bool:
     """Run each strategy (each declared variant) once on `workers` Ray actors; print a table; True when every
     check passed.
 
     Every argument is checked before Ray starts. Without `names`, strategies that do not support `op` are
     skipped (and said so); named ones that do not are an error.
     """
+    if p2p not in P2P:
+        raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")
     chosen = names
     names = names or strategies.names()
     for name in names:
@@ -127,13 +135,13 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
     groups = _groups(settings, workers)
     all_ok = True
     width = max(len(_setting_label(n, p)) for n, p in settings)
-    out(f"verify: {workers} workers, {numel} {dtype} elements, op {op}, gloo between Ray actors"
+    out(f"verify: {workers} workers, {numel} {dtype} elements, op {op}, {P2P_WORDS[p2p]} between Ray actors"
         + (f"; skipped (no op {op!r}): {', '.join(unsupported)}" if unsupported else ""))
     out(f"{'strategy':{width}s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
     with ray_session(address, num_cpus=max(_cores(), max(world for world, _ in groups))):
         for world, group_settings in groups:
             with WorkerGroup(world) as group:
-                per_rank = group.run(_verify_on_rank, group_settings, workers, numel, op, dtype)
+                per_rank = group.run(_verify_on_rank, group_settings, workers, numel, op, dtype, p2p=p2p)
             for name, params in group_settings:
                 label = _setting_label(name, params)
                 rows = [r for ranks in per_rank for r in ranks if r["setting"] == label]
@@ -184,8 +192,14 @@ def _bench_on_rank(ctx, names, workers, sizes, iters):
 
 
 def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: dict | None = None,
-          iters: int = 0, address: str | None = None, out=print, oversubscribe: bool = False) -> list[dict]:
-    """Time every strategy at every size on the same actors; print and return the table's rows."""
+          iters: int = 0, address: str | None = None, out=print, oversubscribe: bool = False,
+          p2p: str = "gloo") -> list[dict]:
+    """Time every strategy at every size on the same actors; print and return the table's rows.
+
+    `p2p`: what carries the strategies' messages (experiments.cluster.group.P2P); native is gloo's either way.
+    """
+    if p2p not in P2P:
+        raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")
     names = names or [n for n in strategies.names() if strategies.get(n).exact]
     for name in names:
         strategies.get(name)
@@ -207,7 +221,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
             placement.check(world, network)
         for world, group_names in _groups(names, workers):
             with WorkerGroup(world, node_resources=placement.bundles(world, network)) as group:
-                per_rank = group.run(_bench_on_rank, group_names, workers, sizes, iters, network=network)
+                per_rank = group.run(_bench_on_rank, group_names, workers, sizes, iters, network=network, p2p=p2p)
             for key in per_rank[0]:
                 # each iteration takes as long as its slowest rank; report the median over iterations
                 per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
@@ -222,7 +236,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
             rows.append({"size": nbytes, "strategy": name, "time_ms": t * 1e3, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * factor, "vs_native": (native / t) if native else math.nan,
                          "model_ms": _predicted(name, workers, nbytes, network) * 1e3})
-    out(format_bench(rows, workers, link))
+    out(format_bench(rows, workers, link, p2p))
     return rows
 
 
@@ -237,14 +251,15 @@ def _predicted(name: str, workers: int, nbytes: int, network: Network | None) ->
     return comm_time(rounds, path_bytes, network.default.bandwidth, network.default.latency)
 
 
-def format_bench(rows: list[dict], workers: int, link: dict | None) -> str:
+def format_bench(rows: list[dict], workers: int, link: dict | None, p2p: str = "gloo") -> str:
     kernel = bool(link) and link.get("emulation") == "kernel"
     net = f"emulated links {link['bandwidth']} / {link.get('latency', '0s')} (native is not emulated)" if link \
         else "no link emulation"
     if kernel:
         net = (f"kernel-shaped links {link['bandwidth']} / {link.get('latency', '0s')} (tbf on the veths of one "
                f"network namespace per rank; native's bytes are shaped too, modelled as ring)")
-    lines = [f"# syncbench bench: {workers} workers on Ray actors, gloo over "
+    carrier = "gloo" if p2p == "gloo" else f"{P2P_WORDS[p2p]} (native: gloo)"
+    lines = [f"# syncbench bench: {workers} workers on Ray actors, {carrier} over "
              f"{'TCP between network namespaces' if kernel else 'loopback'}, {net}",
              f"# host {platform.node()}, {platform.processor() or platform.machine()}, "
              f"{_cores()} cores; times are medians of the slowest rank per iteration",

@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# experiments.cluster.group.P2P, spelled out so that parsing arguments does not import Ray (a test checks both agree)
+P2P_CHOICES = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="syncbench", description=__doc__.splitlines()[0])
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", help="comma-separated names (default: all)")
     p.add_argument("--address", help="Ray cluster address")
     p.add_argument("--oversubscribe", action="store_true", help="allow more than 4 ranks per core")
+    p.add_argument("--p2p", default="gloo", choices=P2P_CHOICES,
+                   help="what carries the strategies' messages: gloo (default) or syncbench's own sockets")
 
     p = sub.add_parser("bench", help="nccl-tests-style table of allreduce time, algbw and busbw per strategy")
     p.add_argument("--workers", type=int, default=4)
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="who shapes --bandwidth: the communicator (python, default) or the kernel, on the cluster "
                         "of `syncbench cluster up` (one rank per node; native is shaped too)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
+    p.add_argument("--p2p", default="gloo", choices=P2P_CHOICES,
+                   help="what carries the strategies' messages: torch.distributed's gloo (default) or syncbench's "
+                        "own sockets (Unix within a network namespace, else TCP); native is gloo's either way")
     p.add_argument("--transport", action="store_true",
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
     p.add_argument("--harness", action="store_true",
@@ -245,7 +253,8 @@ def _verify(args) -> int:
     from experiments.bench.collectives import verify
 
     return 0 if verify(workers=args.workers, numel=args.numel, op=args.op, names=_names(args.strategies),
-                       address=args.address, oversubscribe=args.oversubscribe, dtype=args.dtype) else 1
+                       address=args.address, oversubscribe=args.oversubscribe, dtype=args.dtype,
+                       p2p=args.p2p) else 1
 
 
 def _bench(args) -> int:
@@ -281,7 +290,7 @@ def _bench(args) -> int:
     if args.emulation == "kernel" and not link:
         raise ValueError("--emulation kernel: give the cluster's --bandwidth too (the links the run expects)")
     bench(workers=args.workers, sizes=sizes, names=_names(args.strategies), link=link, iters=args.iters,
-          address=args.address, oversubscribe=args.oversubscribe)
+          address=args.address, oversubscribe=args.oversubscribe, p2p=args.p2p)
     return 0
 
 

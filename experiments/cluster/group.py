@@ -30,6 +30,8 @@ from workloads.profile import cpu_model
 STARTUP_TIMEOUT_S = 120.0
 # every wait on Ray returns at least this often, so that Ctrl-C (and SIGTERM) interrupt it promptly
 WAIT_SLICE_S = 0.5
+# what can carry the strategies' point-to-point messages (WorkerGroup.run)
+P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
 # after the first rank fails, how long the others get to report their own errors before run() raises
 GRACE_S = 2.0
 
@@ -83,6 +85,7 @@ class GroupWorker:
         self.store = None
         self.control_group = None
         self.backend = "gloo"
+        self.ip = "127.0.0.1"  # where this rank's socket transport listens for TCP pairs
 
     def address(self) -> tuple[str, str]:
         """This actor's node IP and the interface that holds it."""
@@ -104,6 +107,7 @@ class GroupWorker:
     def join(self, host: str, port: int, ifname: str, backend: str, timeout: float) -> dict:
         """Join the process group (and, for NCCL, a gloo control group); return facts about this rank."""
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        self.ip = "127.0.0.1" if ifname == "lo" else ray.util.get_node_ip_address()
         store = self.store or torch.distributed.TCPStore(host, port, self.world_size, is_master=False,
                                                          timeout=dt.timedelta(seconds=timeout))
         if backend == "nccl":
@@ -117,10 +121,17 @@ class GroupWorker:
         return {"host": socket.gethostname(), "cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu,
                 "pid": os.getpid()}
 
-    def run(self, fn, args: tuple, network: Network | None, timeout: float):
+    def run(self, fn, args: tuple, network: Network | None, timeout: float, p2p: str = "gloo"):
         from strategies.torch_dist import TorchCommunicator
 
-        comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
+        if p2p == "gloo":
+            comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
+        else:  # sockets[-unix|-tcp]: the gloo communicator stays the control plane and the native allreduce
+            from strategies.sockets import SocketCommunicator
+
+            control = TorchCommunicator(self.rank, self.world_size, timeout, control_group=self.control_group)
+            comm = SocketCommunicator(control, timeout, network, address=self.ip,
+                                      mode=p2p.removeprefix("sockets").removeprefix("-") or "auto")
         device = "cuda" if ray.get_gpu_ids() else "cpu"
         ctx = RankContext(self.rank, self.world_size, comm, device, self.state)
         try:
@@ -209,12 +220,20 @@ class WorkerGroup:
     def gpu_name(self) -> str | None:
         return self.info[0]["gpu"] if self.info else None
 
-    def run(self, fn, *args, network: Network | None = None, timeout: float | None = None) -> list:
-        """fn(ctx, *args) on every rank at once; results in rank order. `timeout`: overall deadline (s)."""
+    def run(self, fn, *args, network: Network | None = None, timeout: float | None = None,
+            p2p: str = "gloo") -> list:
+        """fn(ctx, *args) on every rank at once; results in rank order. `timeout`: overall deadline (s).
+
+        `p2p`: what carries the strategies' point to point: "gloo" (torch.distributed) or "sockets"
+        (strategies.sockets: Unix + single copy within a namespace, else TCP; "sockets-unix" without the single
+        copy, "sockets-tcp" TCP for every pair); the backend's own allreduce is gloo's (or NCCL's) either way.
+        """
+        if p2p not in P2P:
+            raise ValueError(f"p2p {p2p!r}: expected one of {', '.join(P2P)}")
         if self.broken:
             raise GroupError("the worker group is broken by an earlier failure: shut it down and start a new one",
                              [])
-        refs = [a.run.remote(fn, args, network, self.timeout) for a in self.actors]
+        refs = [a.run.remote(fn, args, network, self.timeout, p2p) for a in self.actors]
         try:
             return self._get(refs, timeout, f"run({getattr(fn, '__name__', fn)})")
         except KeyboardInterrupt:  # Ctrl-C/SIGTERM: the ranks are still busy with fn, so shutdown() kills them

@@ -1,0 +1,563 @@
+"""The socket transport: point to point over one stream socket per pair of ranks, driven by the calling thread.
+
+Why not gloo's point to point: a gloo message goes from the caller to gloo's event-loop thread and back (two
+thread wake-ups per message) after torch's dispatch; with 4 ranks on 2 cores that fixed cost, not the bytes,
+set the time of a small allreduce (README, "Transport"). Here a small message is one `sendmsg` from the
+sender's own thread and one `recv_into` by the receiver's; waiting is a `poll` on the sockets with work
+pending, and every wait drives every pending transfer of the rank, so a ring's send to the right keeps moving
+while the rank waits on its left.
+
+Where the pairs run:
+- Ranks in one network namespace of one machine (one Ray node) pair over Unix stream sockets in the abstract
+  namespace. A payload above SINGLE_COPY_BYTES then moves as MPI's shared-memory transports move it (CMA):
+  the sender sends a descriptor (its address), the receiver copies the bytes out of the sender's memory with
+  one `process_vm_readv` and answers with an acknowledgement that completes the send. One copy instead of a
+  socket's two (into the kernel, out of it), done by the receiver alone: on this 2-core machine that, not the
+  wire, bounds a large allreduce. Whether a peer may read this process's memory (same user, ptrace allowed)
+  is probed when connecting; a pair where it may not sends every payload through the socket.
+- Ranks in different namespaces (the kernel-shaped cluster: one rank per namespace) or on different machines
+  pair over TCP (TCP_NODELAY) on the address each rank's node is reached at, so every byte crosses the
+  shaped link, and payloads always travel in the stream.
+Addresses are swapped when the communicator is built, over a `control` communicator that also carries
+`allgather_object` and the backend's own `native_allreduce` (gloo's TorchCommunicator between Ray actors, the
+thread transport in tests); `close()` closes every socket.
+
+Every message starts with a 40-byte header (payload bytes, dtype code, kind, the sender's address for a
+descriptor, the emulation stamp); messages on a pair arrive in the order they were sent and receives from a
+peer match them in the order they were posted (as gloo and MPI match one tag). A message that arrives before
+its receive is posted waits in the pair's arrived queue (a small payload as bytes, a descriptor as its
+header). An in-stream send completes once its bytes are in the kernel; a descriptor send once the receiver
+has copied it, as gloo's sends complete only against a posted receive: strategies written for gloo work
+unchanged. A header that disagrees with the posted buffer is an error naming both sizes; the pair's stream
+is then out of step, so the communicator refuses further traffic with that peer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import select
+import socket
+import struct
+import time
+import uuid
+from collections import deque
+
+import torch
+
+from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
+from strategies.link import Network
+from strategies.torch_dist import _dtype_code, _dtype_name
+
+# payload bytes, dtype code, kind, sender's address (a descriptor), first byte on the wire, sender done (NaN: none)
+_HEADER = struct.Struct("<qiiQdd")
+_DATA, _DESCRIPTOR, _ACK = 0, 1, 2
+# a Unix pair moves larger payloads by descriptor + process_vm_readv (measured: README, "Transport")
+SINGLE_COPY_BYTES = 64 * 1024
+# each pair's receive buffer: headers and in-stream payloads are read through it, many per recv call
+_READ_BUFFER_BYTES = 1 << 20
+# kernel socket buffers of a Unix pair (the default 208 KiB cost a wake-up per 208 KiB of a large payload)
+_UNIX_SOCKET_BUFFER_BYTES = 1 << 20
+_CONNECT_RETRY_S = 0.01
+MODES = ("auto", "unix", "tcp")
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _process_vm_readv():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):  # not Linux (or an old libc): no single copy
+        return None
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                   ctypes.c_ulong]
+    return fn
+
+
+_VM_READV = _process_vm_readv()
+
+
+def _read_peer_memory(pid: int, address: int, into: int, nbytes: int) -> None:
+    """Copy `nbytes` at `address` in process `pid` to `into` in this one; OSError if the kernel refuses."""
+    done = 0
+    while done < nbytes:
+        local, remote = _IoVec(into + done, nbytes - done), _IoVec(address + done, nbytes - done)
+        got = _VM_READV(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"process_vm_readv from pid {pid}: {os.strerror(errno)}")
+        done += got
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous host tensor's storage (no copy)."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _namespace() -> tuple[str, int]:
+    """(boot id, network namespace inode): ranks with equal pairs share a kernel and a network namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return boot, os.stat("/proc/self/ns/net").st_ino
+    except OSError:  # not Linux: no abstract Unix sockets either, so every pair takes TCP
+        return socket.gethostname(), -1
+
+
+class _Send:
+    """A posted send: its header and (in-stream) payload still to write; a descriptor waits for its ack."""
+
+    __slots__ = ("data", "written", "done", "keep")
+
+    def __init__(self, header: bytes, payload: memoryview | None, keep):
+        self.data = [memoryview(header)] + ([payload] if payload is not None else [])
+        self.written = 0
+        self.done = False
+        self.keep = keep  # the tensor whose bytes are being sent or read by the peer
+
+    def remaining(self) -> list[memoryview]:
+        off = self.written
+        head = len(self.data[0])
+        if off < head:
+            return [self.data[0][off:]] + self.data[1:]
+        return [self.data[1][off - head:]]
+
+    def total(self) -> int:
+        return sum(len(d) for d in self.data)
+
+
+class _Recv:
+    """A posted receive into a host tensor (a CUDA target gets the bytes after they arrive)."""
+
+    __slots__ = ("tensor", "payload", "got", "done", "stamp", "target")
+
+    def __init__(self, tensor: torch.Tensor, target: torch.Tensor | None):
+        self.tensor, self.target = tensor, target
+        self.payload = _byte_view(tensor)
+        self.got = 0
+        self.done = False
+        self.stamp = None
+
+
+class _Pair:
+    """The socket to one peer: queues of sends to write, descriptors awaiting acks, posted receives, messages
+    that arrived before their receive, and the buffer the stream is read through."""
+
+    __slots__ = ("peer", "sock", "fd", "pid", "single_copy", "sends", "unacked", "recvs", "arrived", "filling",
+                 "rbuf", "rview", "lo", "hi", "error")
+
+    def __init__(self, peer: int, sock: socket.socket):
+        self.peer, self.sock, self.fd = peer, sock, sock.fileno()
+        self.pid = 0  # the peer's pid, when this rank may read its memory
+        self.single_copy = False  # whether the peer may read this rank's memory (then large sends go by descriptor)
+        self.sends: deque[_Send] = deque()
+        self.unacked: deque[_Send] = deque()
+        self.recvs: deque[_Recv] = deque()
+        self.arrived: deque[tuple[tuple, bytes | None]] = deque()
+        self.filling: _Recv | None = None  # matched, its in-stream payload read straight into its tensor
+        self.rbuf = bytearray(_READ_BUFFER_BYTES)
+        self.rview = memoryview(self.rbuf)
+        self.lo = self.hi = 0
+        self.error: str | None = None
+
+
+class _Handle:
+    """What _raw_isend/_raw_irecv return: wait(timeout) drives the rank's transfers until this op is done."""
+
+    __slots__ = ("comm", "op")
+
+    def __init__(self, comm: SocketCommunicator, op: _Send | _Recv):
+        self.comm, self.op = comm, op
+
+    def wait(self, timeout: float):
+        self.comm._drive(self.op, time.monotonic() + timeout)
+        return getattr(self.op, "stamp", None)
+
+
+class SocketCommunicator(Communicator):
+    """Point to point over a mesh of stream sockets; the control plane and native allreduce are `control`'s.
+
+    `control`: a communicator of the same rank and world size (its own traffic is not counted here).
+    `address`: the IP this rank's node is reached at (TCP pairs listen there; 127.0.0.1 on one machine).
+    `mode`: "auto" (Unix + single copy within a namespace, else TCP), "unix" (Unix within a namespace, every
+    payload in the stream) or "tcp" (every pair over TCP): the last two exist to test and measure each path.
+    """
+
+    def __init__(self, control: Communicator, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None,
+                 address: str = "127.0.0.1", mode: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        super().__init__(control.rank, control.world_size, timeout, network)
+        self.control = control
+        self._pairs: dict[int, _Pair] = {}
+        self._by_fd: dict[int, _Pair] = {}
+        self._poll = select.poll()
+        self._polled: dict[int, int] = {}
+        try:
+            self._connect(address, mode)
+        except BaseException:
+            self.close()
+            raise
+        kinds = sorted({("unix+single-copy" if p.single_copy else "unix") if p.sock.family == socket.AF_UNIX
+                        else "tcp" for p in self._pairs.values()})
+        self.transport = "sockets-" + ("/".join(kinds) if kinds else "none")
+
+    def allgather_object(self, obj) -> list:
+        return self.control.allgather_object(obj)
+
+    def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
+        self.control.native_allreduce(tensor, op)
+
+    # -- connecting: listen, swap addresses over the control group, connect down, accept up ------------
+
+    def _connect(self, address: str, mode: str) -> None:
+        where = _namespace()
+        use_unix = mode != "tcp" and where[1] != -1
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) if use_unix else None
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listeners = [s for s in (unix, tcp) if s is not None]
+        probe = torch.randint(0, 2**62, (1,), dtype=torch.int64)  # peers read it to learn if they may
+        try:
+            unix_name = None
+            if unix is not None:  # an abstract name: gone with the socket, no file to clean up
+                unix_name = f"\0syncbench-{uuid.uuid4().hex}"
+                unix.bind(unix_name)
+                unix.listen(self.world_size)
+            tcp.bind((address, 0))
+            tcp.listen(self.world_size)
+            mine = (where, unix_name, (address, tcp.getsockname()[1]), os.getpid(), probe.data_ptr(), int(probe))
+            everyone = self.allgather_object(mine)
+            deadline = time.monotonic() + self.timeout
+            for peer in range(self.rank):  # connect to every lower rank, then accept every higher one
+                peer_where, peer_unix, peer_tcp = everyone[peer][:3]
+                if unix_name is not None and peer_unix is not None and peer_where == where:
+                    sock = self._dial(socket.AF_UNIX, peer_unix, peer, deadline)
+                else:
+                    sock = self._dial(socket.AF_INET, peer_tcp, peer, deadline)
+                sock.sendall(struct.pack("<q", self.rank))
+                self._add(peer, sock)
+            for _ in range(self.rank + 1, self.world_size):
+                sock = self._accept(listeners, deadline)
+                (peer,) = struct.unpack("<q", _recv_exact(sock, 8, deadline))
+                if not self.rank < peer < self.world_size or peer in self._pairs:
+                    sock.close()
+                    raise CommError(f"rank {self.rank}: a connection announced itself as rank {peer}: expected "
+                                    f"one of the ranks {self.rank + 1}..{self.world_size - 1} not yet connected")
+                self._add(peer, sock)
+            # single copy: which Unix peers' memory this rank can read; a peer sends by descriptor only to those
+            readable = [p for p, pair in self._pairs.items()
+                        if mode == "auto" and pair.sock.family == socket.AF_UNIX and _can_read(*everyone[p][3:])]
+            for p in readable:
+                self._pairs[p].pid = everyone[p][3]
+            can_read_me = self.allgather_object(readable)
+            for p, pair in self._pairs.items():
+                pair.single_copy = self.rank in can_read_me[p]
+        finally:
+            for listener in listeners:
+                listener.close()
+        del probe  # kept alive until every peer had its read
+
+    def _dial(self, family: int, addr, peer: int, deadline: float) -> socket.socket:
+        while True:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            try:
+                sock.connect(addr)
+                return sock
+            except OSError as e:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise CommError(f"rank {self.rank}: could not connect to rank {peer} at {addr!r}: {e}") from e
+                time.sleep(_CONNECT_RETRY_S)
+
+    def _accept(self, listeners: list[socket.socket], deadline: float) -> socket.socket:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(self.rank + 1, self.world_size)) - set(self._pairs))
+                raise CommError(f"rank {self.rank}: ranks {missing} did not connect within {self.timeout:g} s")
+            ready, _, _ = select.select(listeners, [], [], left)
+            if ready:
+                sock, _ = ready[0].accept()
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                return sock
+
+    def _add(self, peer: int, sock: socket.socket) -> None:
+        if sock.family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SOCKET_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _UNIX_SOCKET_BUFFER_BYTES)
+        sock.setblocking(False)
+        pair = _Pair(peer, sock)
+        self._pairs[peer] = pair
+        self._by_fd[pair.fd] = pair
+
+    # -- the raw operations ----------------------------------------------------------------------------
+
+    def _raw_isend(self, tensor, dst, stamp):
+        pair = self._usable(dst)
+        if tensor.is_cuda:
+            tensor = tensor.cpu()
+        first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
+        nbytes = tensor.numel() * tensor.element_size()
+        code = _dtype_code(tensor.dtype)
+        if pair.single_copy and nbytes > SINGLE_COPY_BYTES:
+            header = _HEADER.pack(nbytes, code, _DESCRIPTOR, tensor.data_ptr(), first_byte, sender_done)
+            op = _Send(header, None, tensor)
+        else:
+            op = _Send(_HEADER.pack(nbytes, code, _DATA, 0, first_byte, sender_done), _byte_view(tensor), tensor)
+        pair.sends.append(op)
+        self._push(pair)
+        return _Handle(self, op)
+
+    def _raw_irecv(self, tensor, src, stamped):
+        pair = self._usable(src)
+        target = None
+        if tensor.is_cuda:  # received through a host buffer
+            target, tensor = tensor, torch.empty(tensor.shape, dtype=tensor.dtype)
+        op = _Recv(tensor, target)
+        pair.recvs.append(op)
+        self._match(pair)
+        self._pull(pair)
+        return _Handle(self, op)
+
+    def _usable(self, peer: int) -> _Pair:
+        pair = self._pairs.get(peer)
+        if pair is None:
+            raise CommError(f"rank {self.rank}: no connection to rank {peer} (the communicator is closed)")
+        if pair.error:
+            raise CommError(pair.error)
+        return pair
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def _push(self, pair: _Pair) -> None:
+        """Write what the kernel takes now, oldest send first."""
+        while pair.sends:
+            op = pair.sends[0]
+            try:
+                op.written += pair.sock.sendmsg(op.remaining())
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._fail(pair, f"sending to rank {pair.peer} failed: {e}")
+            if op.written < op.total():
+                return
+            pair.sends.popleft()
+            if len(op.data) == 1 and op.keep is not None:  # a descriptor: done when the peer has read it
+                pair.unacked.append(op)
+            else:
+                op.done, op.keep = True, None
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def _pull(self, pair: _Pair) -> None:
+        """Read what has arrived and act on every whole message, until the stream has nothing more to give."""
+        while True:
+            if pair.filling is not None:
+                if not self._fill(pair):
+                    return
+                continue
+            if self._parse(pair):
+                continue
+            if not (pair.recvs or pair.unacked) or not self._read(pair):
+                return  # nothing awaited from this peer: leave the rest (or its end) in the kernel
+
+    def _read(self, pair: _Pair) -> bool:
+        """Read more of the stream into the pair's buffer; False if nothing came (or there is no room)."""
+        if pair.lo == pair.hi:
+            pair.lo = pair.hi = 0
+        elif pair.hi == len(pair.rbuf):  # keep the unread tail, move it to the front
+            if pair.lo == 0:
+                return False  # a whole buffer of messages no receive is posted for: wait for one
+            tail = pair.hi - pair.lo
+            pair.rview[:tail] = pair.rview[pair.lo:pair.hi]
+            pair.lo, pair.hi = 0, tail
+        try:
+            got = pair.sock.recv_into(pair.rview[pair.hi:])
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as e:
+            self._fail(pair, f"receiving from rank {pair.peer} failed: {e}")
+        if got == 0:
+            self._fail(pair, f"rank {pair.peer} closed the connection (its process exited or failed)")
+        pair.hi += got
+        return True
+
+    def _fill(self, pair: _Pair) -> bool:
+        """Read a matched in-stream payload straight into its tensor; True once it is complete."""
+        op = pair.filling
+        try:
+            got = pair.sock.recv_into(op.payload[op.got:])
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as e:
+            self._fail(pair, f"receiving from rank {pair.peer} failed: {e}")
+        if got == 0:
+            self._fail(pair, f"rank {pair.peer} closed the connection (its process exited or failed)")
+        op.got += got
+        if op.got < len(op.payload):
+            return False
+        pair.filling = None
+        self._finish(op)
+        return True
+
+    def _parse(self, pair: _Pair) -> bool:
+        """Act on the next whole message in the buffer; False if it needs more bytes (or a posted receive)."""
+        avail = pair.hi - pair.lo
+        if avail < _HEADER.size:
+            return False
+        header = _HEADER.unpack_from(pair.rbuf, pair.lo)
+        nbytes, _, kind = header[:3]
+        if kind == _ACK:
+            pair.lo += _HEADER.size
+            if not pair.unacked:
+                self._fail(pair, f"rank {pair.peer} acknowledged a message this rank did not send")
+            op = pair.unacked.popleft()
+            op.done, op.keep = True, None
+            return True
+        if kind == _DESCRIPTOR:
+            pair.lo += _HEADER.size
+            pair.arrived.append((header, None))
+            self._match(pair)
+            return True
+        if kind != _DATA:
+            self._fail(pair, f"rank {pair.peer} sent a message of unknown kind {kind}")
+        start = pair.lo + _HEADER.size
+        if pair.recvs and not pair.arrived:  # its receive is posted: copy what is here, read the rest into place
+            op = pair.recvs.popleft()
+            self._check(pair, op, header)
+            take = min(avail - _HEADER.size, nbytes)
+            op.payload[:take] = pair.rview[start:start + take]
+            op.got = take
+            pair.lo = start + take
+            if take == nbytes:
+                self._finish(op)
+            else:
+                pair.filling = op
+            return True
+        if avail - _HEADER.size >= nbytes:  # no receive yet: keep the payload until one is posted
+            pair.arrived.append((header, bytes(pair.rview[start:start + nbytes])))
+            pair.lo = start + nbytes
+            return True
+        return False
+
+    def _match(self, pair: _Pair) -> None:
+        """Complete posted receives from messages that arrived before them, in order."""
+        while pair.arrived and pair.recvs:
+            header, data = pair.arrived.popleft()
+            op = pair.recvs.popleft()
+            self._check(pair, op, header)
+            if data is not None:
+                op.payload[:] = data
+            else:  # a descriptor: copy out of the sender's memory, then tell it its buffer is free
+                try:
+                    _read_peer_memory(pair.pid, header[3], op.tensor.data_ptr(), header[0])
+                except OSError as e:
+                    self._fail(pair, f"reading rank {pair.peer}'s message from its memory failed: {e}")
+                pair.sends.append(_Send(_HEADER.pack(0, 0, _ACK, 0, math.nan, math.nan), None, None))
+                self._push(pair)
+            self._finish(op)
+
+    def _check(self, pair: _Pair, op: _Recv, header: tuple) -> None:
+        nbytes, code, _, _, first_byte, sender_done = header
+        want_code = _dtype_code(op.tensor.dtype)
+        if nbytes != len(op.payload) or code != want_code:
+            self._fail(pair, f"sender sent {nbytes} bytes of {_dtype_name(code)}, this rank expected "
+                             f"{len(op.payload)} bytes of {_dtype_name(want_code)} ({op.tensor.numel()} "
+                             f"elements): ranks disagree on the tensor's size or dtype")
+        if header[2] == _DESCRIPTOR and not pair.pid:
+            self._fail(pair, f"rank {pair.peer} sent a descriptor, but this rank cannot read its memory")
+        op.stamp = None if math.isnan(first_byte) else (first_byte, sender_done)
+
+    @staticmethod
+    def _finish(op: _Recv) -> None:
+        op.done = True
+        if op.target is not None:
+            op.target.copy_(op.tensor)
+        op.tensor = op.target = op.payload = None
+
+    def _fail(self, pair: _Pair, why: str):
+        pair.error = f"rank {self.rank}: {why}; no more traffic with rank {pair.peer} on this communicator"
+        raise CommError(pair.error)
+
+    # -- waiting ---------------------------------------------------------------------------------------
+
+    def _drive(self, op: _Send | _Recv, deadline: float) -> None:
+        """Move every pending transfer of this rank until `op` is done; TimeoutError at the deadline."""
+        while not op.done:
+            want = {}
+            for pair in self._pairs.values():
+                if pair.error and (pair.sends or _awaits(pair)):
+                    raise CommError(pair.error)
+                if pair.sends:
+                    self._push(pair)
+                if _awaits(pair):
+                    self._pull(pair)
+                if op.done:
+                    return
+                # what is still pending after that progress decides what to wait for
+                events = (select.POLLOUT if pair.sends else 0) | (select.POLLIN if _awaits(pair) else 0)
+                if events:
+                    want[pair.fd] = events
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no progress before the deadline")
+            self._watch(want)
+            for fd, event in self._poll.poll(min(left, 3600) * 1000):
+                if event & (select.POLLERR | select.POLLHUP | select.POLLNVAL) and not event & select.POLLIN:
+                    pair = self._by_fd[fd]
+                    self._fail(pair, f"the connection to rank {pair.peer} broke (poll events {event:#x})")
+
+    def _watch(self, want: dict[int, int]) -> None:
+        """Register with poll() exactly the sockets (and events) with work pending."""
+        for fd in [fd for fd in self._polled if fd not in want]:
+            self._poll.unregister(fd)
+            del self._polled[fd]
+        for fd, events in want.items():
+            if self._polled.get(fd) != events:
+                self._poll.register(fd, events)
+                self._polled[fd] = events
+
+    def close(self) -> None:
+        for pair in self._pairs.values():
+            try:
+                pair.sock.close()
+            except OSError:
+                pass
+        self._pairs, self._by_fd, self._polled = {}, {}, {}
+        self._poll = select.poll()
+        self.control.close()
+
+
+def _awaits(pair: _Pair) -> bool:
+    """Whether this rank expects bytes from the pair's peer: a posted receive, a payload being read, an ack."""
+    return bool(pair.recvs or pair.unacked or pair.filling is not None)
+
+
+def _can_read(pid: int, address: int, value: int) -> bool:
+    """Whether this process may read process `pid`'s memory: read its probe and compare."""
+    if _VM_READV is None:
+        return False
+    out = torch.zeros(1, dtype=torch.int64)
+    try:
+        _read_peer_memory(pid, address, out.data_ptr(), 8)
+    except OSError:
+        return False
+    return int(out) == value
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    data = b""
+    while len(data) < n:
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise CommError("a peer closed its connection during the handshake")
+        data += chunk
+    return data
