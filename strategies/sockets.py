@@ -468,7 +468,7 @@ class SocketCommunicator(Communicator):
         nbytes, code, _, _, first_byte, sender_done = header
         want_code = _dtype_code(op.tensor.dtype)
         if nbytes != len(op.payload) or code != want_code:
-            self._fail(pair, f"sender sent {nbytes} bytes of {_dtype_name(code)}, this rank expected "
+            self._fail(pair, f"rank {pair.peer} sent {nbytes} bytes of {_dtype_name(code)}, this rank expected "
                              f"{len(op.payload)} bytes of {_dtype_name(want_code)} ({op.tensor.numel()} "
                              f"elements): ranks disagree on the tensor's size or dtype")
         if header[2] == _DESCRIPTOR and not pair.pid:

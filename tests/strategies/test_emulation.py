@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from strategies.link import Link, Network
@@ -24,7 +25,7 @@ def within(measure, expected: float, tolerance: float) -> float:
     return result
 
 
-def incast_time(senders: int, nbytes: int, network: Network) -> float:
+def incast_time(senders: int, nbytes: int, network: Network, p2p: str = "threads") -> float:
     """Ranks 1..senders each send nbytes to rank 0 at once; seconds from the start until rank 0 has all."""
 
     def body(comm):
@@ -36,20 +37,23 @@ def incast_time(senders: int, nbytes: int, network: Network) -> float:
             return time.time() - start
         comm.send(torch.empty(nbytes, dtype=torch.uint8), 0)
 
-    return run_threads(senders + 1, body, timeout=30, network=network)[0]
+    return run_threads(senders + 1, body, timeout=30, network=network, p2p=p2p)[0]
 
 
-def test_8MB_at_100MBps_takes_80ms():
+@pytest.mark.parametrize("p2p", ["threads", "sockets"])
+def test_8MB_at_100MBps_takes_80ms(p2p):
+    """Over the socket transport too: the emulation stamp travels in its header (descriptor or in-stream)."""
     network = Network(Link.parse("100MB/s"))
-    elapsed = within(lambda: incast_time(1, 8 * MB, network), 0.080, 0.15)
+    elapsed = within(lambda: incast_time(1, 8 * MB, network, p2p), 0.080, 0.15)
     assert 0.080 * 0.85 <= elapsed <= 0.080 * 1.15
 
 
-def test_three_senders_into_one_receiver_take_three_times_one_sender():
+@pytest.mark.parametrize("p2p", ["threads", "sockets"])
+def test_three_senders_into_one_receiver_take_three_times_one_sender(p2p):
     network = Network(Link.parse("100MB/s"))
 
     def ratio():
-        return incast_time(3, 4 * MB, network) / incast_time(1, 4 * MB, network)
+        return incast_time(3, 4 * MB, network, p2p) / incast_time(1, 4 * MB, network, p2p)
 
     assert 3 * 0.8 <= within(ratio, 3.0, 0.2) <= 3 * 1.2
 
