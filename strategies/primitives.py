@@ -45,13 +45,15 @@ def ring_reduce_scatter(comm: Communicator, flat: torch.Tensor, bounds: list[tup
     slots = scratch.get(slot * (n - 1), flat)
     incoming = [slots[rnd * slot: rnd * slot + hi - lo] for rnd, (lo, hi) in enumerate(recv_chunks)]
     pending = [comm.irecv(buf, left) for buf in incoming]
+    sends = []
     for rnd in range(n - 1):
         s_lo, s_hi = bounds[(pos - rnd) % n]  # round 0: our own chunk; later: the one reduced last round
-        sent = comm.isend(flat[s_lo:s_hi], right)
+        sends.append(comm.isend(flat[s_lo:s_hi], right))
         pending[rnd].wait()
         r_lo, r_hi = recv_chunks[rnd]
         reduce_into(flat[r_lo:r_hi], incoming[rnd], op)
-        sent.wait()
+    for handle in sends:  # a sent chunk is not written again in these rounds: wait for the sends once, at the end
+        handle.wait()
     return (pos + 1) % n
 
 

@@ -168,6 +168,23 @@ def test_tiny_sweep_of_every_strategy_runs_across_the_shaped_nodes(cluster, tmp_
     assert min(received[:2]) > counted["bytes_recv_per_worker"].sum(), received
 
 
+def test_the_socket_transport_crosses_the_shaped_links_between_nodes(cluster):
+    """`bench --p2p sockets` on the cluster: ranks in different namespaces pair over TCP (never a Unix socket
+    or a single copy that would bypass the links), so the bytes go through each node's shaped port."""
+    c, _ = cluster
+    before = [_tc_bytes(node.veth_bridge) for node in c.nodes]
+    done = _syncbench("bench", "--workers", str(NODES), "--sizes", "16M", "--strategies", "ring", "--iters", "2",
+                      "--bandwidth", BANDWIDTH, "--emulation", "kernel", "--p2p", "sockets", "--address", c.address)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "syncbench's sockets" in done.stdout and "ring" in done.stdout, done.stdout
+    received = [_tc_bytes(node.veth_bridge) - b for node, b in zip(c.nodes, before)]
+    per_iteration = 2 * (NODES - 1) * (16 << 20) // NODES  # ring: what each rank receives
+    iterations = 2 + 2  # warm-up (2 at 16 MB) + timed
+    assert min(received) > iterations * per_iteration, (received, done.stdout)
+    row = next(line for line in done.stdout.splitlines() if line.split()[:2] == [str(16 << 20), "ring"])
+    assert float(row.split()[-1]) >= 0.9, row  # meas/model: not faster than the shaped links allow
+
+
 FAULT_SWEEP = """
 name = "kernel-fault"
 [defaults]
