@@ -61,6 +61,8 @@ _READ_BUFFER_BYTES = 1 << 20
 _UNIX_SOCKET_BUFFER_BYTES = 1 << 20
 _CONNECT_RETRY_S = 0.01
 MODES = ("auto", "unix", "tcp")
+# what can carry a Ray worker group's point to point (experiments.cluster.group.WorkerGroup.run, `p2p` of a sweep)
+P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
 
 
 class _IoVec(ctypes.Structure):

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-# experiments.cluster.group.P2P, spelled out so that parsing arguments does not import Ray (a test checks both agree)
+# strategies.sockets.P2P, spelled out so that parsing arguments does not import torch (a test checks both agree)
 P2P_CHOICES = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
 
 

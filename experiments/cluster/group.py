@@ -25,13 +25,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from strategies.communicator import DEFAULT_TIMEOUT_S
 from strategies.link import Network
+from strategies.sockets import P2P
 from workloads.profile import cpu_model
 
 STARTUP_TIMEOUT_S = 120.0
 # every wait on Ray returns at least this often, so that Ctrl-C (and SIGTERM) interrupt it promptly
 WAIT_SLICE_S = 0.5
-# what can carry the strategies' point-to-point messages (WorkerGroup.run)
-P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
 # after the first rank fails, how long the others get to report their own errors before run() raises
 GRACE_S = 2.0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import strategies
 from strategies.base import PARAMETERS
 from strategies.link import Network
+from strategies.sockets import P2P
 from workloads.data import DATASETS
 from workloads.models import MODELS, check_model_args
 from workloads.profile import ProfileError, load_profile
@@ -109,6 +110,7 @@ class RunSpec:
     overlap: bool = False  # sync each bucket from a communication thread as soon as its gradients are ready
     compute: str = "real"  # "real": the model computes; "profile": a measured timeline is replayed
     profile: str | None = None  # compute = "profile": a profile JSON file; None: measured at the run's start
+    p2p: str = "gloo"  # what carries the strategies' messages: gloo or syncbench's sockets (strategies.sockets.P2P)
 
     @property
     def run_id(self) -> str:
@@ -148,7 +150,7 @@ class RunSpec:
 
 RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
 # Settings added after results existed: at their defaults they stay out of the run id, so earlier results resume.
-_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None}
+_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo"}
 COMPUTE_MODES = ("real", "profile")
 
 
@@ -256,7 +258,7 @@ def _report(where: str, errors: list[str]) -> str:
 _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "image_size": int,
           "num_classes": int, "batch_size": int, "steps": int, "warmup_steps": int, "seed": int,
           "workers": int, "lr": float, "momentum": float, "weight_decay": float, "timeout": float,
-          "bucket_mb": float, "overlap": bool, "compute": str, "profile": str}
+          "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
@@ -286,6 +288,11 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         bad("device", ", ".join(DEVICES))
     if point.get("strategy", "ring") not in strategies.names():
         bad("strategy", ", ".join(strategies.names()))
+    if point.get("p2p", "gloo") not in P2P:
+        bad("p2p", ", ".join(P2P))
+    elif point.get("p2p", "gloo") != "gloo" and point.get("device", "cpu") == "cuda":
+        errors.append(f"p2p = {point['p2p']!r} with device = \"cuda\": syncbench's sockets carry host tensors; "
+                      f"GPU runs take p2p = \"gloo\" (NCCL when every rank has its own GPU)")
     for key, accepted in RANGES.items():
         if key in point and (problem := accepted.problem(key, point[key])):
             errors.append(problem)

@@ -174,12 +174,13 @@ def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dic
         if log is not None and log.isatty():  # a live step counter for a person watching a terminal
             results = _with_step_progress(group, spec, train_fn, log)
         else:  # the communicator timeout bounds every wait
-            results = group.run(train_fn, spec, network=spec.network())
+            results = group.run(train_fn, spec, network=spec.network(), p2p=spec.p2p)
         error = ""
     except GroupError as e:
         results, error = None, str(e)
     meta = {"started_at": started_at, "duration_s": time.perf_counter() - start,
-            "transport": group.backend, "gpu": group.gpu_name or "", "cores": group.cores,
+            "transport": group.backend if spec.p2p == "gloo" else spec.p2p, "gpu": group.gpu_name or "",
+            "cores": group.cores,
             "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
 
@@ -193,7 +194,7 @@ def _with_step_progress(group: WorkerGroup, spec: RunSpec, train_fn, log) -> lis
 
     def call():
         try:
-            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network())
+            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network(), p2p=spec.p2p)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
             outcome["error"] = e
 

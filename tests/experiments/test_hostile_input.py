@@ -165,6 +165,16 @@ def test_every_numeric_setting_is_finite_and_in_its_range(tmp_path, line, fragme
         assert fragment in message, (fragment, message)
 
 
+@pytest.mark.parametrize("lines, fragments", [
+    ('p2p = "shm"\n', ["p2p = 'shm'", "accepted are gloo, sockets, sockets-unix, sockets-tcp"]),
+    ('p2p = "sockets"\ndevice = "cuda"\n', ["p2p = 'sockets' with device = \"cuda\"", "host tensors"]),
+])
+def test_an_unknown_p2p_or_sockets_for_gpu_tensors_is_refused(tmp_path, lines, fragments):
+    message = refused(tmp_path, BASE + lines)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
 def test_every_numeric_setting_has_a_documented_range():
     numeric = {key for key, typ in sweep_mod._TYPES.items() if typ in (int, float)}
     assert numeric <= set(RANGES), f"numeric settings without a range in sweep.RANGES: {numeric - set(RANGES)}"

@@ -55,6 +55,20 @@ def test_logical_and_bitwise_ops_over_gloo_on_awkward_world_sizes(ray_session, w
     assert all(" yes " in line for line in lines[2:]), "\n".join(lines)
 
 
+def test_a_sweep_over_p2p_trains_on_gloo_and_on_sockets(ray_session, tmp_path):
+    """`p2p` is a sweep setting: the same strategies train over gloo and over syncbench's sockets, bytes exact."""
+    path = tmp_path / "p2p.toml"
+    path.write_text(TINY.format(strategies='["ring", "parameter_server"]').replace(
+        "[grid]", '[grid]\np2p = ["gloo", "sockets"]'))
+    runs = run_sweep(sweep_mod.load(path), tmp_path / "out")
+    assert (runs["status"] == "ok").all(), runs[["strategy", "transport", "error"]]
+    assert sorted(zip(runs["strategy"], runs["transport"])) == [
+        ("parameter_server", "gloo"), ("parameter_server", "sockets"), ("ring", "gloo"), ("ring", "sockets")]
+    assert (runs["bytes_sent_per_worker"] == runs["analytic_bytes_sent_per_worker"]).all()
+    losses = runs.groupby("strategy")["final_loss"].agg(["min", "max"])
+    assert ((losses["max"] - losses["min"]) <= 1e-5 * losses["max"].abs()).all(), losses  # same arithmetic
+
+
 def test_every_strategy_trains_through_ray(ray_session, tmp_path):
     names = strategies.names()
     runs = run_sweep(tiny_sweep(tmp_path, names), tmp_path / "out")

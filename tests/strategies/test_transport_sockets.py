@@ -181,7 +181,7 @@ def test_an_unknown_p2p_is_refused_naming_the_choices():
 
 def test_the_command_line_offers_the_groups_p2p_choices():
     from experiments.cli.main import P2P_CHOICES
-    from experiments.cluster.group import P2P
+    from strategies.sockets import P2P
 
     assert P2P_CHOICES == P2P
 
