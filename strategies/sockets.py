@@ -60,6 +60,7 @@ _READ_BUFFER_BYTES = 1 << 20
 # kernel socket buffers of a Unix pair (the default 208 KiB cost a wake-up per 208 KiB of a large payload)
 _UNIX_SOCKET_BUFFER_BYTES = 1 << 20
 _CONNECT_RETRY_S = 0.01
+_CLOSE_FLUSH_S = 2.0
 MODES = ("auto", "unix", "tcp")
 # what can carry a Ray worker group's point to point (experiments.cluster.group.WorkerGroup.run, `p2p` of a sweep)
 P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
@@ -195,6 +196,7 @@ class SocketCommunicator(Communicator):
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         super().__init__(control.rank, control.world_size, timeout, network)
         self.control = control
+        self.single_copy_bytes = SINGLE_COPY_BYTES  # larger payloads of a single-copy pair go by descriptor
         self._pairs: dict[int, _Pair] = {}
         self._by_fd: dict[int, _Pair] = {}
         self._poll = select.poll()
@@ -308,7 +310,7 @@ class SocketCommunicator(Communicator):
         first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
         nbytes = tensor.numel() * tensor.element_size()
         code = _dtype_code(tensor.dtype)
-        if pair.single_copy and nbytes > SINGLE_COPY_BYTES:
+        if pair.single_copy and nbytes > self.single_copy_bytes:
             header = _HEADER.pack(nbytes, code, _DESCRIPTOR, tensor.data_ptr(), first_byte, sender_done)
             op = _Send(header, None, tensor)
         else:
@@ -527,6 +529,24 @@ class SocketCommunicator(Communicator):
                 self._polled[fd] = events
 
     def close(self) -> None:
+        """Write what is still queued (an ack the kernel had no room for; bounded by _CLOSE_FLUSH_S), then close
+        every socket: a peer waiting on this rank then fails at once on the closed stream."""
+        deadline = time.monotonic() + min(self.timeout, _CLOSE_FLUSH_S)
+        for pair in self._pairs.values():  # a descriptor not yet sent: its memory is not to be read any more
+            pair.sends = deque(op for op in pair.sends if op.written or len(op.data) > 1 or op.keep is None)
+        while any(p.sends and not p.error for p in self._pairs.values()) and time.monotonic() < deadline:
+            want = {}
+            for pair in self._pairs.values():
+                if pair.sends and not pair.error:
+                    try:
+                        self._push(pair)
+                    except CommError:
+                        continue
+                    if pair.sends:
+                        want[pair.fd] = select.POLLOUT
+            if want:
+                self._watch(want)
+                self._poll.poll(max(deadline - time.monotonic(), 0) * 1000)
         for pair in self._pairs.values():
             try:
                 pair.sock.close()
