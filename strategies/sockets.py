@@ -233,8 +233,11 @@ class SocketCommunicator(Communicator):
                 unix.listen(self.world_size)
             tcp.bind((address, 0))
             tcp.listen(self.world_size)
-            mine = (where, unix_name, (address, tcp.getsockname()[1]), os.getpid(), probe.data_ptr(), int(probe))
+            mine = (where, unix_name, (address, tcp.getsockname()[1]), os.getpid(), probe.data_ptr(), int(probe),
+                    uuid.uuid4().bytes)
             everyone = self.allgather_object(mine)
+            # every connection opens with rank 0's random token: one from anything else is dropped, not trusted
+            token = everyone[0][6]
             deadline = time.monotonic() + self.timeout
             for peer in range(self.rank):  # connect to every lower rank, then accept every higher one
                 peer_where, peer_unix, peer_tcp = everyone[peer][:3]
@@ -242,19 +245,22 @@ class SocketCommunicator(Communicator):
                     sock = self._dial(socket.AF_UNIX, peer_unix, peer, deadline)
                 else:
                     sock = self._dial(socket.AF_INET, peer_tcp, peer, deadline)
-                sock.sendall(struct.pack("<q", self.rank))
+                sock.sendall(token + struct.pack("<q", self.rank))
                 self._add(peer, sock)
-            for _ in range(self.rank + 1, self.world_size):
+            while len(self._pairs) < self.world_size - 1:
                 sock = self._accept(listeners, deadline)
-                (peer,) = struct.unpack("<q", _recv_exact(sock, 8, deadline))
+                try:
+                    hello = _recv_exact(sock, len(token) + 8, deadline)
+                except (OSError, CommError):
+                    hello = b""
+                peer = struct.unpack("<q", hello[len(token):])[0] if hello[:len(token)] == token else -1
                 if not self.rank < peer < self.world_size or peer in self._pairs:
-                    sock.close()
-                    raise CommError(f"rank {self.rank}: a connection announced itself as rank {peer}: expected "
-                                    f"one of the ranks {self.rank + 1}..{self.world_size - 1} not yet connected")
+                    sock.close()  # not one of this group's ranks (or a second claim to one): ignored
+                    continue
                 self._add(peer, sock)
             # single copy: which Unix peers' memory this rank can read; a peer sends by descriptor only to those
             readable = [p for p, pair in self._pairs.items()
-                        if mode == "auto" and pair.sock.family == socket.AF_UNIX and _can_read(*everyone[p][3:])]
+                        if mode == "auto" and pair.sock.family == socket.AF_UNIX and _can_read(*everyone[p][3:6])]
             for p in readable:
                 self._pairs[p].pid = everyone[p][3]
             can_read_me = self.allgather_object(readable)

@@ -196,7 +196,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
           p2p: str = "gloo") -> list[dict]:
     """Time every strategy at every size on the same actors; print and return the table's rows.
 
-    `p2p`: what carries the strategies' messages (experiments.cluster.group.P2P); native is gloo's either way.
+    `p2p`: what carries the strategies' messages (strategies.sockets.P2P); native is gloo's either way.
     """
     if p2p not in P2P:
         raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")

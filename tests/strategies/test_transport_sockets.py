@@ -199,3 +199,35 @@ def test_every_strategy_is_correct_over_sockets_between_ray_actors(ray_session):
     assert verify(workers=3, numel=100_003, p2p="sockets", out=lines.append), "\n".join(lines)
     assert "Unix + single copy" in lines[0]
     assert len(lines) == 2 + len(strategies.registry.settings())
+
+
+@pytest.mark.parametrize("p2p", ["sockets", "sockets-tcp"])
+def test_a_stray_connection_to_a_ranks_listener_is_dropped(p2p, monkeypatch):
+    """Anything that connects while ranks pair up (without the group's token) is closed, not taken for a rank."""
+    import socket
+
+    from strategies.sockets import SocketCommunicator
+    from strategies.testing import run_collective
+
+    strays, lock = [], threading.Lock()
+    exchange = SocketCommunicator.allgather_object
+
+    def allgather_with_strays(self, obj):
+        everyone = exchange(self, obj)
+        if self.rank == 0 and isinstance(obj, tuple) and len(obj) == 7:  # the addresses: knock on every door first
+            for _, unix_name, tcp_addr, *_ in everyone:
+                for family, addr in ((socket.AF_INET, tcp_addr), (socket.AF_UNIX, unix_name)):
+                    if addr is not None:
+                        stray = socket.socket(family, socket.SOCK_STREAM)
+                        stray.connect(addr)
+                        stray.sendall(b"\x00" * 16 + (1).to_bytes(8, "little"))  # a wrong token claiming rank 1
+                        with lock:
+                            strays.append(stray)
+        return everyone
+
+    monkeypatch.setattr(SocketCommunicator, "allgather_object", allgather_with_strays)
+    inputs = [torch.arange(1000, dtype=torch.float32).numpy() * (r + 1) for r in range(3)]
+    outputs, _ = run_collective("ring", inputs, op="sum", timeout=10, p2p=p2p)
+    for stray in strays:
+        stray.close()
+    assert strays and all((out == inputs[0] * 6).all() for out in outputs)
