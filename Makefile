@@ -25,6 +25,8 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --workers 4 --sizes 4K,64K,1M,16M,64M
 	.venv/bin/syncbench bench --workers 8 --sizes 4K,16K,64K --strategies ring,halving_doubling,native
 	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us
+	.venv/bin/syncbench bench --workers 4 --p2p sockets
+	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check .
