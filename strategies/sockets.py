@@ -388,29 +388,26 @@ class SocketCommunicator(Communicator):
             tail = pair.hi - pair.lo
             pair.rview[:tail] = pair.rview[pair.lo:pair.hi]
             pair.lo, pair.hi = 0, tail
+        got = self._recv_into(pair, pair.rview[pair.hi:])
+        pair.hi += got
+        return got > 0
+
+    def _recv_into(self, pair: _Pair, into: memoryview) -> int:
+        """Bytes the kernel has for `into` now (0: none yet); the end of the stream or an error fails the pair."""
         try:
-            got = pair.sock.recv_into(pair.rview[pair.hi:])
+            got = pair.sock.recv_into(into)
         except (BlockingIOError, InterruptedError):
-            return False
+            return 0
         except OSError as e:
             self._fail(pair, f"receiving from rank {pair.peer} failed: {e}")
         if got == 0:
             self._fail(pair, f"rank {pair.peer} closed the connection (its process exited or failed)")
-        pair.hi += got
-        return True
+        return got
 
     def _fill(self, pair: _Pair) -> bool:
         """Read a matched in-stream payload straight into its tensor; True once it is complete."""
         op = pair.filling
-        try:
-            got = pair.sock.recv_into(op.payload[op.got:])
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError as e:
-            self._fail(pair, f"receiving from rank {pair.peer} failed: {e}")
-        if got == 0:
-            self._fail(pair, f"rank {pair.peer} closed the connection (its process exited or failed)")
-        op.got += got
+        op.got += self._recv_into(pair, op.payload[op.got:])
         if op.got < len(op.payload):
             return False
         pair.filling = None
