@@ -76,7 +76,8 @@ RUNS: tuple[Column, ...] = (
     # where and how it ran
     Column("status", "str", "'ok' or 'failed'"),
     Column("error", "str", "why it failed ('' when ok)"),
-    Column("transport", "str", "gloo, nccl, threads, simgrid, or the sweep's p2p: sockets, sockets-unix, sockets-tcp"),
+    Column("transport", "str", "gloo, nccl, threads, simgrid, or the sweep's p2p (sockets, sockets-unix, "
+                               "sockets-tcp) when it carried the strategy's bytes"),
     Column("gpu", "str", "the GPU's name ('' on CPU)"),
     Column("cores", "int", "CPU cores of the machine (or cluster) the ranks shared"),
     Column("host", "str", "the host rank 0 ran on"),

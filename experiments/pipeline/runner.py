@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import strategies
 from experiments.cluster import placement
 from experiments.cluster.group import GroupError, WorkerGroup
 from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
@@ -178,10 +179,10 @@ def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dic
         error = ""
     except GroupError as e:
         results, error = None, str(e)
-    meta = {"started_at": started_at, "duration_s": time.perf_counter() - start,
-            "transport": group.backend if spec.p2p == "gloo" else spec.p2p, "gpu": group.gpu_name or "",
-            "cores": group.cores,
-            "host": group.host or platform.node()}
+    # what carried the strategy's bytes: the sweep's p2p, except for a backend's own allreduce (native, ddp)
+    transport = spec.p2p if spec.p2p != "gloo" and strategies.get(spec.strategy).counted else group.backend
+    meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": transport,
+            "gpu": group.gpu_name or "", "cores": group.cores, "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
 
 
