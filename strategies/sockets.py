@@ -53,6 +53,7 @@ from strategies.torch_dist import _dtype_code, _dtype_name
 # payload bytes, dtype code, kind, sender's address (a descriptor), first byte on the wire, sender done (NaN: none)
 _HEADER = struct.Struct("<qiiQdd")
 _DATA, _DESCRIPTOR, _ACK = 0, 1, 2
+_ACK_HEADER = _HEADER.pack(0, 0, _ACK, 0, math.nan, math.nan)
 # a Unix pair moves larger payloads by descriptor + process_vm_readv (measured: README, "Transport")
 SINGLE_COPY_BYTES = 64 * 1024
 # each pair's receive buffer: headers and in-stream payloads are read through it, many per recv call
@@ -64,6 +65,11 @@ _CLOSE_FLUSH_S = 2.0
 MODES = ("auto", "unix", "tcp")
 # what can carry a Ray worker group's point to point (experiments.cluster.group.WorkerGroup.run, `p2p` of a sweep)
 P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
+
+
+def mode_of(p2p: str) -> str:
+    """The SocketCommunicator mode a p2p name asks for: "sockets" -> "auto", "sockets-unix" -> "unix", ..."""
+    return p2p.removeprefix("sockets").removeprefix("-") or "auto"
 
 
 class _IoVec(ctypes.Structure):
@@ -114,13 +120,15 @@ def _namespace() -> tuple[str, int]:
 class _Send:
     """A posted send: its header and (in-stream) payload still to write; a descriptor waits for its ack."""
 
-    __slots__ = ("data", "written", "done", "keep")
+    __slots__ = ("data", "total", "written", "done", "keep", "descriptor")
 
-    def __init__(self, header: bytes, payload: memoryview | None, keep):
+    def __init__(self, header: bytes, payload: memoryview | None, keep, descriptor: bool = False):
         self.data = [memoryview(header)] + ([payload] if payload is not None else [])
+        self.total = sum(len(d) for d in self.data)
         self.written = 0
         self.done = False
         self.keep = keep  # the tensor whose bytes are being sent or read by the peer
+        self.descriptor = descriptor  # written, it is done only when the peer acknowledges its copy
 
     def remaining(self) -> list[memoryview]:
         off = self.written
@@ -128,9 +136,6 @@ class _Send:
         if off < head:
             return [self.data[0][off:]] + self.data[1:]
         return [self.data[1][off - head:]]
-
-    def total(self) -> int:
-        return sum(len(d) for d in self.data)
 
 
 class _Recv:
@@ -318,7 +323,7 @@ class SocketCommunicator(Communicator):
         code = _dtype_code(tensor.dtype)
         if pair.single_copy and nbytes > self.single_copy_bytes:
             header = _HEADER.pack(nbytes, code, _DESCRIPTOR, tensor.data_ptr(), first_byte, sender_done)
-            op = _Send(header, None, tensor)
+            op = _Send(header, None, tensor, descriptor=True)
         else:
             op = _Send(_HEADER.pack(nbytes, code, _DATA, 0, first_byte, sender_done), _byte_view(tensor), tensor)
         pair.sends.append(op)
@@ -356,10 +361,10 @@ class SocketCommunicator(Communicator):
                 return
             except OSError as e:
                 self._fail(pair, f"sending to rank {pair.peer} failed: {e}")
-            if op.written < op.total():
+            if op.written < op.total:
                 return
             pair.sends.popleft()
-            if len(op.data) == 1 and op.keep is not None:  # a descriptor: done when the peer has read it
+            if op.descriptor:  # done when the peer has read it
                 pair.unacked.append(op)
             else:
                 op.done, op.keep = True, None
@@ -467,7 +472,7 @@ class SocketCommunicator(Communicator):
                     _read_peer_memory(pair.pid, header[3], op.tensor.data_ptr(), header[0])
                 except OSError as e:
                     self._fail(pair, f"reading rank {pair.peer}'s message from its memory failed: {e}")
-                pair.sends.append(_Send(_HEADER.pack(0, 0, _ACK, 0, math.nan, math.nan), None, None))
+                pair.sends.append(_Send(_ACK_HEADER, None, None))
                 self._push(pair)
             self._finish(op)
 
@@ -536,7 +541,7 @@ class SocketCommunicator(Communicator):
         every socket: a peer waiting on this rank then fails at once on the closed stream."""
         deadline = time.monotonic() + min(self.timeout, _CLOSE_FLUSH_S)
         for pair in self._pairs.values():  # a descriptor not yet sent: its memory is not to be read any more
-            pair.sends = deque(op for op in pair.sends if op.written or len(op.data) > 1 or op.keep is None)
+            pair.sends = deque(op for op in pair.sends if op.written or not op.descriptor)
         while any(p.sends and not p.error for p in self._pairs.values()) and time.monotonic() < deadline:
             want = {}
             for pair in self._pairs.values():

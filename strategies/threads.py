@@ -127,10 +127,9 @@ def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network
         try:
             comm = ThreadCommunicator(fabric, rank, timeout, None if p2p != "threads" else network)
             if p2p != "threads":
-                from strategies.sockets import SocketCommunicator
+                from strategies.sockets import SocketCommunicator, mode_of
 
-                comm = SocketCommunicator(comm, timeout, network,
-                                          mode=p2p.removeprefix("sockets").removeprefix("-") or "auto")
+                comm = SocketCommunicator(comm, timeout, network, mode=mode_of(p2p))
             results[rank] = fn(comm)
         except BaseException as e:  # noqa: BLE001 - reported to the caller below
             errors[rank] = e

@@ -126,11 +126,10 @@ class GroupWorker:
         if p2p == "gloo":
             comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
         else:  # sockets[-unix|-tcp]: the gloo communicator stays the control plane and the native allreduce
-            from strategies.sockets import SocketCommunicator
+            from strategies.sockets import SocketCommunicator, mode_of
 
             control = TorchCommunicator(self.rank, self.world_size, timeout, control_group=self.control_group)
-            comm = SocketCommunicator(control, timeout, network, address=self.ip,
-                                      mode=p2p.removeprefix("sockets").removeprefix("-") or "auto")
+            comm = SocketCommunicator(control, timeout, network, address=self.ip, mode=mode_of(p2p))
         device = "cuda" if ray.get_gpu_ids() else "cpu"
         ctx = RankContext(self.rank, self.world_size, comm, device, self.state)
         try:
