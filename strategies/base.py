@@ -19,8 +19,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from strategies.communicator import Communicator
 from strategies.ops import OPS, check_op, finish_reduction, prescale, wire_form
+from strategies.transport.communicator import Communicator
 
 # What a strategy synchronizes in training.
 GRADIENTS = "gradients"    # allreduce family: average one flat gradient buffer, then a local optimizer step

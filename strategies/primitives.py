@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from strategies.communicator import Communicator
 from strategies.ops import finish_reduction, reduce_into
+from strategies.transport.communicator import Communicator
 
 
 class Scratch:

@@ -20,9 +20,9 @@ from experiments.cluster.group import P2P, WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
 from experiments.cluster.ray_runtime import ray_session
 from reports.model import comm_time, critical_path
-from strategies.link import Network
 from strategies.ops import BITWISE, LOGICAL, OPS, check_op
 from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
+from strategies.transport.link import Network
 
 # dtypes `verify --dtype` accepts (numpy names)
 VERIFY_DTYPES = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int32", "int64",
@@ -196,7 +196,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
           p2p: str = "gloo") -> list[dict]:
     """Time every strategy at every size on the same actors; print and return the table's rows.
 
-    `p2p`: what carries the strategies' messages (strategies.sockets.P2P); native is gloo's either way.
+    `p2p`: what carries the strategies' messages (strategies.transport.sockets.P2P); native is gloo's either way.
     """
     if p2p not in P2P:
         raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-# strategies.sockets.P2P, spelled out so that parsing arguments does not import torch (a test checks both agree)
+# strategies.transport.sockets.P2P, spelled out so that parsing arguments does not import torch (a test checks)
 P2P_CHOICES = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
 
 
@@ -191,7 +191,7 @@ def _report(args) -> int:
 
 def _model(args) -> int:
     from reports.model import format_model_table, model_table
-    from strategies.link import parse_bandwidth, parse_latency, parse_size
+    from strategies.transport.link import parse_bandwidth, parse_latency, parse_size
 
     table = model_table(model=args.model, model_bytes=parse_size(args.model_bytes) if args.model_bytes else None,
                         workers=args.workers, bandwidth=parse_bandwidth(args.bandwidth), step_time=args.step_time,
@@ -258,7 +258,7 @@ def _verify(args) -> int:
 
 
 def _bench(args) -> int:
-    from strategies.link import parse_size
+    from strategies.transport.link import parse_size
 
     if args.overlap:
         from experiments.bench.overlap import DEFAULT_STRATEGIES, format_overlap, overlap_bench
@@ -318,7 +318,7 @@ def _cluster(args) -> int:
 
 def _node_links(args) -> list:
     """Every node's Link: --bandwidth/--latency, overridden per node by --node-bandwidth/--node-latency I=VALUE."""
-    from strategies.link import Link, parse_bandwidth, parse_latency
+    from strategies.transport.link import Link, parse_bandwidth, parse_latency
 
     if args.nodes < 1:
         raise ValueError(f"--nodes {args.nodes}: expected at least 1")

@@ -23,9 +23,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from strategies.communicator import DEFAULT_TIMEOUT_S
-from strategies.link import Network
-from strategies.sockets import P2P
+from strategies.transport.communicator import DEFAULT_TIMEOUT_S
+from strategies.transport.link import Network
+from strategies.transport.sockets import P2P
 from workloads.profile import cpu_model
 
 STARTUP_TIMEOUT_S = 120.0
@@ -121,12 +121,12 @@ class GroupWorker:
                 "pid": os.getpid()}
 
     def run(self, fn, args: tuple, network: Network | None, timeout: float, p2p: str = "gloo"):
-        from strategies.torch_dist import TorchCommunicator
+        from strategies.transport.torch_dist import TorchCommunicator
 
         if p2p == "gloo":
             comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
         else:  # sockets[-unix|-tcp]: the gloo communicator stays the control plane and the native allreduce
-            from strategies.sockets import SocketCommunicator, mode_of
+            from strategies.transport.sockets import SocketCommunicator, mode_of
 
             control = TorchCommunicator(self.rank, self.world_size, timeout, control_group=self.control_group)
             comm = SocketCommunicator(control, timeout, network, address=self.ip, mode=mode_of(p2p))
@@ -223,8 +223,8 @@ class WorkerGroup:
         """fn(ctx, *args) on every rank at once; results in rank order. `timeout`: overall deadline (s).
 
         `p2p`: what carries the strategies' point to point: "gloo" (torch.distributed) or "sockets"
-        (strategies.sockets: Unix + single copy within a namespace, else TCP; "sockets-unix" without the single
-        copy, "sockets-tcp" TCP for every pair); the backend's own allreduce is gloo's (or NCCL's) either way.
+        (strategies.transport.sockets: Unix + single copy within a namespace, else TCP; "sockets-unix" without the
+        single copy, "sockets-tcp" TCP for every pair); the backend's own allreduce is gloo's (or NCCL's) either way.
         """
         if p2p not in P2P:
             raise ValueError(f"p2p {p2p!r}: expected one of {', '.join(P2P)}")

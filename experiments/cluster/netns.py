@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strategies.link import Link
+from strategies.transport.link import Link
 
 NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 RANGE = ipaddress.ip_network("198.18.0.0/15")

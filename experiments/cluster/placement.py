@@ -14,7 +14,7 @@ import math
 import os
 
 from experiments.cluster import netns
-from strategies.link import Link, Network
+from strategies.transport.link import Link, Network
 
 
 def is_kernel(network: Network | None) -> bool:

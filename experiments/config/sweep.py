@@ -17,8 +17,8 @@ from pathlib import Path
 
 import strategies
 from strategies.base import PARAMETERS
-from strategies.link import Network
-from strategies.sockets import P2P
+from strategies.transport.link import Network
+from strategies.transport.sockets import P2P
 from workloads.data import DATASETS
 from workloads.models import MODELS, check_model_args
 from workloads.profile import ProfileError, load_profile
@@ -110,7 +110,7 @@ class RunSpec:
     overlap: bool = False  # sync each bucket from a communication thread as soon as its gradients are ready
     compute: str = "real"  # "real": the model computes; "profile": a measured timeline is replayed
     profile: str | None = None  # compute = "profile": a profile JSON file; None: measured at the run's start
-    p2p: str = "gloo"  # what carries the strategies' messages: gloo or syncbench's sockets (strategies.sockets.P2P)
+    p2p: str = "gloo"  # what carries the messages: gloo or syncbench's sockets (strategies.transport.sockets.P2P)
 
     @property
     def run_id(self) -> str:

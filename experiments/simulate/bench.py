@@ -79,7 +79,7 @@ def format_bench(rows: list[dict]) -> str:
 
 
 def _simgrid_version() -> str:
-    from strategies.simgrid import load_simgrid
+    from strategies.transport.simgrid import load_simgrid
 
     version = load_simgrid().simgrid_version
     return ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)

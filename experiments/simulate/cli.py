@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from experiments.simulate.pipeline import format_runs, run_simulations
-    from strategies.simgrid import simgrid_available
+    from strategies.transport.simgrid import simgrid_available
 
     missing = simgrid_available()
     if missing:

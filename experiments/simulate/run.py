@@ -4,7 +4,7 @@ Per step on a worker, in simulated time: forward, then backward; the gradients a
 bucket (one flat bucket by default) by the registered strategy's own code over the simulated transport; then
 the optimizer. With overlap, bucket b is synchronized as soon as the timeline says its last gradient is ready
 (and the previous bucket is done) while backward goes on; without, after backward. Payloads are `meta`
-tensors of the real size (strategies/simgrid.py): no values move, every byte is counted and simulated.
+tensors of the real size (strategies/transport/simgrid.py): no values move, every byte is counted and simulated.
 Each simulation runs in a forked process: SimGrid's engine is one per process.
 """
 
@@ -88,7 +88,7 @@ def check_simulable(strategy: str) -> None:
 
 def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
     """Run the simulation in this process (once per process); every rank's {"steps": [...], "final": {...}}."""
-    from strategies.simgrid import run_simgrid
+    from strategies.transport.simgrid import run_simgrid
     from workloads.buckets import make_buckets
 
     check_simulable(spec.strategy)

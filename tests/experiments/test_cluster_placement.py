@@ -12,8 +12,8 @@ import pytest
 from experiments.cli.main import main
 from experiments.cluster import netns, placement
 from experiments.config.sweep import parse
-from strategies.link import Link, Network
-from strategies.threads import run_threads
+from strategies.transport.link import Link, Network
+from strategies.transport.threads import run_threads
 
 
 def test_kernel_emulation_without_namespace_support_is_refused_naming_the_reason(monkeypatch):

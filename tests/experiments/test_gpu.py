@@ -7,7 +7,7 @@ import torch
 
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.train import train
-from strategies.threads import run_threads
+from strategies.transport.threads import run_threads
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")]

@@ -260,7 +260,7 @@ def test_training_that_diverges_raises_naming_the_step():
     import torch
 
     from experiments.pipeline.train import train
-    from strategies.threads import run_threads
+    from strategies.transport.threads import run_threads
 
     torch.set_num_threads(1)
     # built directly, past validation (which refuses lr > 100): a learning rate that must diverge

@@ -17,7 +17,7 @@ from experiments.bench.overlap import predict_step
 from experiments.config.sweep import RunSpec, SweepError, parse
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
-from strategies.threads import run_threads
+from strategies.transport.threads import run_threads
 from workloads.buckets import make_buckets
 from workloads.models import param_sizes
 from workloads.profile import ParamTiming, Profile, save_profile

@@ -21,9 +21,9 @@ from experiments.config.sweep import RunSpec
 from experiments.simulate.pipeline import load, run_simulations, summarize_simulated
 from experiments.simulate.platform import Platform
 from experiments.simulate.run import Compute, SimSpec, check_simulable, run_in_child, simulate_in_child
-from strategies.link import Network
-from strategies.simgrid import run_simgrid, simgrid_available
-from strategies.threads import run_threads
+from strategies.transport.link import Network
+from strategies.transport.simgrid import run_simgrid, simgrid_available
+from strategies.transport.threads import run_threads
 
 pytestmark = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
 

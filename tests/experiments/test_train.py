@@ -12,7 +12,7 @@ from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
 from reports import schema
 from strategies.base import PARAMETERS
-from strategies.threads import run_threads
+from strategies.transport.threads import run_threads
 
 # Every registered exact strategy that averages gradients or serves them (not neighbour averaging), with each
 # declared variant; a model-wrapping one (ddp) needs torch.distributed ranks: tests/experiments/test_overlap.py.

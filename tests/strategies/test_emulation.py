@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from strategies.link import Link, Network
-from strategies.threads import run_threads
+from strategies.transport.link import Link, Network
+from strategies.transport.threads import run_threads
 
 MB = 10**6
 

@@ -195,7 +195,7 @@ def test_bfloat16_mean_does_not_overflow(name, params):
             results.append(out.float())
         return None
 
-    from strategies.threads import run_threads
+    from strategies.transport.threads import run_threads
 
     run_threads(config.world_size(4), body, timeout=30)
     want = torch.full((6,), 3e38, dtype=torch.bfloat16).float()
@@ -234,7 +234,7 @@ def test_unreducible_dtype_or_op_is_refused_up_front_naming_it(dtype, op):
             return str(e), comm.counters().bytes_sent
         return None, comm.counters().bytes_sent
 
-    from strategies.threads import run_threads
+    from strategies.transport.threads import run_threads
 
     for message, sent in run_threads(3, body, timeout=10):
         assert message is not None and str(dtype).removeprefix("torch.") in message and "accepted" in message

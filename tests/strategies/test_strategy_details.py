@@ -12,7 +12,7 @@ import torch
 import strategies
 from strategies.decentralized import TOPOLOGIES, WEIGHTS, grid
 from strategies.halving_doubling import schedule
-from strategies.threads import run_threads
+from strategies.transport.threads import run_threads
 
 
 @pytest.mark.parametrize("topology,weights", list(itertools.product(TOPOLOGIES, WEIGHTS)))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import strategies
-from strategies.communicator import CommError
 from strategies.testing import run_collective
+from strategies.transport.communicator import CommError
 
 
 @pytest.mark.parametrize("name", strategies.names())

@@ -1,6 +1,7 @@
-"""The socket transport (strategies.sockets) on thread ranks: every strategy against the reference on awkward world
-sizes and sizes, exact payloads of every dtype on each path (Unix + single copy, Unix in-stream, TCP), messages
-that arrive before their receive, size disagreements and dead or silent peers. Between Ray actors: verify."""
+"""The socket transport (strategies.transport.sockets) on thread ranks: every strategy against the reference on
+awkward world sizes and sizes, exact payloads of every dtype on each path (Unix + single copy, Unix in-stream,
+TCP), messages that arrive before their receive, size disagreements and dead or silent peers. Between Ray
+actors: verify."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 import strategies
-from strategies.communicator import CommError, CommTimeout
-from strategies.sockets import SINGLE_COPY_BYTES, _can_read
 from strategies.testing import check_strategy
-from strategies.threads import run_threads
+from strategies.transport.communicator import CommError, CommTimeout
+from strategies.transport.sockets import SINGLE_COPY_BYTES, _can_read
+from strategies.transport.threads import run_threads
 
 MODES = ("sockets", "sockets-unix", "sockets-tcp")
 _PROBE = torch.tensor([0x5EED], dtype=torch.int64)
@@ -185,7 +186,7 @@ def test_an_unknown_p2p_is_refused_naming_the_choices():
 
 def test_the_command_line_offers_the_groups_p2p_choices():
     from experiments.cli.main import P2P_CHOICES
-    from strategies.sockets import P2P
+    from strategies.transport.sockets import P2P
 
     assert P2P_CHOICES == P2P
 
@@ -206,8 +207,8 @@ def test_a_stray_connection_to_a_ranks_listener_is_dropped(p2p, monkeypatch):
     """Anything that connects while ranks pair up (without the group's token) is closed, not taken for a rank."""
     import socket
 
-    from strategies.sockets import SocketCommunicator
     from strategies.testing import run_collective
+    from strategies.transport.sockets import SocketCommunicator
 
     strays, lock = [], threading.Lock()
     exchange = SocketCommunicator.allgather_object

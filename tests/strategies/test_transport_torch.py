@@ -92,7 +92,7 @@ def test_recv_from_silent_peer_fails_within_timeout_naming_the_peer(ray_session)
 
 def _gloo_messages_per_send(ctx, numels):
     """How many gloo messages rank 0's comm.send puts on the wire for each size (dist.isend calls, counted)."""
-    import strategies.torch_dist as td
+    import strategies.transport.torch_dist as td
 
     calls = []
     real = td.dist.isend
@@ -114,7 +114,7 @@ def _gloo_messages_per_send(ctx, numels):
 
 
 def test_a_small_payload_is_one_gloo_message_a_large_one_two(group2):
-    from strategies.torch_dist import INLINE_BYTES
+    from strategies.transport.torch_dist import INLINE_BYTES
 
     edge = INLINE_BYTES // 4  # float32 elements that exactly fill the inline room
     sent, received = group2.run(_gloo_messages_per_send, [1, edge, edge + 1, 1 << 20])
@@ -160,7 +160,7 @@ def _emulated_small_send(ctx):
 def test_an_inline_message_carries_the_emulation_stamp(group2):
     """1,000 bytes over 100 kB/s with 50 ms latency: received 60 ms after the send began, which only the stamp can
     tell the receiver. Measured from the sender's start: the receiver's own call may begin a few ms later."""
-    from strategies.link import Link, Network
+    from strategies.transport.link import Link, Network
 
     sent_at, received_at = group2.run(_emulated_small_send, network=Network(Link(1e5, 0.05)))
     assert received_at - sent_at >= 0.06 - 1e-3

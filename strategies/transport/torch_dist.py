@@ -22,9 +22,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
-from strategies.link import Network
 from strategies.ops import LOGICAL, check_op, finish_reduction
+from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
+from strategies.transport.link import Network
 
 # dtype codes carried in the header; a dtype not listed travels as -1 and only its byte count is checked
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,

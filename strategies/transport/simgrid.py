@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from strategies.communicator import CommError, Communicator
+from strategies.transport.communicator import CommError, Communicator
 
 # Debian's python3-simgrid installs the extension module here; the venv does not see dist-packages.
 DEBIAN_MODULE_DIR = Path("/usr/lib/python3/dist-packages")
@@ -205,7 +205,7 @@ class _Port:
     """buffered mode: the switch port in front of a rank. A message starts down to the rank as soon as its
     sender starts sending it up (cut-through), one message at a time in the order they started: the downlink
     cannot finish before the uplink (same rate, later start), the sender is never slowed by a busy receiver
-    (the switch buffers), as the link emulation books a receive (strategies/link.py, LinkClock.receive)."""
+    (the switch buffers), as the link emulation books a receive (strategies/transport/link.py, LinkClock.receive)."""
 
     def __init__(self, sg, port_host, rank: int):
         self.host = port_host
@@ -237,7 +237,7 @@ class Cluster:
     and about twice the SimGrid calls per message.
     nic = "buffered": as fifo on the sender's uplink into a switch that buffers; each receiver's downlink
     takes one message at a time, in the order they started (see _Port): the link emulation's model
-    (strategies/link.py books each NIC's transmit and receive sides separately). Star platforms only; two
+    (strategies/transport/link.py books each NIC's transmit and receive sides separately). Star platforms only; two
     more actors per rank.
     """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strategies.link import LinkClock, Network, sleep_until
+from strategies.transport.link import LinkClock, Network, sleep_until
 
 DEFAULT_TIMEOUT_S = 60.0
 

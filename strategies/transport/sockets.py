@@ -46,9 +46,9 @@ from collections import deque
 
 import torch
 
-from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
-from strategies.link import Network
-from strategies.torch_dist import _dtype_code, _dtype_name
+from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
+from strategies.transport.link import Network
+from strategies.transport.torch_dist import _dtype_code, _dtype_name
 
 # payload bytes, dtype code, kind, sender's address (a descriptor), first byte on the wire, sender done (NaN: none)
 _HEADER = struct.Struct("<qiiQdd")

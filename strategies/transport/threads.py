@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from strategies.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
-from strategies.link import Network
 from strategies.ops import finish_reduction, reduce_into
+from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
+from strategies.transport.link import Network
 
 _POLL_S = 0.05
 
@@ -113,7 +113,7 @@ def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network
                 p2p: str = "threads"):
     """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the first error.
 
-    `p2p`: "threads" (queues) or "sockets[-unix|-tcp]": strategies.sockets between the threads (on loopback),
+    `p2p`: "threads" (queues) or "sockets[-unix|-tcp]": strategies.transport.sockets between the threads (on loopback),
     with the queues as its control plane.
     """
     if p2p not in THREAD_P2P:
@@ -127,7 +127,7 @@ def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network
         try:
             comm = ThreadCommunicator(fabric, rank, timeout, None if p2p != "threads" else network)
             if p2p != "threads":
-                from strategies.sockets import SocketCommunicator, mode_of
+                from strategies.transport.sockets import SocketCommunicator, mode_of
 
                 comm = SocketCommunicator(comm, timeout, network, mode=mode_of(p2p))
             results[rank] = fn(comm)
