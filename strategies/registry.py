@@ -8,6 +8,7 @@ A third-party package exposes `StrategyConfig` subclasses in the entry-point gro
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
 
 from strategies.base import ROLES, Strategy, StrategyConfig
@@ -17,6 +18,7 @@ ENTRY_POINT_GROUP = "syncbench.strategies"
 
 _REGISTRY: dict[str, type[StrategyConfig]] = {}
 _entry_points_loaded = False
+_SKIPPED: dict[str, str] = {}  # plug-ins that failed to load: name -> why (one line)
 
 
 def contract_problems(config_cls: type[StrategyConfig]) -> list[str]:
@@ -84,16 +86,32 @@ def settings() -> list[tuple[str, dict]]:
 
 
 def _load_entry_points() -> None:
+    """Register every plug-in of the entry-point group; one that fails to import or to register is skipped and
+    reported in one line (on stderr, and by `skipped_plugins()` for `syncbench strategies`), never raised: a
+    broken third-party package must not break commands that do not use it."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if getattr(cls, "name", None) != ep.name:
-            raise ValueError(f"entry point {ep.name!r} in {ENTRY_POINT_GROUP} loads a strategy named "
-                             f"{getattr(cls, 'name', None)!r}: the two names must match")
-        register(cls)
+        try:
+            cls = ep.load()
+            if getattr(cls, "name", None) != ep.name:
+                raise ValueError(f"it loads a strategy named {getattr(cls, 'name', None)!r}: the two names must "
+                                 f"match")
+            register(cls)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure of foreign code: skip the plug-in
+            detail = " ".join(str(e).split()) or "no message"
+            where = f" (package {ep.dist.name} {ep.dist.version})" if getattr(ep, "dist", None) else ""
+            _SKIPPED[ep.name] = (f"plug-in strategy {ep.name!r} = {ep.value}{where} skipped: "
+                                 f"{type(e).__name__}: {detail}")
+            print(f"syncbench: {_SKIPPED[ep.name]}", file=sys.stderr)
+
+
+def skipped_plugins() -> dict[str, str]:
+    """Plug-ins of the entry-point group that failed to import or register: name -> one line saying why."""
+    _load_entry_points()
+    return dict(_SKIPPED)
 
 
 def names() -> list[str]:
@@ -107,7 +125,8 @@ def get(name: str) -> type[StrategyConfig]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}: known are {', '.join(_REGISTRY)}") from None
+        skipped = f" ({_SKIPPED[name]})" if name in _SKIPPED else ""
+        raise ValueError(f"unknown strategy {name!r}: known are {', '.join(_REGISTRY)}{skipped}") from None
 
 
 def make(name: str, **params) -> StrategyConfig:

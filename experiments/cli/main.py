@@ -203,11 +203,14 @@ def _model(args) -> int:
 
 def _strategies(args) -> int:
     import strategies
+    from strategies.registry import skipped_plugins
 
     for name in strategies.names():
         cls = strategies.get(name)
         params = ", ".join(f"{k}={v!r}" for k, v in cls.parameters().items()) or "-"
         print(f"{name:18s} {cls.summary}\n{'':18s} role: {cls.role}; ops: {', '.join(cls.ops)}; params: {params}")
+    for name, why in skipped_plugins().items():  # already said once on stderr; listed here with the others
+        print(f"{name:18s} SKIPPED: {why}")
     return 0
 
 

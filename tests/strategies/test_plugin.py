@@ -3,6 +3,7 @@ package's would: tests/plugin/ ships `chain` with a .dist-info (see tests/confte
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,31 @@ def test_a_strategy_without_traffic_is_refused():
     cls = type("NoTraffic", (StrategyConfig,), {"name": "no_traffic", "summary": "s",
                                                 "runtime": strategies.get("ring").runtime})
     assert any("traffic(workers, numel, itemsize)" in p for p in contract_problems(cls))
+
+
+def _broken_plugin(tmp_path: Path) -> Path:
+    """A third-party package on the path (a .dist-info with an entry point) whose module raises on import."""
+    (tmp_path / "syncbench_broken_plugin").mkdir()
+    (tmp_path / "syncbench_broken_plugin" / "__init__.py").write_text("")
+    (tmp_path / "syncbench_broken_plugin" / "boom.py").write_text("raise ImportError('needs libfoo.so.3')\n")
+    info = tmp_path / "syncbench_broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: syncbench-broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[syncbench.strategies]\nboom = syncbench_broken_plugin.boom:BoomConfig\n")
+    return tmp_path
+
+
+def test_a_plugin_that_raises_on_import_is_skipped_in_one_line_and_named(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_broken_plugin(tmp_path)), os.environ["PYTHONPATH"]])}
+    listed = subprocess.run([sys.executable, "-m", "experiments", "strategies"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    why = "plug-in strategy 'boom' = syncbench_broken_plugin.boom:BoomConfig (package syncbench-broken-plugin 0.1) " \
+          "skipped: ImportError: needs libfoo.so.3"
+    assert listed.stderr == f"syncbench: {why}\n"
+    assert f"boom               SKIPPED: {why}" in listed.stdout and "chain" in listed.stdout  # the others load
+    model = subprocess.run([sys.executable, "-m", "experiments", "model", "--model", "resnet18", "--workers", "4",
+                            "--bandwidth", "10Gbit", "--step-time", "0.1"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert model.returncode == 0 and "Traceback" not in model.stderr, model.stderr
+    assert model.stderr.count("\n") == 1 and "ring" in model.stdout
