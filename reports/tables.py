@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from reports.model import MB, TARGET_EFFICIENCIES, bandwidth_needed, calibrate, critical_path
-from reports.schema import RUNS, STEPS, conform
+from experiments.results.schema import RUNS, STEPS, conform
 from strategies import get as strategy_class
 from strategies import make as make_strategy
 from strategies import names as strategy_names

@@ -215,7 +215,7 @@ def _strategies(args) -> int:
 
 
 def _schema(args) -> int:
-    from reports.schema import describe
+    from experiments.results.schema import describe
 
     print(describe())
     return 0

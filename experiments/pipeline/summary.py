@@ -8,8 +8,8 @@ import math
 import pandas as pd
 
 from experiments.config.sweep import RunSpec
-from reports.schema import RUNS, strategy_label
-from reports.schema import row as schema_row
+from experiments.results.schema import RUNS, strategy_label
+from experiments.results.schema import row as schema_row
 
 
 def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:

@@ -10,7 +10,7 @@ import strategies
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
-from reports import schema
+from experiments.results import schema
 from strategies.base import PARAMETERS
 from strategies.transport.threads import run_threads
 

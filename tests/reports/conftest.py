@@ -1,4 +1,4 @@
-"""A small fake results directory in the results schema (reports/schema.py): 3 strategies, workers 1/2/4, two
+"""A small fake results directory in the results schema (experiments/results/schema.py): 3 strategies, workers 1/2/4, two
 links. Rows are built with schema.row, so the fixture has exactly the columns the runner writes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import strategies
-from reports import schema
+from experiments.results import schema
 
 NUMEL = 11_689_512  # resnet18
 CORES = 2

@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 import plotly.offline
 import pytest
 
-from reports import figures, page, schema, tables
+from experiments.results import schema
+from reports import figures, page, tables
 from reports.page import SECTIONS, build
 
 

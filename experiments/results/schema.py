@@ -144,7 +144,7 @@ def row(table: tuple[Column, ...], **values) -> dict:
     (a plug-in strategy's parameters are the exception: param_<name> columns of whatever type they have)."""
     unknown = {k for k in set(values) - set(names(table)) if not k.startswith("param_")}
     if unknown:
-        raise KeyError(f"not columns of the schema: {', '.join(sorted(unknown))} (see reports/schema.py)")
+        raise KeyError(f"not columns of the schema: {', '.join(sorted(unknown))} (see experiments/results/schema.py)")
     extra = {k: v for k, v in values.items() if k not in names(table)}
     return {**{c.name: values.get(c.name, _NA[c.type]) for c in table}, **extra}
 
@@ -154,7 +154,7 @@ def conform(frame: pd.DataFrame, table: tuple[Column, ...], *, extra_ok: bool = 
     columns beyond the schema are kept (extra_ok) or refused."""
     extra = [c for c in frame.columns if c not in names(table)]
     if extra and not extra_ok:
-        raise KeyError(f"columns not in the schema: {', '.join(extra)} (see reports/schema.py)")
+        raise KeyError(f"columns not in the schema: {', '.join(extra)} (see experiments/results/schema.py)")
     frame = frame.copy()
     for c in table:
         if c.name not in frame:
