@@ -127,7 +127,7 @@ def summary_section(r: Results) -> str:
     if r.sweep_text:
         try:
             parsed = tomllib.loads(r.sweep_text)
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, ValueError, RecursionError):  # a crafted file: nested deep, long numbers
             parsed = {}
         if isinstance(parsed.get("description"), str):
             description = f"<p>{esc(parsed['description'])}</p>"

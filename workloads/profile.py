@@ -35,11 +35,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from workloads.files import FileLimitError, check_depth, check_text, read_bounded
 from workloads.models import MODELS, build_model, check_model_args, param_sizes
 
 FORMAT = 1  # bump when the file layout changes; load_profile refuses other versions
 DEVICES = ("cpu", "cuda")
 PROFILE_DIR = Path(__file__).parent / "profiles"  # committed GPU profiles, usable on any machine
+
+
+# The accepted values of a profile file's fields (README: "Settings and their ranges"), checked when it is loaded:
+# a forward_s of 1e300 failed late as an OverflowError naming neither file nor field.
+MAX_SECONDS = 86_400  # forward_s, backward_s, optimizer_s and every ready_s: at most a day, a run's longest timeout
+RANGES = {"batch_size": (1, 65_536), "image_size": (8, 1_024), "num_classes": (2, 100_000), "threads": (1, 4_096),
+          "steps": (1, 1_000_000), "warmup_steps": (0, 1_000_000)}  # as the sweep's, where a sweep has them
+MAX_PARAMS = 100_000  # parameters of one model (ResNet-50 has 161)
+MAX_NUMEL = 2**40  # elements of one parameter
+MAX_PROFILE_BYTES = 20_000_000  # a profile of MAX_PARAMS parameters is about 10 MB
 
 
 class ProfileError(ValueError):
@@ -270,8 +281,13 @@ def load_profile(path: str | Path) -> Profile:
         raise ProfileError(f"profile file {str(path)!r} does not exist: accepted is the path of a JSON file "
                            f"written by `syncbench profile` (committed GPU profiles: {PROFILE_DIR})")
     try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = read_bounded(path, MAX_PROFILE_BYTES, "profile written by `syncbench profile`")
+        check_text(text, str(path), json=True)
+        data = json.loads(text)
+        check_depth(data, str(path))
+    except FileLimitError as e:
+        raise ProfileError(str(e)) from None
+    except ValueError as e:  # JSONDecodeError, or Python's limit on the digits of an integer
         raise ProfileError(f"profile file {str(path)!r} is not valid JSON ({e}): accepted is a file written by "
                            f"`syncbench profile`") from None
     return profile_from_dict(data, where=str(path))
@@ -297,11 +313,13 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
         if not isinstance(data[key], str):
             raise ProfileError(f"{where}: {key} = {data[key]!r}: expected a string")
     for key in integers:
-        if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 0:
-            raise ProfileError(f"{where}: {key} = {data[key]!r}: expected an integer >= 0")
+        low, high = RANGES[key]
+        if isinstance(data[key], bool) or not isinstance(data[key], int) or not low <= data[key] <= high:
+            raise ProfileError(f"{where}: {key} = {data[key]!r}: accepted is an integer >= {low:,} and <= {high:,}")
     for key in seconds:
         if not _seconds(data[key]):
-            raise ProfileError(f"{where}: {key} = {data[key]!r}: expected seconds, a finite number >= 0")
+            raise ProfileError(f"{where}: {key} = {data[key]!r}: accepted are seconds, a number >= 0 and <= "
+                               f"{MAX_SECONDS:,}")
     if data["model"] not in MODELS:
         raise ProfileError(f"{where}: model {data['model']!r}: accepted are {', '.join(MODELS)}")
     if data["device"] not in DEVICES:
@@ -309,16 +327,17 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
     if not isinstance(getattr(torch, data["dtype"], None), torch.dtype):
         raise ProfileError(f"{where}: dtype {data['dtype']!r} is not a torch dtype (e.g. 'float32')")
     params = data["params"]
-    if not isinstance(params, (list, tuple)) or not params:
-        raise ProfileError(f"{where}: params must be a non-empty list of {{name, numel, ready_s}}")
+    if not isinstance(params, (list, tuple)) or not 1 <= len(params) <= MAX_PARAMS:
+        raise ProfileError(f"{where}: params must be a list of 1 to {MAX_PARAMS:,} {{name, numel, ready_s}}")
     timings = []
     for i, p in enumerate(params):
         ok = (isinstance(p, dict) and set(p) == {"name", "numel", "ready_s"} and isinstance(p["name"], str)
-              and isinstance(p["numel"], int) and not isinstance(p["numel"], bool) and p["numel"] > 0
+              and isinstance(p["numel"], int) and not isinstance(p["numel"], bool) and 0 < p["numel"] <= MAX_NUMEL
               and _seconds(p["ready_s"]) and p["ready_s"] <= data["backward_s"] * (1 + 1e-9))
         if not ok:
-            raise ProfileError(f"{where}: params[{i}] = {p!r}: expected {{name: str, numel: int > 0, "
-                               f"ready_s: seconds <= backward_s ({data['backward_s']!r})}}")
+            shown = repr(p) if len(repr(p)) <= 200 else repr(p)[:200] + "..."
+            raise ProfileError(f"{where}: params[{i}] = {shown}: expected {{name: str, numel: int from 1 to "
+                               f"{MAX_NUMEL:,}, ready_s: seconds <= backward_s ({data['backward_s']!r})}}")
         timings.append(ParamTiming(p["name"], p["numel"], float(p["ready_s"])))
     values = {k: data[k] for k in fields if k not in ("params", "format")}
     values.update({k: float(values[k]) for k in seconds})
@@ -326,8 +345,7 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
 
 
 def _seconds(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-            and value != float("inf"))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_SECONDS
 
 
 # -- replay ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from strategies.base import PARAMETERS
 from strategies.transport.link import Network
 from strategies.transport.sockets import P2P
 from workloads.data import DATASETS
+from workloads.files import FileLimitError, check_depth, check_text, read_bounded
 from workloads.models import MODELS, check_model_args
 from workloads.profile import ProfileError, load_profile
 
@@ -45,7 +46,11 @@ class Range:
 
     def problem(self, key: str, value) -> str | None:
         """An error naming the key, the value and the range, or None when the value is accepted."""
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer beyond any float: out of every range
+            return f"{key} = {value!r}: accepted are {self.describe()}"
+        if not finite:
             return f"{key} = {value!r}: must be a finite number, {self.describe()}"
         too_low = value <= self.low if self.low_open else value < self.low
         too_high = value >= self.high if self.high_open else value > self.high
@@ -77,6 +82,7 @@ RANGES: dict[str, Range] = {
 }
 MAX_RANKS = 16_384  # workers + servers of one run
 MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
+MAX_SWEEP_BYTES = 1_000_000  # a sweep file; 10,000 grid values take about 100 KB
 
 
 class SweepError(ValueError):
@@ -167,11 +173,26 @@ def read_toml(path: str | Path) -> tuple[dict, str]:
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"sweep file {str(path)!r} does not exist")
-    text = path.read_text()
     try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"{path}: not valid TOML: {e}") from None
+        text = read_bounded(path, MAX_SWEEP_BYTES, "sweep file")
+        return loads_toml(text, str(path)), text
+    except FileLimitError as e:
+        raise SweepError(str(e)) from None
+
+
+def loads_toml(text: str, where: str) -> dict:
+    """Parse TOML within workloads.files' bounds (nesting, digits); SweepError naming `where` otherwise.
+
+    For sweep files and for the sweep.toml kept beside results (resume reads it back)."""
+    try:
+        check_text(text, where)
+        data = tomllib.loads(text)
+        check_depth(data, where)
+    except FileLimitError as e:
+        raise SweepError(str(e)) from None
+    except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: Python's int limit, past check_text's digits
+        raise SweepError(f"{where}: not valid TOML: {e}") from None
+    return data
 
 
 def load(path: str | Path, progress=None) -> Sweep:
