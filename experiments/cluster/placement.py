@@ -37,12 +37,15 @@ def connect_address(networks: list[Network | None], address: str | None) -> str 
     if problem:
         raise ValueError(f"link emulation 'kernel' shapes links between network namespaces, which this machine "
                          f"cannot make: {problem}. Use emulation = 'python' (the default) here")
-    cluster = netns.find(address=address)
+    found, problems = netns.scan()  # a state file that cannot be verified is skipped here, and named if it matters
+    cluster = (next((c for c in found if c.address == address), None) if address
+               else found[0] if len(found) == 1 else None)
     if cluster is None:
-        up = ", ".join(c.address for c in netns.clusters()) or "none"
+        up = ", ".join(c.address for c in found) or "none"
         where = f"none of them is at {address}" if address else "pass --address to pick one" if "," in up else ""
+        unreadable = f". Not read: {' | '.join(problems)}" if problems else ""
         raise ValueError(f"link emulation 'kernel' needs a cluster from `syncbench cluster up --nodes N --bandwidth "
-                         f"BW` (clusters up: {up}{'; ' + where if where else ''})")
+                         f"BW` (clusters up: {up}{'; ' + where if where else ''}){unreadable}")
     use_token(cluster)
     return cluster.address
 
@@ -95,9 +98,44 @@ def check(world_size: int, network: Network | None) -> None:
                              f"links (--bandwidth, --latency, --node-bandwidth {rank}=..., --node-latency {rank}=...)")
 
 
+class NodeLost(ValueError):
+    """A run needs a node of the cluster that is gone (lost mid-sweep); names the node and how that is known."""
+
+
+def lost_nodes(names: list[str]) -> dict[str, str]:
+    """Of these nodes of the connected syncbench cluster ('n0', 'n1', ...), the ones that are gone, each with why:
+    Ray no longer lists it alive, or (at once, before Ray's health checks notice) the kernel and the process
+    table say its namespace or raylet is gone."""
+    import ray
+
+    alive = {(node.get("Labels") or {}).get(netns.NODE_LABEL) for node in ray.nodes() if node.get("Alive")}
+    try:
+        cluster = netns.find(address=ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - not a cluster of `syncbench cluster up`: Ray's word alone
+        cluster = None
+    gone = {}
+    for name in names:
+        why = netns.node_gone(cluster, name) if cluster is not None else None
+        if why is None and name not in alive:
+            why = "Ray does not list it among the cluster's alive nodes"
+        if why:
+            gone[name] = why
+    return gone
+
+
 def bundles(world_size: int, network: Network | None) -> list[dict] | None:
-    """Extra resources per rank's bundle: node n<i> for kernel emulation, the head on a syncbench cluster, or None."""
+    """Extra resources per rank's bundle: node n<i> for kernel emulation, the head on a syncbench cluster, or None.
+
+    A kernel-emulated run that needs a node lost since the sweep started is refused at once (NodeLost, naming
+    the node) instead of waiting for a placement group that can never be placed.
+    """
     if is_kernel(network):
+        gone = lost_nodes([f"n{rank}" for rank in range(world_size)])
+        if gone:
+            raise NodeLost(f"link emulation 'kernel': {world_size} ranks need nodes n0..n{world_size - 1}, and "
+                           + "; ".join(f"node {name} is gone ({why})" for name, why in gone.items())
+                           + ": run refused. `syncbench cluster status` shows the nodes; `syncbench cluster down` "
+                             "and `up` bring them back")
         return [{f"syncbench_n{rank}": 1} for rank in range(world_size)]
     if has_head_resource():
         return [{"syncbench_head": 1}] * world_size

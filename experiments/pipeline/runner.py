@@ -86,7 +86,14 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
                          if spec.straggler and spec.straggler["ranks"] else "")
             print(f"[run {i}/{len(todo)}] {spec.strategy} workers={spec.workers} {spec.workload} "
                   f"link={spec.link_label}{straggler} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
-            nodes = placement.bundles(world, spec.network())
+            try:
+                nodes = placement.bundles(world, spec.network())
+            except placement.NodeLost as e:  # a node lost mid-sweep: this run refused at once, the sweep goes on
+                run_row, _ = summarize(spec, None, str(e), _no_group_meta())
+                with _signals_held():
+                    store.append(run_row, [])
+                print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
+                continue
             if (group is None or group.broken or group.world_size != world or group.uses_gpu != cuda
                     or group.node_resources != nodes):
                 if group is not None:
