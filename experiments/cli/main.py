@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     action.add_parser("down", help="stop what `up` started and remove the namespaces (also after a crash)")
     for q in action.choices.values():
         q.add_argument("--name", default="sb", help="cluster name, 1-6 lowercase letters/digits (default sb)")
+        q.add_argument("--state-dir", help="where cluster state lives, a directory of this user with mode 0700 "
+                                           "(default: $SYNCBENCH_CLUSTER_DIR, else /run/syncbench for root)")
 
     args = parser.parse_args(argv)
     from experiments.cluster.netns import ClusterError
@@ -300,6 +302,10 @@ def _bench(args) -> int:
 def _cluster(args) -> int:
     from experiments.cluster import netns
 
+    if args.state_dir:  # through the environment, so that the recovery commands it prints carry it too
+        import os
+
+        os.environ[netns.STATE_ENV] = os.path.abspath(args.state_dir)
     if args.action == "up":
         cluster = netns.up(args.name, _node_links(args), node_cpus=args.node_cpus, head_cpus=args.head_cpus)
         print(netns.status(cluster))
