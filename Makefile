@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed-stamp
 
-.PHONY: install demo test bench lint clean gpu-results
+.PHONY: install demo test test-fast bench lint clean gpu-results
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -27,6 +27,14 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us
 	.venv/bin/syncbench bench --workers 4 --p2p sockets
 	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
+
+# The correctness core for iteration (under 3 minutes on 2 cores): strategies against their references on thread
+# ranks, the plug-in harness, sweep parsing, the results schema and store, report tables. No Ray, no namespaces.
+FAST_TESTS := tests/strategies tests/reports tests/experiments/test_sweep.py $(wildcard tests/experiments/test_store*.py)
+test-fast: $(VENV_STAMP)
+	.venv/bin/ruff check .
+	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "not ray and not netns and not gpu and not slow" \
+		--ignore=tests/strategies/test_transport_sockets.py --ignore=tests/reports/test_browser.py $(FAST_TESTS)
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check .

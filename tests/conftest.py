@@ -8,6 +8,34 @@ from pathlib import Path
 
 import pytest
 
+RAY_FIXTURES = {"ray_session", "group2", "_shared_groups"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for a Ray fixture is a Ray test, marked or not: `make test-fast` deselects them by marker."""
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the wall time of the whole run (make test-fast promises under 3 minutes on 2 cores)."""
+    import time
+
+    start = getattr(config, "_syncbench_start", None)
+    if start is not None:
+        took = time.monotonic() - start
+        budget = float(os.environ.get("SYNCBENCH_TEST_BUDGET_S", "inf"))
+        verdict = "" if took <= budget else f": OVER its budget of {budget:g} s"
+        terminalreporter.write_line(f"syncbench: this test run took {took:.0f} s{verdict} "
+                                    f"(marker expression: {config.getoption('markexpr') or 'none'})")
+
+
+def pytest_configure(config):
+    import time
+
+    config._syncbench_start = time.monotonic()
+
 # tests/plugin/ holds a strategy package shipped as a third-party one would be (a .dist-info with an entry point
 # in `syncbench.strategies`). On the path of this session and of every Ray worker it starts, so that every
 # generic test picks its `chain` strategy up through the same path a real plug-in takes, with no test edited.
