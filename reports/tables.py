@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from reports.model import MB, TARGET_EFFICIENCIES, bandwidth_needed, calibrate, critical_path
-from experiments.results.schema import RUNS, STEPS, conform
+from experiments.results.dataset import has_results, read_runs, read_steps
+from experiments.results.schema import link_label
 from strategies import get as strategy_class
 from strategies import make as make_strategy
 from strategies import names as strategy_names
@@ -29,14 +30,12 @@ PLAUSIBLE_RMSE_SHARE = 0.25
 
 def load_runs(results_dir: Path) -> pd.DataFrame:
     """runs.parquet in the schema's types, plus: label, distorted (cores oversubscribed or a GPU shared), ok."""
-    path = results_dir / "runs.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"no runs.parquet in {str(results_dir)!r}: run a sweep there first "
-                                f"(syncbench run SWEEP.toml)")
-    runs = _read_ours(path, ("run_id", "status", "strategy", "workers", "link", "workload"))
+    if not has_results(results_dir):
+        raise FileNotFoundError(f"no runs.parquet in {str(results_dir)!r} and no runs/ dataset: run a sweep there "
+                                f"first (syncbench run SWEEP.toml)")
+    runs = read_runs(results_dir)  # every run's latest attempt, typed, display labels derived (either layout)
     if runs.empty:
-        raise ValueError(f"{str(path)!r} has no runs: nothing to report")
-    runs = conform(runs, RUNS)
+        raise ValueError(f"{str(results_dir)!r} has no runs: nothing to report")
     runs["label"] = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
     # runs with and without overlap (or with other bucket sizes) are different configurations, never averaged
     if runs["bucket_mb"].nunique(dropna=False) > 1:
@@ -56,8 +55,8 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
 
 def load_steps(results_dir: Path) -> pd.DataFrame | None:
     """steps.parquet in the schema's types, or None when the sweep did not record steps."""
-    path = results_dir / "steps.parquet"
-    return conform(_read_ours(path, ("run_id", "step", "rank", "role")), STEPS) if path.exists() else None
+    steps = read_steps(results_dir)
+    return None if steps.empty else steps
 
 
 def _read_ours(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -416,7 +415,9 @@ def emulations_frame(ok: pd.DataFrame) -> pd.DataFrame:
     both = ok[ok["link_emulation"].isin(["python", "kernel"]) & (ok["workers"] > 1)].copy()  # n = 1 sends nothing
     if both.empty or both["link_emulation"].nunique() < 2:
         return pd.DataFrame()
-    both["bandwidth"] = both["link"].str.removesuffix(" kernel")
+    # the same link but for who shapes it, from the typed columns (never parsed back from the display label)
+    both["bandwidth"] = [link_label(b, lat, het, "") for b, lat, het in
+                         zip(both["link_bandwidth"], both["link_latency_s"], both["link_heterogeneous"])]
     agg = mean_per_config(both, ["workload", "workers", "label", "bandwidth", "link_emulation"])
     wide = agg.pivot_table(index=["workload", "workers", "label", "bandwidth"], columns="link_emulation",
                            values="comm_s").dropna().reset_index()

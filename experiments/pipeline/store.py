@@ -1,29 +1,35 @@
-"""The results store: DIR/runs.parquet (one row per run) and DIR/steps.parquet (one row per step and rank).
+"""The results store: a results directory with one writer at a time, each finished run appended to its dataset.
 
-Every finished run is appended atomically (write a temporary file, then rename), steps first and the run
-row last, so a run counts as done only once both are on disk. A crash or a signal between runs loses
-nothing already measured; one during a write leaves the previous files intact.
+Runs go to DIR/runs/ and DIR/steps/ (experiments/results/dataset.py: one file per run and table, read as one
+dataset, so a sweep's cost is linear in its runs); results written before that layout (DIR/runs.parquet and
+DIR/steps.parquet) still load and resume. A writer holds DIR/syncbench.lock (an flock: the kernel releases it
+when the holder dies, so a crash never leaves a stale lock) and writes its pid, host and command into it, so
+that a second writer is refused with one line naming the holder. A crash or a signal between runs loses
+nothing already stored; one during a write leaves the stored runs intact and no temporary file.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import fcntl
+import json
 import os
+import platform
 import re
+import shlex
+import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-RUNS = "runs.parquet"
-STEPS = "steps.parquet"
+from experiments.results import dataset
+from experiments.results.dataset import StoreError
+
+__all__ = ["LOCK", "RESULTS_ROOT", "Store", "StoreError", "default_dir"]
+
+LOCK = "syncbench.lock"
 RESULTS_ROOT = Path("results")  # where a sweep's results go when --out is not given
-# the columns the store itself reads: a Parquet file without them is not one of ours (another tool's file, say)
-RUN_COLUMNS = ("run_id", "status")
-STEP_COLUMNS = ("run_id",)
-
-
-class StoreError(ValueError):
-    """A results directory that cannot be used: not creatable, not writable, or holding someone else's files."""
 
 
 def default_dir(sweep_name: str) -> tuple[Path, str]:
@@ -39,8 +45,12 @@ def default_dir(sweep_name: str) -> tuple[Path, str]:
 
 
 class Store:
+    """A results directory: read it freely; `start` (or `with Store(...)`) makes this process its one writer."""
+
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
+        self._lock_fd: int | None = None
+        self._seq: int | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
@@ -56,21 +66,74 @@ class Store:
         except OSError as e:
             raise StoreError(f"results directory {str(self.dir)!r} is not writable: {e.strerror}") from None
 
+    # ---- one writer ----------------------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Become the directory's one writer, or StoreError naming the process that is."""
+        if self._lock_fd is not None:
+            return
+        path = self.dir / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StoreError(f"cannot open the lock {str(path)!r}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise StoreError(f"{self.dir} is being written by {holder}: wait for it to finish, or choose another "
+                             f"--out") from None
+        holder = {"pid": os.getpid(), "host": platform.node(), "command": _command(),
+                  "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError as e:
+            os.close(fd)
+            raise StoreError(f"cannot write the lock {str(path)!r}: {e.strerror}") from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Stop being the writer (the lock file stays, empty: removing it would race with the next writer)."""
+        if self._lock_fd is not None:
+            try:
+                os.ftruncate(self._lock_fd, 0)
+            except OSError:
+                pass
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> Store:
+        self.lock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
     def start(self, resume: bool, overwrite: bool) -> None:
-        """Before a sweep: refuse to mix with earlier results unless resuming; --overwrite removes them."""
+        """Before a sweep: take the lock; refuse to mix with earlier results unless resuming; --overwrite
+        removes them."""
+        self.lock()
+        dataset.remove_temporaries(self.dir)
         if resume or self.runs().empty:
             return
         if not overwrite:
             raise FileExistsError(f"{self.dir} already holds results: pass --resume to complete them "
                                   f"or --overwrite to start again")
-        for name in (RUNS, STEPS):
-            (self.dir / name).unlink(missing_ok=True)
+        dataset.remove_all(self.dir)
+        self._seq = None
+
+    # ---- reading and writing --------------------------------------------------------------------------------
 
     def runs(self) -> pd.DataFrame:
-        return _read(self.dir / RUNS, RUN_COLUMNS)
+        return dataset.read_runs(self.dir)
 
     def steps(self) -> pd.DataFrame:
-        return _read(self.dir / STEPS, STEP_COLUMNS)
+        return dataset.read_steps(self.dir)
 
     def done(self) -> set[str]:
         """Run ids that finished successfully (resume skips them; failed runs are tried again)."""
@@ -80,50 +143,27 @@ class Store:
         return set(runs.loc[runs["status"] == "ok", "run_id"])
 
     def append(self, run_row: dict, step_rows: list[dict]) -> None:
-        """Add one run, replacing any earlier attempt of the same run id (a failed one, on resume)."""
-        run_id = run_row["run_id"]
-        steps = self.steps()
-        if not steps.empty:
-            steps = steps[steps["run_id"] != run_id]
-        new_steps = pd.DataFrame(step_rows)
-        if not new_steps.empty:
-            steps = new_steps if steps.empty else pd.concat([steps, new_steps], ignore_index=True)
-        if not steps.empty:
-            _write_atomic(steps, self.dir / STEPS)
-        runs = self.runs()
-        if not runs.empty:
-            runs = runs[runs["run_id"] != run_id]
-        row = pd.DataFrame([run_row])
-        runs = row if runs.empty else pd.concat([runs, row], ignore_index=True)
-        _write_atomic(runs, self.dir / RUNS)
+        """Add one run (two new files, whatever is stored already); a later attempt of the same run id, a
+        failed one retried on resume, supersedes the earlier one."""
+        if self._seq is None:
+            self._seq = dataset.next_seq(self.dir)
+        dataset.write_run(self.dir, self._seq, run_row, step_rows)
+        self._seq += 1
 
     def write_text(self, name: str, text: str) -> Path:
-        path = self.dir / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        return path
+        return dataset.write_text_atomic(self.dir / name, text)
 
 
-def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """A Parquet file of ours, or an empty frame when there is none; StoreError for anything else."""
-    if not path.exists():
-        return pd.DataFrame()
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what it wrote into the lock file."""
     try:
-        frame = pd.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not a Parquet file we can read"
-        raise StoreError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__}): move it away or "
-                         f"choose another --out") from None
-    missing = [c for c in columns if c not in frame.columns]
-    if missing and not frame.empty:
-        raise StoreError(f"{str(path)!r} is not a syncbench results file (no column(s) {', '.join(missing)}): "
-                         f"move it away or choose another --out")
-    return frame
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return (f"pid {info['pid']} on {info['host']} since {info['since']} "
+                f"({str(info['command'])[:120]})")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (it has not said which yet)"
 
 
-def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_suffix(".parquet.tmp")
-    frame.to_parquet(tmp, index=False)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _command() -> str:
+    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
+    return shlex.join(argv)[:300]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd
 
 from experiments.config.sweep import RunSpec
-from experiments.results.schema import RUNS, strategy_label
+from experiments.results.schema import RUNS
 from experiments.results.schema import row as schema_row
 
 
@@ -21,12 +20,10 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     row = {"run_id": spec.run_id, "sweep": spec.sweep, "substrate": "ray", "workload": spec.workload,
            "dataset": spec.dataset, "image_size": spec.image_size, "batch_size": spec.batch_size,
            "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
-           "lr": spec.lr, "strategy": spec.strategy, "strategy_label": strategy_label(spec.strategy,
-                                                                                      spec.strategy_params),
-           "strategy_params": json.dumps(spec.strategy_params, sort_keys=True),
-           **{f"param_{k}": v for k, v in spec.strategy_params.items()},
+           "lr": spec.lr, "strategy": spec.strategy,
+           # every parameter the strategy ran with (defaults included), each a typed param_<name> column
+           **{f"param_{k}": getattr(config, k) for k in type(config).parameters()},
            "workers": spec.workers, "servers": servers, "bytes_counted": bool(config.counted),
-           "link": spec.link_label,
            "link_bandwidth": network.default.bandwidth if network else math.nan,
            "link_latency_s": network.default.latency if network else 0.0,
            "link_emulation": network.emulation if network else "",

@@ -1,135 +1,168 @@
-"""The results schema, defined once: every column of runs.parquet and steps.parquet with its type and meaning.
+"""The results schema, defined once: every column of the runs and steps tables with its Arrow type and meaning.
 
-The runner writes rows through `conform`, the report reads them through `conform`, the report tests build
-their fixtures from `row`; `syncbench schema` prints this. Units are in the names (_s seconds, _bytes bytes,
-bandwidth in bytes/s); facts are typed columns (booleans, numbers, one column per strategy parameter), never
-strings to parse back. A leaf module (pandas only): `experiments` imports it to write what `reports` reads.
+The pipeline writes rows through `to_arrow` (typed Parquet, no pandas guessing), readers get pandas frames
+through `conform`, the report tests build their fixtures from `row`; `syncbench schema` prints `describe()`.
+Units are in the names (_s seconds, _bytes bytes, bandwidth in bytes/s). Facts are typed columns: a strategy's
+parameters are `param_<name>` columns typed as the strategy declares them (never JSON text), and display labels
+(the link's, the strategy's, the simulated platform's) are derived from typed columns on read, never stored.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, fields
 
 import pandas as pd
+import pyarrow as pa
+
+STR, INT, FLOAT, BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+INTS = pa.list_(pa.int64())
+TIME = pa.timestamp("s", tz="UTC")
+PARAM = "param_"  # prefix of the strategy parameter columns (param_norm, a schema column, is not one)
+_SCALARS = {bool: BOOL, int: INT, float: FLOAT, str: STR}  # bool first: a bool is also an int
 
 
 @dataclass(frozen=True)
 class Column:
     name: str
-    type: str  # "str", "int", "float", "bool", "list[int]"
+    type: pa.DataType
     meaning: str
 
 
-_NA = {"str": "", "int": 0, "float": math.nan, "bool": False, "list[int]": ()}
-
 RUNS: tuple[Column, ...] = (
     # what ran
-    Column("run_id", "str", "content hash of every setting of the run (unique within a sweep)"),
-    Column("sweep", "str", "the sweep's name"),
-    Column("substrate", "str", "where it ran: 'ray' (actors over gloo/NCCL) or 'simgrid' (simulated)"),
-    Column("workload", "str", "the model (resnet18, vgg16, tiny, ...)"),
-    Column("dataset", "str", "synthetic or a real data set"),
-    Column("image_size", "int", "input images are image_size x image_size pixels"),
-    Column("batch_size", "int", "samples per worker per step"),
-    Column("steps", "int", "steps run, warm-up included"),
-    Column("warmup_steps", "int", "untimed steps first"),
-    Column("device", "str", "cpu or cuda"),
-    Column("seed", "int", "the run's random seed"),
-    Column("lr", "float", "SGD learning rate"),
-    Column("strategy", "str", "the registered strategy's name"),
-    Column("strategy_label", "str", "the strategy with its non-default parameters, for display"),
-    Column("strategy_params", "str", "the strategy's parameters as JSON (provenance; read the param_* columns)"),
-    Column("param_servers", "int", "parameter_server: server ranks (0 for other strategies)"),
-    Column("param_tree", "bool", "reduce_broadcast: binomial tree (false: flat)"),
-    Column("param_topology", "str", "decentralized: the neighbour graph"),
-    Column("param_weights", "str", "decentralized: uniform or metropolis mixing weights"),
-    Column("workers", "int", "worker ranks"),
-    Column("servers", "int", "server ranks (parameter server)"),
-    Column("bytes_counted", "bool", "the communicator saw the strategy's bytes (false: inside a backend)"),
+    Column("run_id", STR, "content hash of every setting of the run (unique within a sweep)"),
+    Column("sweep", STR, "the sweep's name"),
+    Column("substrate", STR, "where it ran: 'ray' (actors over gloo/NCCL) or 'simgrid' (simulated)"),
+    Column("workload", STR, "the model (resnet18, vgg16, tiny, ...)"),
+    Column("dataset", STR, "synthetic or a real data set"),
+    Column("image_size", INT, "input images are image_size x image_size pixels"),
+    Column("batch_size", INT, "samples per worker per step"),
+    Column("steps", INT, "steps run, warm-up included"),
+    Column("warmup_steps", INT, "untimed steps first"),
+    Column("device", STR, "cpu or cuda"),
+    Column("seed", INT, "the run's random seed"),
+    Column("lr", FLOAT, "SGD learning rate"),
+    Column("strategy", STR, "the registered strategy's name"),
+    Column("workers", INT, "worker ranks"),
+    Column("servers", INT, "server ranks (parameter server)"),
+    Column("bytes_counted", BOOL, "the communicator saw the strategy's bytes (false: inside a backend)"),
     # the network
-    Column("link", "str", "the link's label, for display"),
-    Column("link_bandwidth", "float", "each NIC's emulated bandwidth in bytes/s (NaN: not emulated)"),
-    Column("link_latency_s", "float", "each NIC's emulated latency in seconds"),
-    Column("link_emulation", "str", "who shapes the link: 'python', 'kernel' or '' (not emulated)"),
-    Column("link_heterogeneous", "bool", "some rank's NIC differs from the default link"),
-    Column("straggler_ranks", "list[int]", "ranks whose compute is slowed"),
-    Column("straggler_slowdown", "float", "their compute time multiplier (1.0: no straggler)"),
+    Column("link_bandwidth", FLOAT, "each NIC's emulated bandwidth in bytes/s (NaN: not emulated)"),
+    Column("link_latency_s", FLOAT, "each NIC's emulated latency in seconds"),
+    Column("link_emulation", STR, "who shapes the link: 'python', 'kernel' or '' (not emulated)"),
+    Column("link_heterogeneous", BOOL, "some rank's NIC differs from the default link"),
+    Column("straggler_ranks", INTS, "ranks whose compute is slowed"),
+    Column("straggler_slowdown", FLOAT, "their compute time multiplier (1.0: no straggler)"),
     # compute and overlap
-    Column("compute", "str", "'real' (the model computes) or 'profile' (a measured timeline is replayed)"),
-    Column("profile_id", "str", "the compute profile replayed ('' in real mode)"),
-    Column("profile_device", "str", "the device the profile was measured on"),
-    Column("profile_step_s", "float", "the profile's own step time in seconds"),
-    Column("bucket_mb", "float", "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one flat "
-                                 "bucket)"),
-    Column("overlap", "bool", "buckets synchronized while backward runs"),
+    Column("compute", STR, "'real' (the model computes) or 'profile' (a measured timeline is replayed)"),
+    Column("profile_id", STR, "the compute profile replayed ('' in real mode)"),
+    Column("profile_device", STR, "the device the profile was measured on"),
+    Column("profile_step_s", FLOAT, "the profile's own step time in seconds"),
+    Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
+                              "flat bucket)"),
+    Column("overlap", BOOL, "buckets synchronized while backward runs"),
     # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
-    Column("sim_platform", "str", "the simulated platform, for display"),
-    Column("sim_topology", "str", "star, fat_tree or nodes (of k GPUs)"),
-    Column("sim_network_model", "str", "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
-    Column("sim_nic", "str", "'shared' (concurrent sends share a NIC) or 'fifo' (one at a time, as the emulation)"),
-    Column("sim_oversubscription", "float", "fat tree: leaf uplink oversubscription (NaN elsewhere)"),
-    Column("sim_gpus_per_node", "int", "nodes topology: GPUs per node (0 elsewhere)"),
-    Column("compute_source", "str", "where a simulation's compute times came from (a profile id, or 'fixed')"),
-    Column("sim_wall_s", "float", "wall time the simulation took, seconds"),
-    Column("model_comm_s", "float", "the alpha-beta model's communication time for the same step, seconds"),
+    Column("sim_topology", STR, "star, fat_tree or nodes (of k GPUs)"),
+    Column("sim_network_model", STR, "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
+    Column("sim_nic", STR, "'shared' (concurrent sends share a NIC) or 'fifo' (one at a time, as the emulation)"),
+    Column("sim_oversubscription", FLOAT, "fat tree: leaf uplink oversubscription (NaN elsewhere)"),
+    Column("sim_hosts_per_leaf", INT, "fat tree: ranks per leaf switch (0 elsewhere)"),
+    Column("sim_gpus_per_node", INT, "nodes topology: GPUs per node (0 elsewhere)"),
+    Column("sim_intra_bandwidth", FLOAT, "nodes topology: the link inside a node in bytes/s (NaN elsewhere)"),
+    Column("sim_intra_latency_s", FLOAT, "nodes topology: its latency in seconds (NaN elsewhere)"),
+    Column("compute_source", STR, "where a simulation's compute times came from (a profile id, or 'fixed')"),
+    Column("sim_wall_s", FLOAT, "wall time the simulation took, seconds"),
+    Column("model_comm_s", FLOAT, "the alpha-beta model's communication time for the same step, seconds"),
     # where and how it ran
-    Column("status", "str", "'ok' or 'failed'"),
-    Column("error", "str", "why it failed ('' when ok)"),
-    Column("transport", "str", "gloo, nccl, threads, simgrid, or the sweep's p2p (sockets, sockets-unix, "
-                               "sockets-tcp) when it carried the strategy's bytes"),
-    Column("gpu", "str", "the GPU's name ('' on CPU)"),
-    Column("cores", "int", "CPU cores of the machine (or cluster) the ranks shared"),
-    Column("host", "str", "the host rank 0 ran on"),
-    Column("cores_oversubscribed", "bool", "more ranks than CPU cores: compute times include contention"),
-    Column("gpu_shared", "bool", "several workers shared one GPU (no NCCL): compute and transfers contend"),
-    Column("started_at", "str", "ISO time the run started"),
-    Column("duration_s", "float", "wall time of the whole run in seconds"),
+    Column("status", STR, "'ok' or 'failed'"),
+    Column("error", STR, "why it failed ('' when ok)"),
+    Column("transport", STR, "gloo, nccl, threads, simgrid, or the sweep's p2p (sockets, sockets-unix, "
+                             "sockets-tcp) when it carried the strategy's bytes"),
+    Column("gpu", STR, "the GPU's name ('' on CPU)"),
+    Column("cores", INT, "CPU cores of the machine (or cluster) the ranks shared"),
+    Column("host", STR, "the host rank 0 ran on"),
+    Column("cores_oversubscribed", BOOL, "more ranks than CPU cores: compute times include contention"),
+    Column("gpu_shared", BOOL, "several workers shared one GPU (no NCCL): compute and transfers contend"),
+    Column("started_at", TIME, "when the run started (UTC, to the second)"),
+    Column("duration_s", FLOAT, "wall time of the whole run in seconds"),
     # the numbers (means over timed steps; a step is the slowest worker's)
-    Column("throughput", "float", "samples per second of the whole group"),
-    Column("step_time_s", "float", "mean step time in seconds"),
-    Column("compute_s", "float", "mean compute time per step in seconds (slowest worker)"),
-    Column("comm_s", "float", "mean exposed communication per step in seconds (slowest worker)"),
-    Column("comm_fraction", "float", "communication's share of the step time"),
-    Column("backward_end_s", "float", "time from step start to the end of backward, in seconds"),
-    Column("exposed_comm_s", "float", "communication after backward ended (what the step waited for), seconds"),
-    Column("comm_busy_s", "float", "time spent inside synchronization per step, hidden or not, seconds"),
-    Column("overlap_fraction", "float", "share of communication hidden behind backward"),
-    Column("buckets", "float", "gradient buckets per step"),
-    Column("bytes_sent_per_worker", "float", "payload bytes a worker sent per step (measured)"),
-    Column("bytes_recv_per_worker", "float", "payload bytes a worker received per step (measured)"),
-    Column("bytes_sent_per_server", "float", "payload bytes a server sent per step (measured)"),
-    Column("bytes_recv_per_server", "float", "payload bytes a server received per step (measured)"),
-    Column("analytic_bytes_sent_per_worker", "float", "the strategy's analytic bytes per worker per step"),
-    Column("analytic_rounds", "float", "sequential message rounds on the critical path (analytic)"),
-    Column("analytic_path_bytes", "float", "bytes on the critical path through the busiest NIC (analytic)"),
-    Column("numel", "int", "model parameters"),
-    Column("model_bytes", "int", "model parameters in bytes (fp32)"),
-    Column("final_loss", "float", "workers' mean training loss at the last step"),
-    Column("param_norm", "float", "L2 norm of the final parameters"),
-    Column("accuracy", "float", "held-out accuracy at the end (NaN: the data set has none)"),
-    Column("consensus_distance", "float", "decentralized: mean distance of workers' parameters from their mean"),
-    Column("spectral_gap", "float", "decentralized: 1 - |lambda_2| of the mixing matrix"),
+    Column("throughput", FLOAT, "samples per second of the whole group"),
+    Column("step_time_s", FLOAT, "mean step time in seconds"),
+    Column("compute_s", FLOAT, "mean compute time per step in seconds (slowest worker)"),
+    Column("comm_s", FLOAT, "mean exposed communication per step in seconds (slowest worker)"),
+    Column("comm_fraction", FLOAT, "communication's share of the step time"),
+    Column("backward_end_s", FLOAT, "time from step start to the end of backward, in seconds"),
+    Column("exposed_comm_s", FLOAT, "communication after backward ended (what the step waited for), seconds"),
+    Column("comm_busy_s", FLOAT, "time spent inside synchronization per step, hidden or not, seconds"),
+    Column("overlap_fraction", FLOAT, "share of communication hidden behind backward"),
+    Column("buckets", FLOAT, "gradient buckets per step"),
+    Column("bytes_sent_per_worker", FLOAT, "payload bytes a worker sent per step (measured)"),
+    Column("bytes_recv_per_worker", FLOAT, "payload bytes a worker received per step (measured)"),
+    Column("bytes_sent_per_server", FLOAT, "payload bytes a server sent per step (measured)"),
+    Column("bytes_recv_per_server", FLOAT, "payload bytes a server received per step (measured)"),
+    Column("analytic_bytes_sent_per_worker", FLOAT, "the strategy's analytic bytes per worker per step"),
+    Column("analytic_rounds", FLOAT, "sequential message rounds on the critical path (analytic)"),
+    Column("analytic_path_bytes", FLOAT, "bytes on the critical path through the busiest NIC (analytic)"),
+    Column("numel", INT, "model parameters"),
+    Column("model_bytes", INT, "model parameters in bytes (fp32)"),
+    Column("final_loss", FLOAT, "workers' mean training loss at the last step"),
+    Column("param_norm", FLOAT, "L2 norm of the final parameters"),
+    Column("accuracy", FLOAT, "held-out accuracy at the end (NaN: the data set has none)"),
+    Column("consensus_distance", FLOAT, "decentralized: mean distance of workers' parameters from their mean"),
+    Column("spectral_gap", FLOAT, "decentralized: 1 - |lambda_2| of the mixing matrix"),
 )
 
 STEPS: tuple[Column, ...] = (
-    Column("run_id", "str", "the run"),
-    Column("step", "int", "step index, warm-up included"),
-    Column("rank", "int", "the rank"),
-    Column("role", "str", "'worker' or 'server'"),
-    Column("timed", "bool", "after warm-up"),
-    Column("compute_s", "float", "forward + backward (+ optimizer) time in seconds"),
-    Column("comm_s", "float", "exposed communication in seconds"),
-    Column("bytes_sent", "int", "payload bytes sent in the step"),
-    Column("bytes_recv", "int", "payload bytes received in the step"),
-    Column("loss", "float", "training loss (NaN on servers)"),
-    Column("samples", "int", "samples processed"),
-    Column("consensus_distance", "float", "decentralized: distance from the workers' mean parameters"),
-    Column("wall_s", "float", "seconds since the run's first step"),
-    Column("backward_end_s", "float", "time from step start to the end of backward, seconds"),
-    Column("comm_busy_s", "float", "time spent inside synchronization, seconds"),
-    Column("exposed_comm_s", "float", "communication after backward ended, seconds (= comm_s)"),
-    Column("overlap_fraction", "float", "share of this step's communication hidden behind backward"),
+    Column("run_id", STR, "the run"),
+    Column("step", INT, "step index, warm-up included"),
+    Column("rank", INT, "the rank"),
+    Column("role", STR, "'worker' or 'server'"),
+    Column("timed", BOOL, "after warm-up"),
+    Column("compute_s", FLOAT, "forward + backward (+ optimizer) time in seconds"),
+    Column("comm_s", FLOAT, "exposed communication in seconds"),
+    Column("bytes_sent", INT, "payload bytes sent in the step"),
+    Column("bytes_recv", INT, "payload bytes received in the step"),
+    Column("loss", FLOAT, "training loss (NaN on servers)"),
+    Column("samples", INT, "samples processed"),
+    Column("consensus_distance", FLOAT, "decentralized: distance from the workers' mean parameters"),
+    Column("wall_s", FLOAT, "seconds since the run's first step"),
+    Column("backward_end_s", FLOAT, "time from step start to the end of backward, seconds"),
+    Column("comm_busy_s", FLOAT, "time spent inside synchronization, seconds"),
+    Column("exposed_comm_s", FLOAT, "communication after backward ended, seconds (= comm_s)"),
+    Column("overlap_fraction", FLOAT, "share of this step's communication hidden behind backward"),
+)
+
+STEPS: tuple[Column, ...] = (
+    Column("run_id", STR, "the run"),
+    Column("step", INT, "step index, warm-up included"),
+    Column("rank", INT, "the rank"),
+    Column("role", STR, "'worker' or 'server'"),
+    Column("timed", BOOL, "after warm-up"),
+    Column("compute_s", FLOAT, "forward + backward (+ optimizer) time in seconds"),
+    Column("comm_s", FLOAT, "exposed communication in seconds"),
+    Column("bytes_sent", INT, "payload bytes sent in the step"),
+    Column("bytes_recv", INT, "payload bytes received in the step"),
+    Column("loss", FLOAT, "training loss (NaN on servers)"),
+    Column("samples", INT, "samples processed"),
+    Column("consensus_distance", FLOAT, "decentralized: distance from the workers' mean parameters"),
+    Column("wall_s", FLOAT, "seconds since the run's first step"),
+    Column("backward_end_s", FLOAT, "time from step start to the end of backward, seconds"),
+    Column("comm_busy_s", FLOAT, "time spent inside synchronization, seconds"),
+    Column("exposed_comm_s", FLOAT, "communication after backward ended, seconds (= comm_s)"),
+    Column("overlap_fraction", FLOAT, "share of this step's communication hidden behind backward"),
+)
+
+# Not stored: display labels built on read from the typed columns (results written before the typed schema
+# stored them; those stored labels are kept).
+DERIVED: tuple[Column, ...] = (
+    Column("link", STR, "the link, for display: bandwidth and latency, '(heterogeneous)', 'kernel' when "
+                        "kernel-shaped, or 'full speed' (from the link_* columns)"),
+    Column("strategy_label", STR, "the strategy with its non-default parameters, for display (from param_*)"),
+    Column("sim_platform", STR, "the simulated platform, for display (from the sim_* and link_* columns)"),
 )
 
 TABLES = {"runs": RUNS, "steps": STEPS}
@@ -139,51 +172,326 @@ def names(table: tuple[Column, ...]) -> list[str]:
     return [c.name for c in table]
 
 
+def _default(type_: pa.DataType):
+    """What a missing value reads as in pandas: '' for text, 0 for counts, NaN for measures, False, (), NaT."""
+    if type_ == STR:
+        return ""
+    if type_ == INT:
+        return 0
+    if type_ == FLOAT:
+        return math.nan
+    if type_ == BOOL:
+        return False
+    if type_ == INTS:
+        return ()
+    return pd.NaT
+
+
 def row(table: tuple[Column, ...], **values) -> dict:
     """One row with every column: the given values, typed defaults elsewhere; an unknown column is an error
-    (a plug-in strategy's parameters are the exception: param_<name> columns of whatever type they have)."""
-    unknown = {k for k in set(values) - set(names(table)) if not k.startswith("param_")}
-    if unknown:
-        raise KeyError(f"not columns of the schema: {', '.join(sorted(unknown))} (see experiments/results/schema.py)")
+    (strategy parameters are the exception: param_<name> columns, typed by the strategy's declaration)."""
+    _check_keys(values, table)
     extra = {k: v for k, v in values.items() if k not in names(table)}
-    return {**{c.name: values.get(c.name, _NA[c.type]) for c in table}, **extra}
+    return {**{c.name: values.get(c.name, _default(c.type)) for c in table}, **extra}
 
+
+def _check_keys(keys, table: tuple[Column, ...]) -> None:
+    derived = sorted(set(keys) & set(names(DERIVED))) if table is RUNS else []
+    if derived:
+        raise KeyError(f"{', '.join(derived)}: derived on read from typed columns, never stored (see "
+                       f"experiments/results/schema.py DERIVED)")
+    allowed = set(names(table))
+    unknown = sorted(k for k in keys if k not in allowed and not (table is RUNS and k.startswith(PARAM)))
+    if unknown:
+        raise KeyError(f"not columns of the schema: {', '.join(unknown)} (see experiments/results/schema.py)")
+
+
+# ---- strategy parameters ------------------------------------------------------------------------------------
+
+def parameter_types(strategy: str) -> dict[str, tuple[pa.DataType, object]]:
+    """A registered strategy's parameters: name -> (Arrow type, default). Types come from the strategy config's
+    annotations (bool, int, float, str, or one of them | None); anything else is refused, naming it."""
+    import strategies
+
+    cls = strategies.get(strategy)
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: fall back to the default's type
+        hints = {}
+    out = {}
+    for f in fields(cls):
+        declared = hints.get(f.name, type(f.default))
+        members = {a for a in typing.get_args(declared) if a is not type(None)} or {declared}
+        if not members <= set(_SCALARS):
+            raise TypeError(f"strategy {strategy!r} parameter {f.name!r} is declared {declared!r}: a results "
+                            f"column holds bool, int, float, str or a union of them (| None allowed)")
+        out[f.name] = (_union([m for m in _SCALARS if m in members]), f.default)
+    return out
+
+
+def _union(members: list[type]) -> pa.DataType:
+    """One scalar type, or for a union (staleness: int | str) a struct with one field per member type, exactly
+    one of them set: Parquet has no union type, and text would lose the type."""
+    if len(members) == 1:
+        return _SCALARS[members[0]]
+    return pa.struct([(m.__name__, _SCALARS[m]) for m in members])
+
+
+def _param_type(strategy: str, name: str, value) -> pa.DataType:
+    """The column type of param_<name> for a run of `strategy`: its declaration, else the value's own type."""
+    try:
+        declared = parameter_types(strategy)
+    except ValueError:  # not registered here (a plug-in not installed): the value's Python type
+        declared = {}
+    if name in declared:
+        return declared[name][0]
+    for python_type, arrow in _SCALARS.items():
+        if isinstance(value, python_type):
+            return arrow
+    raise TypeError(f"{PARAM}{name} = {value!r}: a strategy parameter must be a bool, int, float or str")
+
+
+# ---- writing: rows -> a typed Arrow table ---------------------------------------------------------------------
+
+def to_arrow(rows: list[dict], table: tuple[Column, ...]) -> pa.Table:
+    """Rows as an Arrow table in the schema's types (missing columns null); strategy parameters typed by the
+    run's strategy. A value that is not of its column's type is a TypeError naming the column and the value."""
+    keys = {k for r in rows for k in r}
+    _check_keys(keys, table)
+    columns = {c.name: c.type for c in table}
+    for name in sorted(k for k in keys if k.startswith(PARAM) and k not in columns):
+        first = next(r for r in rows if r.get(name) is not None)
+        columns[name] = _param_type(first.get("strategy", ""), name[len(PARAM):], first[name])
+    arrays = [pa.array([_cell(r.get(name), type_, name) for r in rows], type=type_) for name, type_ in columns.items()]
+    return pa.Table.from_arrays(arrays, names=list(columns))
+
+
+def _cell(value, type_: pa.DataType, column: str):
+    """One value in its column's Python type, or None (null); TypeError for a value of another type."""
+    if value is None or value is pd.NaT or value is pd.NA:
+        return None
+    if pa.types.is_struct(type_):  # a union: the member field of the value's own type
+        for member in type_:
+            if type(value).__name__ == member.name:
+                return {member.name: _cell(value, member.type, column)}
+        accepted = " or ".join(m.name for m in type_)
+        raise TypeError(f"column {column} = {value!r} ({type(value).__name__}): accepted is {accepted}")
+    if hasattr(value, "item") and not isinstance(value, (list, tuple)) and getattr(value, "ndim", 0) == 0:
+        value = value.item()  # numpy scalars
+    if type_ == FLOAT and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if type_ == INT and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        if float(value).is_integer():
+            return int(value)
+    elif type_ == BOOL and isinstance(value, bool):
+        return value
+    elif type_ == STR and isinstance(value, str):
+        return value
+    elif type_ == INTS and (isinstance(value, (list, tuple)) or hasattr(value, "tolist")):
+        items = list(value.tolist() if hasattr(value, "tolist") else value)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+            return items
+    elif type_ == TIME and isinstance(value, (str, dt.datetime)):
+        try:
+            when = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+        except ValueError:
+            pass
+        else:
+            return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+    accepted = _TYPE_NAMES.get(type_, str(type_))
+    raise TypeError(f"column {column} = {value!r} ({type(value).__name__}): accepted is {accepted}")
+
+
+_TYPE_NAMES = {STR: "a str", INT: "an integer", FLOAT: "a number", BOOL: "a bool (True/False, never a string)",
+               INTS: "a list of integers", TIME: "an ISO time or a datetime"}
+
+
+# ---- reading: any frame of ours -> pandas in the schema's types ---------------------------------------------
 
 def conform(frame: pd.DataFrame, table: tuple[Column, ...], *, extra_ok: bool = True) -> pd.DataFrame:
-    """The frame with every schema column present (typed defaults where missing) and typed as declared;
-    columns beyond the schema are kept (extra_ok) or refused."""
-    extra = [c for c in frame.columns if c not in names(table)]
+    """The frame with every schema column present (typed defaults where missing) and typed as declared, strategy
+    parameters as Python values (None where a run's strategy has no such parameter) and, for runs, the derived
+    display labels; columns beyond the schema are kept (extra_ok) or refused."""
+    params = sorted(c for c in frame.columns if c.startswith(PARAM) and c not in names(table)) if table is RUNS else []
+    known = set(names(table)) | set(params) | (set(names(DERIVED)) if table is RUNS else set())
+    extra = [c for c in frame.columns if c not in known]
     if extra and not extra_ok:
         raise KeyError(f"columns not in the schema: {', '.join(extra)} (see experiments/results/schema.py)")
     frame = frame.copy()
     for c in table:
+        default = _default(c.type)
         if c.name not in frame:
-            frame[c.name] = [_NA[c.type]] * len(frame)
-        elif c.type == "bool":
+            frame[c.name] = [default] * len(frame)
+        elif c.type == BOOL:
             frame[c.name] = frame[c.name].fillna(False).astype(bool)
-        elif c.type == "float":
+        elif c.type == FLOAT:
             frame[c.name] = pd.to_numeric(frame[c.name], errors="coerce").astype(float)
-        elif c.type == "int":
+        elif c.type == INT:
             frame[c.name] = pd.to_numeric(frame[c.name], errors="coerce").fillna(0).astype("int64")
-        elif c.type == "str":
+        elif c.type == STR:
             frame[c.name] = frame[c.name].fillna("").astype(str)
-        else:  # list[int]
+        elif c.type == TIME:  # ISO text (results written before the typed schema) or timestamps
+            frame[c.name] = pd.to_datetime(frame[c.name], utc=True, errors="coerce", format="ISO8601")
+        else:  # list of ints
             frame[c.name] = [tuple(int(x) for x in v) if v is not None and len(v) else () for v in frame[c.name]]
-    return frame[names(table) + [c for c in frame.columns if c not in names(table)]]
+    for name in params:  # Python values in the declared type, None where the run's strategy has no such parameter
+        values = [_param_value(s, name[len(PARAM):], v) for s, v in zip(frame["strategy"], frame[name])]
+        frame[name] = pd.Series(values, index=frame.index, dtype=object)
+    if table is RUNS:
+        _derive_labels(frame, params)
+    order = names(table) + (names(DERIVED) if table is RUNS else []) + params
+    return frame[order + [c for c in frame.columns if c not in order]]
+
+
+def _param_value(strategy: str, name: str, value):
+    """A stored parameter as the strategy declares it (pandas turns an int column with gaps into floats); None
+    for a parameter the run's strategy does not have (results before the typed schema stored 0, '' or False)."""
+    value = _python(value)
+    try:
+        declared = _declared(strategy)
+    except (ValueError, TypeError):  # not registered here: as stored
+        return value
+    if name not in declared or value is None:
+        return None
+    if declared[name] == INT and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+@functools.cache
+def _declared(strategy: str) -> dict[str, pa.DataType]:
+    return {k: t for k, (t, _) in parameter_types(strategy).items()}
+
+
+def _python(value):
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, dict):  # a union's struct: its one member that is set
+        return next((_python(v) for v in value.values() if _python(v) is not None), None)
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _derive_labels(frame: pd.DataFrame, params: list[str]) -> None:
+    """Fill link, strategy_label and sim_platform from the typed columns where no stored label exists."""
+    derived = {
+        "link": [link_label(r.link_bandwidth, r.link_latency_s, r.link_heterogeneous, r.link_emulation)
+                 for r in frame[["link_bandwidth", "link_latency_s", "link_heterogeneous", "link_emulation"]]
+                 .itertuples(index=False)],
+        "strategy_label": [strategy_label(s, nondefault_params(s, {p[len(PARAM):]: row[p] for p in params}))
+                           for s, row in zip(frame["strategy"], frame[params].to_dict("records")
+                                             if params else [{}] * len(frame))],
+        "sim_platform": [platform_label(r) if r["substrate"] == "simgrid" and r["sim_topology"] else ""
+                         for r in frame.to_dict("records")],
+    }
+    for name, values in derived.items():
+        values = pd.Series(values, index=frame.index, dtype=object)
+        if name in frame:
+            stored = frame[name].fillna("").astype(str)
+            frame[name] = stored.where(stored != "", values)
+        else:
+            frame[name] = values
+
+
+# ---- display labels, from typed values ---------------------------------------------------------------------
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def rate_label(bytes_per_s: float) -> str:
+    """125e6 bytes/s -> '1Gbit' (Gbit = 10^9 bits), the way sweeps spell links."""
+    bits = bytes_per_s * 8
+    for unit, scale in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6), ("Kbit", 1e3)):
+        if bits >= scale:
+            return f"{_number(bits / scale)}{unit}"
+    return f"{_number(bits)}bit"
+
+
+def time_label(seconds: float) -> str:
+    """50e-6 -> '50us', 0.002 -> '2ms', 1.5 -> '1.5s'."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{_number(round(seconds / scale, 9))}{unit}"
+    return f"{_number(round(seconds / 1e-9, 6))}ns"
+
+
+def link_label(bandwidth: float, latency_s: float, heterogeneous: bool, emulation: str) -> str:
+    """'1Gbit 50us', '1Gbit (heterogeneous) kernel' or 'full speed' (no emulated link)."""
+    if bandwidth is None or not math.isfinite(bandwidth):
+        return "full speed"
+    label = rate_label(bandwidth)
+    if latency_s and math.isfinite(latency_s):
+        label += f" {time_label(latency_s)}"
+    if heterogeneous:
+        label += " (heterogeneous)"
+    if emulation == "kernel":
+        label += " kernel"
+    return label
+
+
+def nondefault_params(strategy: str, params: dict) -> dict:
+    """The parameters that differ from the strategy's defaults (all of them when it is not registered here)."""
+    try:
+        defaults = {k: d for k, (_, d) in parameter_types(strategy).items()}
+    except (ValueError, TypeError):
+        defaults = {}
+    if defaults:
+        params = {k: v for k, v in params.items() if k in defaults}
+    return {k: v for k, v in params.items() if v is not None and (k not in defaults or v != defaults[k])}
 
 
 def strategy_label(strategy: str, params: dict) -> str:
-    """'ring' or 'decentralized (topology=ring, weights=uniform)': the strategy with its parameters."""
+    """'ring' or 'decentralized (topology=torus, weights=metropolis)': the strategy with the given parameters."""
     if not params:
         return strategy
     return f"{strategy} ({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
 
 
+def platform_label(run) -> str:
+    """The simulated platform in words, e.g. 'fat_tree 16/leaf 4:1, 1Gbit 50us'."""
+    link = f"{rate_label(run['link_bandwidth'])} {time_label(run['link_latency_s'] or 0.0)}"
+    if run["sim_topology"] == "fat_tree":
+        return f"fat_tree {run['sim_hosts_per_leaf']}/leaf {_number(run['sim_oversubscription'])}:1, {link}"
+    if run["sim_topology"] == "nodes":
+        return (f"nodes of {run['sim_gpus_per_node']} ({rate_label(run['sim_intra_bandwidth'])} "
+                f"{time_label(run['sim_intra_latency_s'])} inside), NIC {link}")
+    return f"{run['sim_topology']}, {link}"
+
+
+# ---- `syncbench schema` ---------------------------------------------------------------------------------------
+
 def describe() -> str:
-    """The schema as a plain table (`syncbench schema`)."""
-    lines = []
+    """Every column as a plain table: the stored columns of both tables, the strategy parameter columns of the
+    registered strategies, and the display labels derived on read."""
+    import strategies
+
+    def line(name, type_, meaning):
+        return f"{name:32s} {str(type_):22s} {meaning}"
+
+    out = []
     for title, table in TABLES.items():
-        lines.append(f"# {title}.parquet")
-        lines += [f"{c.name:32s} {c.type:10s} {c.meaning}" for c in table]
-        lines.append("")
-    return "\n".join(lines)
+        out.append(f"# {title} (DIR/{title}/*.parquet, one file per run; DIR/{title}.parquet from before)")
+        out += [line(c.name, c.type, c.meaning) for c in table]
+        out.append("")
+    out.append("# runs: strategy parameters (null for runs of strategies without that parameter)")
+    by_param: dict[str, list] = {}
+    for name in strategies.names():
+        try:
+            declared = parameter_types(name)
+        except (TypeError, ValueError) as e:
+            out.append(f"# {name}: {e}")
+            continue
+        for param, (type_, default) in declared.items():
+            by_param.setdefault(param, []).append((name, type_, default))
+    for param, uses in sorted(by_param.items()):
+        types = sorted({str(t) for _, t, _ in uses})
+        meaning = "; ".join(f"{s} (default {d!r})" for s, _, d in uses)
+        out.append(line(PARAM + param, " | ".join(types), meaning))
+    out.append("")
+    out.append("# runs: derived on read (not stored)")
+    out += [line(c.name, c.type, c.meaning) for c in DERIVED]
+    return "\n".join(out) + "\n"

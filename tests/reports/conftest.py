@@ -1,5 +1,6 @@
-"""A small fake results directory in the results schema (experiments/results/schema.py): 3 strategies, workers 1/2/4, two
-links. Rows are built with schema.row, so the fixture has exactly the columns the runner writes."""
+"""A small fake results directory in the results schema (experiments/results/schema.py): 3 strategies, workers 1/2/4,
+two links. Rows are built with schema.row, so the fixture has exactly the columns the runner writes (plus the display
+labels readers derive, written into the one runs.parquet file the tests edit)."""
 
 from __future__ import annotations
 
@@ -55,10 +56,9 @@ def make_results(path, sweep: str = "fixture-sweep", with_steps: bool = True) ->
                 runs.append(schema.row(
                     schema.RUNS, run_id=run_id, sweep=sweep, substrate="ray", workload="resnet18", image_size=32,
                     batch_size=batch, steps=8, warmup_steps=2, device="cpu", seed=0, lr=0.1,
-                    strategy=strategy, strategy_label=schema.strategy_label(strategy, params),
-                    strategy_params=json.dumps(params), **{f"param_{k}": v for k, v in params.items()},
+                    strategy=strategy, **{f"param_{k}": v for k, v in params.items()},
                     workers=workers, servers=servers, bytes_counted=True,
-                    link=link, link_bandwidth=bandwidth, link_latency_s=0.0,
+                    link_bandwidth=bandwidth, link_latency_s=0.0,
                     link_emulation="python" if bandwidth == bandwidth else "", straggler_slowdown=1.0,
                     compute="real", status="ok", throughput=workers * batch / step_s, step_time_s=step_s,
                     compute_s=compute_s, comm_s=comm, comm_fraction=comm / step_s, exposed_comm_s=comm,
@@ -95,7 +95,8 @@ def make_results(path, sweep: str = "fixture-sweep", with_steps: bool = True) ->
                 "bytes_recv_per_worker", "final_loss", "param_norm"):
         failed[key] = math.nan
     runs.append(failed)
-    pd.DataFrame(runs).to_parquet(path / "runs.parquet")
+    # one runs.parquet as readers see it (typed, display labels derived), so that tests can edit it as a frame
+    schema.conform(pd.DataFrame(runs), schema.RUNS).to_parquet(path / "runs.parquet")
     if with_steps:
         pd.DataFrame(steps).to_parquet(path / "steps.parquet")
     (path / "sweep.toml").write_text(f'name = {json.dumps(sweep)}\ndescription = "fixture sweep"\n')

@@ -269,7 +269,8 @@ def test_the_fixture_is_the_schema(results_dir):
     """The fixture is built from the schema, so the report tests read exactly the runner's columns."""
     runs = pd.read_parquet(results_dir / "runs.parquet")
     assert list(runs.columns[:len(schema.RUNS)]) == schema.names(schema.RUNS)
-    assert set(runs.columns) - set(schema.names(schema.RUNS)) <= {"param_servers", "param_topology"}
+    assert set(runs.columns) - set(schema.names(schema.RUNS)) <= {*schema.names(schema.DERIVED), "param_servers",
+                                                                   "param_topology"}
     with pytest.raises(KeyError, match="not columns of the schema: oversubscribed"):
         schema.row(schema.RUNS, oversubscribed=True)
 

@@ -1,0 +1,210 @@
+"""A results directory as an append-only dataset: DIR/runs/<seq>.parquet and DIR/steps/<seq>.parquet.
+
+Each stored run adds one file to each table (steps first, the run last, each written to a temporary file and
+renamed), so storing a run costs the same whether it is the first or the ten-thousandth. A run stored again
+(a failed run retried on resume) supersedes the earlier attempt: readers keep the highest sequence number per
+run id and that attempt's steps. Results written before this layout (DIR/runs.parquet, DIR/steps.parquet, one
+file each) are read as the oldest attempt, so old directories still load and resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from experiments.results import schema
+
+TABLES = ("runs", "steps")
+LEGACY = {"runs": "runs.parquet", "steps": "steps.parquet"}  # one rewritten file per table, before the dataset
+# the columns the store itself reads: a Parquet file without them is not one of ours (another tool's file, say)
+REQUIRED = {"runs": ("run_id", "status"), "steps": ("run_id",)}
+SEQ = "_seq"  # which attempt a row belongs to, while reading
+
+
+class StoreError(ValueError):
+    """A results directory that cannot be used: not creatable, not writable, full, or holding someone else's files."""
+
+
+def parts(directory: Path, table: str) -> list[tuple[int, Path]]:
+    """(sequence number, path) of every stored part of a table, oldest first."""
+    folder = directory / table
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        if path.suffix == ".parquet" and path.stem.isdigit():
+            found.append((int(path.stem), path))
+    return sorted(found)
+
+
+def next_seq(directory: Path) -> int:
+    """One past the highest sequence number of either table (a steps part whose run part never landed counts)."""
+    return max((seq for table in TABLES for seq, _ in parts(directory, table)), default=-1) + 1
+
+
+def has_results(directory: Path) -> bool:
+    return (directory / LEGACY["runs"]).exists() or bool(parts(directory, "runs"))
+
+
+def write_run(directory: Path, seq: int, run_row: dict, step_rows: list[dict]) -> None:
+    """Store one run as part `seq`: its steps, then its row (the run counts as stored once its row is there).
+    A failed write (full disk, read-only file system) leaves no temporary file and raises StoreError."""
+    steps = schema.to_arrow(step_rows, schema.STEPS) if step_rows else None
+    runs = schema.to_arrow([run_row], schema.RUNS)
+    if steps is not None:
+        _write_atomic(steps, directory / "steps" / f"{seq:08d}.parquet")
+    _write_atomic(runs, directory / "runs" / f"{seq:08d}.parquet")
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_suffix(".parquet.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(table, tmp, write_statistics=False)  # min/max of one run's rows: no use, 15% of a file
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write results to {str(path.parent)!r}: {e.strerror or e} (runs stored before "
+                         f"are intact; free space or choose another --out, then --resume)") from None
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """A small text file (sweep.toml, its resolved record) replaced whole or not at all."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+    return path
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Temporary files of a writer that was killed mid-write (only the lock holder calls this)."""
+    for folder in (directory, *(directory / t for t in TABLES)):
+        if folder.is_dir():
+            for tmp in folder.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+
+
+def remove_all(directory: Path) -> None:
+    """--overwrite: every stored run and step, in both layouts."""
+    for table in TABLES:
+        (directory / LEGACY[table]).unlink(missing_ok=True)
+        for _, path in parts(directory, table):
+            path.unlink()
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+
+def read_runs(directory: str | Path) -> pd.DataFrame:
+    """Every run's latest attempt, in the schema's types (an empty frame when there are none)."""
+    return _latest_runs(Path(directory)).drop(columns=SEQ)
+
+
+def read_steps(directory: str | Path) -> pd.DataFrame:
+    """The steps of every run's latest attempt, in the schema's types (empty when none were stored)."""
+    directory = Path(directory)
+    runs = _latest_runs(directory)
+    winners = set(zip(runs["run_id"], runs[SEQ]))
+    steps = _read_table(directory, "steps")
+    if steps.empty:
+        return schema.conform(pd.DataFrame(), schema.STEPS)
+    keep = [(r, s) in winners for r, s in zip(steps["run_id"], steps[SEQ])]
+    return schema.conform(steps[keep].drop(columns=SEQ).reset_index(drop=True), schema.STEPS)
+
+
+def _latest_runs(directory: Path) -> pd.DataFrame:
+    """The runs table with its SEQ column, one row per run id: the highest sequence number wins."""
+    runs = _read_table(directory, "runs")
+    if runs.empty:
+        return schema.conform(pd.DataFrame({SEQ: []}), schema.RUNS)
+    runs = runs.sort_values(SEQ, kind="stable").drop_duplicates("run_id", keep="last")
+    return schema.conform(runs.reset_index(drop=True), schema.RUNS)
+
+
+def _read_table(directory: Path, table: str) -> pd.DataFrame:
+    """Both layouts of one table as one frame with a SEQ column (-1: the single file written before parts)."""
+    frames = []
+    legacy = directory / LEGACY[table]
+    if legacy.exists():
+        frame = _checked(_read_file(legacy), legacy, table)
+        if table == "runs":
+            frame = _legacy_params(frame)
+        frames.append(frame.assign(**{SEQ: -1}))
+    found = parts(directory, table)
+    if found:
+        tables = [_checked_arrow(_read_arrow(path), path, table) for _, path in found]
+        seqs = [seq for (seq, _), t in zip(found, tables) for _ in range(t.num_rows)]
+        try:
+            frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # a column whose type changed
+            frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
+        frames.append(frame.assign(**{SEQ: seqs}))
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _read_arrow(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not a Parquet file we can read"
+        raise StoreError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__}): move it away or "
+                         f"choose another --out") from None
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    return _read_arrow(path).to_pandas()
+
+
+def _checked_arrow(table: pa.Table, path: Path, kind: str) -> pa.Table:
+    _check_columns(table.column_names, table.num_rows, path, kind)
+    return table
+
+
+def _checked(frame: pd.DataFrame, path: Path, kind: str) -> pd.DataFrame:
+    _check_columns(list(frame.columns), len(frame), path, kind)
+    return frame
+
+
+def _check_columns(columns: list[str], rows: int, path: Path, kind: str) -> None:
+    missing = [c for c in REQUIRED[kind] if c not in columns]
+    if missing and rows:
+        raise StoreError(f"{str(path)!r} is not a syncbench results file (no column(s) {', '.join(missing)}): "
+                         f"move it away or choose another --out")
+
+
+def _legacy_params(frame: pd.DataFrame) -> pd.DataFrame:
+    """runs.parquet from before the typed schema: strategy parameters from its JSON column (the sweep's values,
+    defaults filled in), replacing the fixed param_* columns whose 0/''/False meant 'not given' as often as not."""
+    if "strategy_params" not in frame:
+        return frame
+    frame = frame.drop(columns=[c for c in frame.columns if c.startswith(schema.PARAM)])
+    values: dict[str, list] = {}
+    for i, (strategy, text) in enumerate(zip(frame["strategy"] if "strategy" in frame else [""] * len(frame),
+                                             frame["strategy_params"])):
+        try:
+            params = json.loads(text) if isinstance(text, str) and text else {}
+        except ValueError:
+            params = {}
+        try:
+            declared = {k: d for k, (_, d) in schema.parameter_types(strategy).items()}
+        except (ValueError, TypeError):  # not registered here: the recorded values only
+            declared = {}
+        params = params if isinstance(params, dict) else {}
+        for k, v in {**declared, **params}.items():
+            values.setdefault(k, [None] * len(frame))[i] = v
+    frame = frame.drop(columns="strategy_params")
+    for k, column in sorted(values.items()):
+        frame[schema.PARAM + k] = pd.Series(column, index=frame.index, dtype=object)
+    return frame
