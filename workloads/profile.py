@@ -43,7 +43,7 @@ DEVICES = ("cpu", "cuda")
 PROFILE_DIR = Path(__file__).parent / "profiles"  # committed GPU profiles, usable on any machine
 
 
-# The accepted values of a profile file's fields (README: "Settings and their ranges"), checked when it is loaded:
+# The accepted values of a profile file's fields (docs/settings.md), checked when it is loaded:
 # a forward_s of 1e300 failed late as an OverflowError naming neither file nor field.
 MAX_SECONDS = 86_400  # forward_s, backward_s, optimizer_s and every ready_s: at most a day, a run's longest timeout
 RANGES = {"batch_size": (1, 65_536), "image_size": (8, 1_024), "num_classes": (2, 100_000), "threads": (1, 4_096),

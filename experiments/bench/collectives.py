@@ -211,6 +211,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
         raise ValueError("--sizes: give at least one message size, e.g. 4K,64K,1M")
     if not 0 <= iters <= 100_000:
         raise ValueError(f"--iters {iters}: accepted are 0 (by size) to 100,000")
+    _check_duration(names, workers, sizes, iters, network)
     # each rank holds the message, a receive buffer and the strategy's scratch space
     check_ranks(max(world for world, _ in _groups(names, workers)), RANK_BASE_BYTES + 3 * max(sizes),
                 capacity_for(address), f"bench --workers {workers} --sizes up to {max(sizes):,} bytes",
@@ -238,6 +239,25 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
                          "model_ms": _predicted(name, workers, nbytes, network) * 1e3})
     out(format_bench(rows, workers, link, p2p))
     return rows
+
+
+MAX_BENCH_S = 3_600  # what the alpha-beta model may predict for a whole `bench` on emulated links
+
+
+def _check_duration(names: list[str], workers: int, sizes: list[int], iters: int, network: Network | None) -> None:
+    """Refuse a benchmark the model says cannot finish within MAX_BENCH_S (64M on a 1 Mbit link: hours), naming
+    the estimate and what would fit, instead of running silently for as long."""
+    total = 0.0
+    for nbytes in sizes:
+        warm, timed = _iters_for(nbytes)
+        for name in names:
+            seconds = _predicted(name, workers, nbytes, network)
+            total += (warm + (iters or timed)) * (0.0 if math.isnan(seconds) else seconds)
+    if total > MAX_BENCH_S:
+        raise ValueError(f"--sizes up to {max(sizes):,} bytes on links of {network.default.bandwidth * 8 / 1e6:g} "
+                         f"Mbit/s: the alpha-beta model predicts {total:,.0f} s for the benchmark; accepted are "
+                         f"benchmarks predicted to take at most {MAX_BENCH_S:,} s (smaller --sizes, fewer --iters "
+                         f"or a faster --bandwidth)")
 
 
 def _predicted(name: str, workers: int, nbytes: int, network: Network | None) -> float:

@@ -193,10 +193,12 @@ def _report(args) -> int:
 
 def _model(args) -> int:
     from reports.model import format_model_table, model_table
-    from strategies.transport.link import parse_bandwidth, parse_latency, parse_size
+    from strategies.transport.link import parse_bandwidth, parse_latency
 
-    table = model_table(model=args.model, model_bytes=parse_size(args.model_bytes) if args.model_bytes else None,
-                        workers=args.workers, bandwidth=parse_bandwidth(args.bandwidth), step_time=args.step_time,
+    model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
+    _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
+    table = model_table(model=args.model, model_bytes=model_bytes, workers=args.workers,
+                        bandwidth=parse_bandwidth(args.bandwidth), step_time=args.step_time,
                         latency=parse_latency(args.latency), target_efficiency=args.target_efficiency,
                         strategies=args.strategy)
     print(format_model_table(table))
@@ -263,8 +265,6 @@ def _verify(args) -> int:
 
 
 def _bench(args) -> int:
-    from strategies.transport.link import parse_size
-
     if args.overlap:
         from experiments.bench.overlap import DEFAULT_STRATEGIES, format_overlap, overlap_bench
 
@@ -287,9 +287,11 @@ def _bench(args) -> int:
         ensure_ray(args.address)
         print(format_table(transport_bench()))
         return 0
+    sizes = [_size("--sizes", s, MAX_MESSAGE_BYTES) for s in args.sizes.split(",") if s]
+    if args.bandwidth:
+        _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
     from experiments.bench.collectives import bench
 
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     link = {"bandwidth": args.bandwidth, "latency": args.latency, "emulation": args.emulation} if args.bandwidth \
         else None
     if args.emulation == "kernel" and not link:
@@ -341,6 +343,39 @@ def _node_links(args) -> list:
                 raise ValueError(f"{option} {item!r}: expected I=VALUE with a node index I in 0..{args.nodes - 1}")
             values[int(index)] = parse(value)
     return [Link(b, lat) for b, lat in zip(bandwidth, latency)]
+
+
+# Ranges of the command line's sizes (docs/settings.md); links take the sweep's link ranges.
+MAX_MESSAGE_BYTES = 2**34  # bench --sizes: 16 GiB per message (each rank holds 3; the memory check follows)
+MAX_MODEL_BYTES = 10**15  # model --model-bytes: 1 PB of gradients
+
+
+def _size(option: str, text: str, high: int) -> int:
+    """A size argument ('64M', '553.36MB') from 1 byte to `high`; one line naming the option otherwise."""
+    from strategies.transport.link import parse_size
+
+    shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
+    try:
+        value = parse_size(text)
+    except OverflowError:  # 400 digits: beyond any float
+        value = None
+    if value is None or not 1 <= value <= high:
+        raise ValueError(f"{option} {shown}: accepted are sizes from 1 byte to {high:,} bytes, e.g. 4K, 64M, "
+                         f"553.36MB")
+    return value
+
+
+def _check_link(bandwidth_option: str, bandwidth: str, latency_option: str, latency: str) -> None:
+    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever)."""
+    from experiments.config.sweep import RANGES
+    from strategies.transport.link import parse_bandwidth, parse_latency
+
+    for option, text, parse, key, unit in ((bandwidth_option, bandwidth, parse_bandwidth, "link.bandwidth", "bytes/s"),
+                                          (latency_option, latency, parse_latency, "link.latency", "s")):
+        value = parse(text)
+        if RANGES[key].problem(key, value):
+            shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
+            raise ValueError(f"{option} {shown} ({value:g} {unit}): accepted are {RANGES[key].describe()}")
 
 
 def _names(text: str | None) -> list[str] | None:

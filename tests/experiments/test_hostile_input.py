@@ -178,11 +178,10 @@ def test_an_unknown_p2p_or_sockets_for_gpu_tensors_is_refused(tmp_path, lines, f
 def test_every_numeric_setting_has_a_documented_range():
     numeric = {key for key, typ in sweep_mod._TYPES.items() if typ in (int, float)}
     assert numeric <= set(RANGES), f"numeric settings without a range in sweep.RANGES: {numeric - set(RANGES)}"
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Settings and their ranges", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "settings.md").read_text()
     for key, accepted in RANGES.items():
         row = next((line for line in section.splitlines() if line.startswith(f"| `{key}`")), None)
-        assert row is not None, f"README's range table has no row for {key}"
+        assert row is not None, f"docs/settings.md's range table has no row for {key}"
         assert accepted.describe() in row, (key, accepted.describe(), row)
 
 
@@ -450,3 +449,106 @@ def test_the_rendezvous_store_listens_on_loopback_only(group2):
 
     assert group2.run(listeners)[0] == ["127.0.0.1"]
 
+
+
+# -- 9. issue 27: bounded parsers, strict [simulate] settings, profile ranges ---------------------------------
+
+SIMULATE = BASE + 'link = { bandwidth = "1Gbit", latency = "50us" }\n' + """
+[simulate]
+forward_s = 0.01
+backward_s = 0.02
+optimizer_s = 0.001
+"""
+
+
+def cli_error(capsys, argv) -> str:
+    """main(argv) must fail with exit code 2 and no traceback; its stderr."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(f"syncbench {argv[0]}: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("name = 'deep'\n[defaults]\nlink = " + "[" * 5000 + "]" * 5000 + "\n", ["line 3, field defaults.link",
+                                                                          "nested more than 32 deep"]),
+    ("[defaults]\nlink = " + "{ a = " * 3000 + "1" + " }" * 3000 + "\n", ["field defaults.link", "nested"]),
+    ("[defaults]\nlink." + ".".join(["a"] * 3000) + " = 1\n", ["defaults.link.a.a...", "nested more than 32"]),
+    ("[grid]\nseed = [1, " + "7" * 400 + "]\n", ["line 2, field grid.seed", "a number of 400 digits",
+                                                  "at most 30 digits"]),
+    ("x = 1\n" * 200_000, ["larger than 1,000,000 bytes", "sweep file of at most"]),
+])
+@pytest.mark.parametrize("command", ["run", "simulate"])
+def test_a_sweep_nested_thousands_deep_or_with_400_digits_is_one_line(tmp_path, capsys, command, text, fragments):
+    path = tmp_path / "hostile.toml"
+    path.write_text(text)
+    err = cli_error(capsys, [command, str(path), "--out", str(tmp_path / "out")])
+    assert err.count("\n") == 1 and str(path) in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_400_digit_integers_given_to_the_sweep_parser_are_out_of_range_not_an_overflow():
+    with pytest.raises(SweepError, match=r"seed = 1{400}: accepted are values >= 0"):
+        sweep_mod.parse({"defaults": {"workload": "tiny", "seed": int("1" * 400)}})
+
+
+@pytest.fixture(scope="module")
+def profile_data():
+    return json.loads((REPO / "experiments/config/profiles/resnet50-b8-s224-cpu.json").read_text())
+
+
+@pytest.mark.parametrize("field, value, fragments", [
+    ("forward_s", "1e300", ["forward_s = 1e+300", "accepted are seconds, a number >= 0 and <= 86,400"]),
+    ("optimizer_s", "1" * 400, ["field optimizer_s", "a number of 400 digits"]),
+    ("batch_size", "100000000000000000000", ["batch_size = 100000000000000000000", "<= 65,536"]),
+    ("params", "[" * 5000 + "]" * 5000, ["field params", "nested more than 32 deep"]),
+])
+def test_a_profile_with_forward_s_1e300_400_digits_or_nested_deep_is_refused_naming_file_and_field(
+        tmp_path, capsys, profile_data, field, value, fragments):
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps({**profile_data, field: "PLACEHOLDER"}, indent=1).replace('"PLACEHOLDER"', value))
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(BASE.replace('workload = "tiny"', 'workload = "resnet50"').replace("image_size = 16",
+                                                                                       "image_size = 224")
+                     .replace("batch_size = 8", "batch_size = 8\ncompute = \"profile\"\nprofile = "
+                              + json.dumps(str(path))))
+    err = cli_error(capsys, ["run", str(sweep), "--out", str(tmp_path / "out")])
+    for fragment in [str(path), *fragments]:
+        assert fragment in err, (fragment, err)
+    simulate = SIMULATE.replace("forward_s = 0.01\nbackward_s = 0.02\noptimizer_s = 0.001",
+                                f"profile = {json.dumps(str(path))}").replace('"tiny"', '"resnet50"')
+    sweep.write_text(simulate.replace("image_size = 16", "image_size = 224"))
+    err = cli_error(capsys, ["simulate", str(sweep), "--out", str(tmp_path / "out")])
+    for fragment in [str(path), *fragments]:
+        assert fragment in err, (fragment, err)
+
+
+@pytest.mark.parametrize("line, fragments", [
+    ('overlap = "false"', ["simulate.overlap = 'false'", "expected true or false (not a string)"]),
+    ('overlap = [true, "false"]', ["simulate.overlap = 'false'"]),
+    ("oversubscription = inf", ["simulate.oversubscription = inf", "finite", "<= 1,024"]),
+    ('intra_latency = "1e300s"', ["simulate.intra_latency = 1e+300 s", "0s to 1s"]),
+    ('intra_bandwidth = "1bit"', ["simulate.intra_bandwidth = 0.125 bytes/s", "1Mbit to 100Tbit"]),
+    ("hosts_per_leaf = 0", ["simulate.hosts_per_leaf = 0", ">= 1"]),
+    ("hosts_per_leaf = 2.5", ["simulate.hosts_per_leaf = 2.5", "expected int"]),
+    ("bucket_mb = []", ["simulate.bucket_mb = []", "non-empty list"]),
+    ("forward_s = 1e300", ["simulate.forward_s = 1e+300", "<= 86,400"]),
+])
+def test_a_string_false_and_out_of_range_simulate_settings_are_refused(tmp_path, capsys, line, fragments):
+    key = line.split("=")[0].strip()
+    text = re.sub(rf"^{key} = .*$", line, SIMULATE, flags=re.M) if f"\n{key} = " in SIMULATE else SIMULATE + line
+    path = tmp_path / "s.toml"
+    path.write_text(text + "\n")
+    err = cli_error(capsys, ["simulate", str(path), "--out", str(tmp_path / "out")])
+    for fragment in [str(path), *fragments]:
+        assert fragment in err, (fragment, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_ranges_are_documented():
+    section = (REPO / "docs" / "settings.md").read_text()
+    for key, accepted in sweep_mod.SIMULATE_RANGES.items():
+        row = next((line for line in section.splitlines() if line.startswith(f"| `{key}`")), None)
+        assert row is not None and accepted.describe() in row, (key, accepted.describe(), row)
