@@ -6,6 +6,9 @@ These run on any machine (no root, no namespaces): they check decisions, not the
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
+import types
 
 import pytest
 
@@ -77,7 +80,10 @@ def test_the_communicator_does_not_sleep_for_a_kernel_shaped_network():
     assert time.perf_counter() - start < 2
 
 
-def test_a_plan_names_interfaces_within_the_kernel_limit_and_addresses_in_the_benchmarking_range():
+def test_a_plan_names_interfaces_within_the_kernel_limit_and_addresses_in_the_benchmarking_range(monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv(netns.STATE_ENV, tempfile.mkdtemp(prefix="sb", dir="/tmp"))  # short: Ray's socket paths
     cluster = netns.plan("abcdef", [Link(125e6)] * 12 + [Link(12.5e6, 0.001)])
     try:
         names = [n for node in cluster.all_nodes() for n in (node.veth_node, node.veth_bridge)] + [cluster.bridge]
@@ -86,10 +92,11 @@ def test_a_plan_names_interfaces_within_the_kernel_limit_and_addresses_in_the_be
         assert all(ip in netns.RANGE for ip in ips) and len(set(ips)) == len(ips)
         assert cluster.nodes[12].bandwidth == 12.5e6 and cluster.nodes[12].latency == 0.001
         assert cluster.head.bandwidth is None  # the head's link is not shaped
+        assert os.path.dirname(cluster.temp_dir) == str(netns.state_dir())  # where `down` looks for it
     finally:
         import shutil
 
-        shutil.rmtree(cluster.temp_dir)
+        shutil.rmtree(netns.state_dir())
     with pytest.raises(ValueError, match=r"cluster name 'Big-1': expected 1-6 lowercase"):
         netns.check_name("Big-1")
 
@@ -107,3 +114,72 @@ def test_cluster_up_parses_per_node_overrides(monkeypatch, capsys):
     assert seen["links"] == [Link(125e6, 0.001), Link(125e6), Link(12.5e6)]
     assert main(["cluster", "up", "--nodes", "3", "--bandwidth", "1Gbit", "--node-bandwidth", "3=1Gbit"]) == 2
     assert "--node-bandwidth '3=1Gbit': expected I=VALUE with a node index I in 0..2" in capsys.readouterr().err
+
+
+def _ray_sees(monkeypatch, alive: dict[str, bool], gcs_address: str | None = None) -> None:
+    """Make placement's view of the connected Ray cluster these syncbench nodes (name -> alive)."""
+    import ray
+
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": up, "Labels": {netns.NODE_LABEL: name}}
+                                               for name, up in alive.items()])
+
+    def context():
+        if gcs_address is None:
+            raise RuntimeError("not a syncbench cluster in this test")
+        return types.SimpleNamespace(gcs_address=gcs_address)
+
+    monkeypatch.setattr(ray, "get_runtime_context", context)
+
+
+def test_a_run_needing_a_node_lost_mid_sweep_is_refused_at_once_naming_the_node(monkeypatch):
+    """Issue 27: after a node is lost, a run that needs it is refused naming it (placement.bundles, before any
+    placement group waits for a node that will not come back); runs that do not need it are placed."""
+    kernel = Network(Link(125e6), emulation="kernel")
+    _ray_sees(monkeypatch, {"head": True, "n0": True, "n1": True, "n2": False})
+    assert placement.bundles(2, kernel) == [{"syncbench_n0": 1}, {"syncbench_n1": 1}]
+    with pytest.raises(placement.NodeLost, match=r"node n2 is gone \(Ray does not list it.*run refused"):
+        placement.bundles(3, kernel)
+    _ray_sees(monkeypatch, {"head": True, "n0": True})  # a node Ray forgot altogether
+    with pytest.raises(placement.NodeLost, match=r"ranks need nodes n0..n1, and node n1 is gone"):
+        placement.bundles(2, kernel)
+
+
+def test_a_killed_node_is_known_lost_from_the_process_table_before_ray_notices(monkeypatch, tmp_path):
+    """Ray marks a node dead only after its health checks time out; the kernel and the process table know at
+    once: the raylet `up` recorded (pid and start time) has exited, or the node's namespace is gone."""
+    import shutil
+
+    cluster = netns._layout("lost", ipaddress.ip_network("198.18.7.0/24"), "/nonexistent/sbc-lost-12345678",
+                            [Link(125e6)] * 3)
+    raylet = tmp_path / "raylet"  # a process whose command name is "raylet", as Ray's is
+    shutil.copy(shutil.which("sleep"), raylet)
+    alive, dead = subprocess.Popen([raylet, "60"]), subprocess.Popen([raylet, "0"])
+    try:
+        dead.wait()
+        while netns._identity(alive.pid) is None or netns._identity(alive.pid)[1] != "raylet":
+            pass  # between fork and exec
+        start, comm = netns._identity(alive.pid)
+        me = netns._identity(os.getpid())
+        cluster.ray_pids = {"n0": [[alive.pid, start, comm]],
+                            "n1": [[dead.pid, start, "raylet"], [os.getpid(), *me]],  # raylet gone, others not
+                            "n2": [[alive.pid, start + 1, comm]]}  # same pid, another start: not that raylet
+        monkeypatch.setattr(netns, "_namespace_exists", lambda ns: ns != cluster.nodes[2].namespace)
+        assert netns.node_gone(cluster, "n0") is None
+        assert netns.node_gone(cluster, "n1") == f"its raylet (pid {dead.pid}) exited"
+        assert netns.node_gone(cluster, "n2") == f"its namespace {cluster.nodes[2].namespace} is gone"
+        monkeypatch.setattr(netns, "_namespace_exists", lambda ns: True)
+        assert netns.node_gone(cluster, "n2") == f"its raylet (pid {alive.pid}) exited"
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+    # what the runner asks before each run: with every node alive in Ray's eyes, the process table decides
+    cluster.ray_pids["n0"] = [[os.getpid(), *me]]
+    monkeypatch.setattr(netns, "find", lambda address=None, name=None: cluster if address == cluster.address else None)
+    _ray_sees(monkeypatch, {"head": True, "n0": True, "n1": True, "n2": True}, gcs_address=cluster.address)
+    kernel = Network(Link(125e6), emulation="kernel")
+    assert placement.bundles(1, kernel) == [{"syncbench_n0": 1}]
+    with pytest.raises(placement.NodeLost, match=rf"node n1 is gone \(its raylet \(pid {dead.pid}\) exited\); "
+                                                 rf"node n2 is gone"):
+        placement.bundles(3, kernel)
