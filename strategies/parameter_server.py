@@ -1,90 +1,225 @@
-"""Parameter server: k server ranks each own a contiguous shard; workers push shards, servers reply.
+"""Parameter server, BytePS-style push/pull: k servers own shards, workers push partitions and pull results.
 
-Ranks 0..n-1 are workers, n..n+k-1 servers. Server s reduces shard s over all workers (in worker-rank
-order) and sends back the result; in training its `update` hook applies the optimizer and returns
-parameters. Each server's NIC carries n x d/k bytes each way: the incast that limits the design.
+Layout. The buffer is cut into k balanced shards, one per server, and every shard into partitions of at most
+`partition_mb` MiB (balanced too). Server s lives on its own rank n + s (`placement = "dedicated"`: its own NIC)
+or on worker rank s (`"colocated"`: it shares that worker's NIC, and the local push and pull cost no bytes).
+
+On the wire, in this order:
+  1. every worker posts all its pushes at once; in round r it pushes partition r of every shard, visiting the
+     servers from s = rank mod k on, so that in each slot the workers push to different servers;
+  2. server s takes partition r from every worker (waiting in the order they arrive: worker w's push reaches
+     it in slot (s - w) mod k), reduces it in worker-rank order (every worker then gets the same bits), and
+     answers at once: the sum or mean (`mode = "summation"`, the workers run the optimizer) or, in training,
+     the parameters the server's optimizer made of it (`mode = "update"`);
+  3. every worker takes its replies, round by round.
+A worker's NIC sends pushes and receives replies of earlier partitions at the same time (full duplex), so with
+k = n dedicated servers a step costs about M/B plus one partition's fan-out (BytePS's optimum, 2 - 2/n times
+faster than a ring); a server's link carries n/k times a worker's bytes.
+
+Receives from one peer are waited for in the order that peer sent them (the thread transport matches a message
+at wait time), which is why a colocated rank first serves all its partitions and then takes its replies.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from strategies.base import SERVER, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
+from strategies.base import GRADIENTS, SERVER, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
 from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
 from strategies.primitives import Scratch
+
+PLACEMENTS = ("dedicated", "colocated")
+MODES = ("summation", "update")
+ASYNC = "async"
+MIB = 2**20
+
+
+def partitions(numel: int, servers: int, itemsize: int, partition_mb: float) -> list[list[tuple[int, int]]]:
+    """Per server: its shard cut into balanced partitions of at most partition_mb MiB, as (lo, hi) of the buffer."""
+    limit = max(1, int(partition_mb * MIB) // itemsize)
+    out = []
+    for lo, hi in chunk_bounds(numel, servers):
+        count = math.ceil((hi - lo) / limit)
+        out.append([(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, count)] if count else [])
+    return out
+
+
+def push_order(rank: int, parts: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """(server, round) in the order worker `rank` pushes: round by round, servers from rank mod k on."""
+    k = len(parts)
+    rounds = max((len(p) for p in parts), default=0)
+    return [(s, r) for r in range(rounds) for s in ((rank + i) % k for i in range(k)) if r < len(parts[s])]
 
 
 class ParameterServer(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
         self.servers = config.servers
+        self.colocated = config.placement == "colocated"
+        hosted = [s for s in range(self.servers) if self.host(s) == self.rank]
+        self.server = hosted[0] if hosted else None  # the server this rank runs (colocated: at most one)
+        # update mode, colocated: the optimizer hook of this rank's server (the pipeline sets it; None: reply the sum)
+        self.update = None
         self.scratch = Scratch()
 
+    def host(self, server: int) -> int:
+        return server if self.colocated else self.workers + server
+
+    # -- worker ranks (colocated: worker and server) -----------------------------------------------------
+
     def _sync(self, flat, op):
-        shards = chunk_bounds(flat.numel(), self.servers)
-        # worker w starts with server w mod k, so the first shards do not all land on one server
-        order = [(self.rank + i) % self.servers for i in range(self.servers)]
-        pushes = [self.comm.isend(flat[shards[s][0]:shards[s][1]], self.workers + s) for s in order]
-        for handle in pushes:
-            handle.wait()
-        pulls = [self.comm.irecv(flat[shards[s][0]:shards[s][1]], self.workers + s) for s in order]
-        for handle in pulls:
+        parts = partitions(flat.numel(), self.servers, flat.element_size(), self.config.partition_mb)
+        order = push_order(self.rank, parts)
+        # 1. every push at once: the transmit side streams them back to back
+        pushes = [self.comm.isend(flat[slice(*parts[s][r])], self.host(s)) for s, r in order
+                  if self.host(s) != self.rank]
+        # 2. colocated: this rank's server takes every partition of its shard, reduces and answers it
+        replies = []
+        if self.server is not None:
+            replies = self._serve_shard(flat, parts[self.server], op, local=flat, update=self.update)
+        # 3. the replies, round by round; a server answers worker w in slot (w - s) mod n of its fan-out
+        rounds = max((len(p) for p in parts), default=0)
+        for r in range(rounds):
+            for s in sorted(range(self.servers), key=lambda s: ((self.rank - s) % self.workers, s)):
+                if r < len(parts[s]) and self.host(s) != self.rank:
+                    self.comm.recv(flat[slice(*parts[s][r])], self.host(s))
+        for handle in pushes + replies:
             handle.wait()
 
+    # -- server ranks ----------------------------------------------------------------------------------
+
     def serve(self, numel, dtype, op="mean", update=None, device="cpu"):
-        """Receive this server's shard from every worker, reduce it, (update it,) send the result back."""
+        """Dedicated server: take every partition of this server's shard from every worker, reduce it, answer it."""
         check_op(op, dtype, self.config.ops)
         self._check_size(numel)
         dtype = wire_dtype(dtype)  # as the workers send it (see Strategy.sync)
-        lo, hi = chunk_bounds(numel, self.servers)[self.rank - self.workers]
-        if hi == lo:
-            return  # an empty shard: no parameters here, nothing moves
-        incoming = self.scratch.get(self.workers * (hi - lo), torch.empty(0, dtype=dtype, device=device))
-        incoming = incoming.view(self.workers, hi - lo)
-        pushes = [self.comm.irecv(incoming[w], w) for w in range(self.workers)]
-        for handle in pushes:
+        like = torch.empty(0, dtype=dtype, device=device)
+        parts = partitions(numel, self.servers, like.element_size(), self.config.partition_mb)
+        for handle in self._serve_shard(like, parts[self.server], op, local=None, update=update):
             handle.wait()
-        reduced = incoming[0].clone()
-        for w in range(1, self.workers):
-            reduce_into(reduced, incoming[w], op)
-        finish_reduction(reduced, op, self.workers)
-        result = reduced if update is None else update(reduced, slice(lo, hi))
-        if result.numel() != hi - lo:
-            raise ValueError(f"parameter_server: update() returned {result.numel()} elements for shard "
-                             f"[{lo}, {hi}): it must return exactly {hi - lo}")
-        result = result.reshape(-1)
-        replies = [self.comm.isend(result, w) for w in range(self.workers)]
-        for handle in replies:
-            handle.wait()
+
+    def _serve_shard(self, like, parts, op, local, update):
+        """Receive, reduce and answer each partition of this server's shard as soon as every worker's is in.
+        `local`: the colocated worker's own buffer (its contribution moves no bytes); returns the reply sends."""
+        n, s = self.workers, self.server
+        if self.config.mode == "summation":
+            update = None  # servers only sum: the workers' optimizers apply the result
+        peers = [w for w in range(n) if w != self.rank]
+        slot = max((hi - lo for lo, hi in parts), default=0)
+        incoming = self.scratch.get(len(parts) * n * slot, like).view(len(parts), n, slot) if slot else None
+        # every receive posted up front, each into its own slot: pushes of later rounds land while we reduce
+        pending = {(r, w): self.comm.irecv(incoming[r, w, :hi - lo], w)
+                   for r, (lo, hi) in enumerate(parts) for w in peers}
+        arrival = sorted(peers, key=lambda w: ((s - w) % self.servers, w))  # worker w pushes to s in slot (s-w) mod k
+        fan_out = sorted(peers, key=lambda w: ((w - s) % n, w))
+        replies = []
+        for r, (lo, hi) in enumerate(parts):
+            for w in arrival:
+                pending[r, w].wait()
+            rows = [local[lo:hi] if w == self.rank else incoming[r, w, :hi - lo] for w in range(n)]
+            reduced = rows[0].clone()
+            for row in rows[1:]:  # worker-rank order: the same bits whichever push came first
+                reduce_into(reduced, row, op)
+            finish_reduction(reduced, op, n)
+            result = reduced if update is None else update(reduced, slice(lo, hi))
+            if result.numel() != hi - lo:
+                raise ValueError(f"parameter_server: update() returned {result.numel()} elements for shard "
+                                 f"partition [{lo}, {hi}): it must return exactly {hi - lo}")
+            result = result.reshape(-1).to(reduced.dtype)
+            if local is not None:
+                local[lo:hi].copy_(result)
+                result = local[lo:hi]  # the other workers get exactly these bits
+            replies += [self.comm.isend(result, w) for w in fan_out]
+        return replies
 
 
 @dataclass(frozen=True)
 class ParameterServerConfig(StrategyConfig):
     name = "parameter_server"
-    summary = "k servers own shards: workers push d/k to each, servers reduce (and update) and send back"
-    role = SERVER
+    summary = ("k servers own shards; workers push partitions, servers reduce (and update) and answer each at once; "
+               "dedicated or colocated")
+    role = SERVER  # in "update" mode; "summation" hands the optimizer back to the workers (GRADIENTS), see below
     runtime = ParameterServer
-    variants = ({"servers": 1}, {"servers": 2}, {"servers": 3})
+    variants = ({"servers": 1}, {"servers": 2}, {"servers": 3},
+                {"servers": 1, "placement": "colocated", "mode": "summation", "partition_mb": 1e-4},
+                {"servers": 3, "mode": "summation", "partition_mb": 3e-4})
     servers: int = 1
+    placement: str = "dedicated"
+    mode: str = "update"
+    partition_mb: float = 4.0
+    staleness: int | str = 0
+    backups: int = 0
 
     def validate(self):
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
             raise ValueError(f"parameter_server: servers={self.servers!r} is not accepted: "
                              f"use an integer >= 1")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"parameter_server: placement={self.placement!r} is not accepted: use one of "
+                             f"{', '.join(map(repr, PLACEMENTS))}")
+        if self.mode not in MODES:
+            raise ValueError(f"parameter_server: mode={self.mode!r} is not accepted: use one of "
+                             f"{', '.join(map(repr, MODES))}")
+        if (isinstance(self.partition_mb, bool) or not isinstance(self.partition_mb, (int, float))
+                or not 0 < self.partition_mb < math.inf):
+            raise ValueError(f"parameter_server: partition_mb={self.partition_mb!r} is not accepted: use a number "
+                             f"of MiB > 0 (BytePS uses 4)")
+        if self.staleness != ASYNC and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
+                                        or self.staleness < 0):
+            raise ValueError(f"parameter_server: staleness={self.staleness!r} is not accepted: use 0 (synchronous), "
+                             f"an integer s > 0 (stale-synchronous) or {ASYNC!r}")
+        if isinstance(self.backups, bool) or not isinstance(self.backups, int) or self.backups < 0:
+            raise ValueError(f"parameter_server: backups={self.backups!r} is not accepted: use an integer >= 0, "
+                             f"less than the number of workers")
+        if self.backups and self.staleness != 0:
+            raise ValueError(f"parameter_server: backups={self.backups} needs staleness=0 (backup workers are a "
+                             f"synchronous scheme), got staleness={self.staleness!r}")
+        # the role follows the mode: summation servers return gradients, update servers return parameters
+        object.__setattr__(self, "role", SERVER if self.mode == "update" else GRADIENTS)
+
+    def check_workers(self, workers: int) -> None:
+        """What depends on the number of workers: colocated servers need as many workers, backups fewer."""
+        if self.placement == "colocated" and self.servers > workers:
+            raise ValueError(f"parameter_server: servers={self.servers} with placement='colocated' needs at least "
+                             f"{self.servers} workers (server s runs beside worker s), got workers={workers}: use "
+                             f"servers <= {workers} or placement='dedicated'")
+        if self.backups and self.backups >= workers:
+            raise ValueError(f"parameter_server: backups={self.backups} is not accepted with workers={workers}: "
+                             f"use 0 <= backups < {workers} (a step aggregates the first workers - backups pushes)")
 
     def num_servers(self, workers):
-        return self.servers
+        self.check_workers(workers)
+        return 0 if self.placement == "colocated" else self.servers
 
     def traffic(self, workers, numel, itemsize=4):
-        n, shards = workers, [(hi - lo) * itemsize for lo, hi in chunk_bounds(numel, self.servers)]
-        pushes = nonempty(*shards)
-        worker = RankTraffic("worker", sum(shards), sum(shards), pushes, pushes)
-        servers = tuple(RankTraffic("server", n * b, n * b, n * nonempty(b), n * nonempty(b)) for b in shards)
-        # A worker's k pushes serialize on its transmit side (k latencies) while each server's receive side
-        # takes n shards; then each server's n replies serialize on its transmit side (n latencies). The
-        # busier of worker and server NIC sets the push, the server's the pull.
-        shard = max(shards)
-        return Traffic((worker,) * n + servers, rounds=pushes + (n if shard else 0),
-                       path_bytes=max(sum(shards), n * shard) + n * shard)
+        n, k = workers, self.servers
+        self.check_workers(n)
+        parts = partitions(numel, k, itemsize, self.partition_mb)
+        shard = [sum(hi - lo for lo, hi in p) * itemsize for p in parts]
+        count = [len(p) for p in parts]
+        largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
+        if self.placement == "dedicated":
+            # a worker pushes every partition and pulls it back; server s takes and answers n copies of its shard
+            worker = RankTraffic("worker", sum(shard), sum(shard), sum(count), sum(count))
+            servers = tuple(RankTraffic("server", n * b, n * b, n * c, n * c) for b, c in zip(shard, count))
+            # Full duplex: the busiest link (a worker's M or a server's n M / k) streams without a break, except
+            # the fill: the last partition's n-fold fan-out waits for its last push
+            worker_path, server_path = sum(shard), n * max(shard)
+            busiest_msgs = sum(count) if worker_path >= server_path else n * max(count)
+            return Traffic((worker,) * n + servers, rounds=busiest_msgs + (n if largest else 0),
+                           path_bytes=max(worker_path, server_path) + n * largest)
+        # colocated: worker w (w < k) also runs server w; its own push and pull of shard w move no bytes
+        ranks, paths = [], []
+        for w in range(n):
+            own_b, own_c = (shard[w], count[w]) if w < k else (0, 0)
+            pushed_b, pushed_c = sum(shard) - own_b, sum(count) - own_c
+            sent_b, sent_c = pushed_b + (n - 1) * own_b, pushed_c + (n - 1) * own_c
+            ranks.append(RankTraffic("worker", sent_b, sent_b, sent_c, sent_c))
+            # transmit side: pushes first, then the replies, which wait for the first partition from n - 1 peers
+            gap = max(0, (n - 1) * largest - pushed_b) if own_b else 0
+            paths.append((sent_b + gap, sent_c + ((n - 1) if gap else 0)))
+        path_bytes, rounds = max(paths)
+        return Traffic(tuple(ranks), rounds=rounds, path_bytes=path_bytes)
