@@ -264,13 +264,33 @@ def cpu_model() -> str:
 
 # -- files ------------------------------------------------------------------------------------------------
 
-def save_profile(profile: Profile, path: str | Path) -> Path:
-    """Write the profile as JSON (atomically: a temporary file, then a rename)."""
+def check_profile_path(path: str | Path) -> Path:
+    """Where a profile can be written: not a directory, no file on the way; ProfileError naming it otherwise."""
     path = Path(path)
+    if path.is_dir():
+        raise ProfileError(f"--out {str(path)!r} is a directory: accepted is the path of a JSON file to write, "
+                           f"e.g. {str(path / 'profile.json')!r}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ProfileError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ProfileError(f"--out {str(path)!r}: directory {str(parent)!r} is not writable")
+            break
+    return path
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write the profile as JSON (atomically: a temporary file, then a rename; no temporary file left on failure)."""
+    path = check_profile_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(profile.as_dict(), indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(profile.as_dict(), indent=1) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -226,8 +226,10 @@ def _schema(args) -> int:
 
 
 def _profile(args) -> int:
-    from workloads.profile import measure_profile, save_profile
+    from workloads.profile import check_profile_path, measure_profile, save_profile
 
+    if args.out:  # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp)
+        check_profile_path(args.out)
     profile = measure_profile(args.workload, batch_size=args.batch_size, image_size=args.image_size,
                               device=args.device, num_classes=args.num_classes, steps=args.steps,
                               warmup_steps=args.warmup_steps)

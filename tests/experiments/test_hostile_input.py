@@ -30,6 +30,7 @@ from experiments.config.sweep import MAX_RUNS, RANGES, RunSpec, SweepError
 from experiments.pipeline import runner
 from experiments.pipeline.store import Store, StoreError, default_dir
 from experiments.pipeline.summary import summarize
+from workloads.profile import ProfileError, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -517,12 +518,9 @@ def test_a_profile_with_forward_s_1e300_400_digits_or_nested_deep_is_refused_nam
     err = cli_error(capsys, ["run", str(sweep), "--out", str(tmp_path / "out")])
     for fragment in [str(path), *fragments]:
         assert fragment in err, (fragment, err)
-    simulate = SIMULATE.replace("forward_s = 0.01\nbackward_s = 0.02\noptimizer_s = 0.001",
-                                f"profile = {json.dumps(str(path))}").replace('"tiny"', '"resnet50"')
-    sweep.write_text(simulate.replace("image_size = 16", "image_size = 224"))
-    err = cli_error(capsys, ["simulate", str(sweep), "--out", str(tmp_path / "out")])
-    for fragment in [str(path), *fragments]:
-        assert fragment in err, (fragment, err)
+    with pytest.raises(ProfileError) as info:  # simulate, bench --overlap: the same loader
+        load_profile(path)
+    assert all(fragment in str(info.value) for fragment in fragments)
 
 
 @pytest.mark.parametrize("line, fragments", [
@@ -552,3 +550,48 @@ def test_simulate_ranges_are_documented():
     for key, accepted in sweep_mod.SIMULATE_RANGES.items():
         row = next((line for line in section.splitlines() if line.startswith(f"| `{key}`")), None)
         assert row is not None and accepted.describe() in row, (key, accepted.describe(), row)
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["bench", "--bandwidth", "1bit"], ["--bandwidth '1bit' (0.125 bytes/s)", "accepted are 1Mbit to 100Tbit"]),
+    (["bench", "--bandwidth", "1Gbit", "--latency", "1e300s"], ["--latency '1e300s' (1e+300 s)", "0s to 1s"]),
+    (["bench", "--sizes", "4K," + "1" * 400], ["--sizes '" + "1" * 40 + "...'", "1 byte to 17,179,869,184 bytes"]),
+    (["bench", "--sizes", "0"], ["--sizes '0'", "from 1 byte"]),
+    (["model", "--model-bytes", "9" * 400, "--workers", "4", "--bandwidth", "1Gbit", "--step-time", "0.1"],
+     ["--model-bytes '" + "9" * 40 + "...'", "1,000,000,000,000,000 bytes"]),
+    (["model", "--model", "resnet18", "--workers", "4", "--bandwidth", "1bit", "--step-time", "0.1"],
+     ["--bandwidth '1bit'", "1Mbit to 100Tbit"]),
+])
+def test_bench_bandwidth_1bit_and_400_digit_sizes_are_one_line(capsys, monkeypatch, argv, fragments):
+    import experiments.cluster.ray_runtime as ray_runtime
+
+    monkeypatch.setattr(ray_runtime, "ensure_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    err = cli_error(capsys, argv)
+    assert err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_a_bench_predicted_to_take_hours_is_refused_before_ray_starts(tmp_path):
+    # its own process (with TMPDIR of its own): refused before any Ray, whether or not this session runs one
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "experiments", "bench", "--bandwidth", "1Mbit", "--workers", "2",
+                           "--strategies", "ring"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "RAY_ADDRESS": ""})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--sizes up to 67,108,864 bytes on links of 1 Mbit/s: the alpha-beta model predicts" in proc.stderr
+    assert "at most 3,600 s" in proc.stderr and not list(tmp_path.glob("syncbench-ray-*"))
+    assert time.perf_counter() - start < 60
+
+
+def test_profile_out_an_existing_directory_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    import workloads.profile as profile_mod
+
+    monkeypatch.setattr(profile_mod, "measure_profile", lambda *a, **k: pytest.fail("measured first"))
+    err = cli_error(capsys, ["profile", "--workload", "tiny", "--batch-size", "2", "--out", str(tmp_path)])
+    assert f"--out {str(tmp_path)!r} is a directory" in err and err.count("\n") == 1
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    err = cli_error(capsys, ["profile", "--workload", "tiny", "--batch-size", "2", "--out", str(blocker / "p.json")])
+    assert "is a file, not a directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no <dir>.tmp, nothing written
