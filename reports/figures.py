@@ -1,6 +1,8 @@
 """The report's plotly figures, one function per figure, each drawing a frame that reports/tables.py computed.
 
-Every text that reaches a figure is escaped (plotly reads `<b>`-style tags in labels). Units on every axis.
+Every text that reaches a figure is escaped (plotly reads `<b>`-style tags in labels). Units on every axis: a
+faceted figure either shares its y axis (titled once per row) or titles every facet's own axis. Runs whose bytes
+bypassed the emulated link are never drawn with shaped runs: they get their own loopback figure.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from reports.load import mean_per_config
 from reports.model import EXTRAPOLATION_LINKS, GBIT, MB, TARGET_EFFICIENCIES, extrapolate
 from reports.tables import (
     REQUIREMENT_WORKERS,
     compute_time_per_workload,
-    mean_per_config,
     per_worker_baseline,
     requirement_frame,
     scaling_efficiency,
@@ -50,27 +52,37 @@ def palette(ok: pd.DataFrame) -> dict[str, str]:
 
 
 def tidy(fig: go.Figure, rows: int = 1, title: str = "") -> go.Figure:
-    """Shared layout: facet titles without 'column=' prefixes, a readable height, a white template."""
+    """Shared layout: facet titles without 'column=' prefixes, a readable height, a white template, and a title
+    on every y axis that does not share another's scale (plotly express titles one axis per row)."""
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    ytitle = next((a.title.text for a in fig.select_yaxes() if a.title.text), None)
+    if ytitle:
+        fig.for_each_yaxis(lambda a: a.update(title_text=ytitle, showticklabels=True) if a.matches is None else None)
     fig.update_layout(template="plotly_white", height=max(360, FACET_HEIGHT * rows + 120), title=title,
                       legend_title_text="", margin=dict(t=80, r=20, l=70, b=60))
     return fig
 
 
+def shaped(ok: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose bytes crossed the (emulated) link they are labelled with: the ones comparable on one axis."""
+    return ok[~ok["bypasses_link"]]
+
+
 def throughput_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     """Throughput vs workers, one line per strategy plus ideal linear scaling, faceted by workload and link."""
-    agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
+    colors, ok = palette(ok), shaped(ok)
+    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
     ideal = []
-    base = per_worker_baseline(ok)
+    base = per_worker_baseline(ok).dropna(subset=["per_worker"])
     several = base.groupby(["workload", "link"])["compute"].transform("nunique") > 1
     for b, both in zip(base.itertuples(), several):
         for n in sorted(agg.loc[(agg["workload"] == b.workload) & (agg["link"] == b.link), "workers"].unique()):
             ideal.append({"workload": b.workload, "link": b.link, "workers": n, "throughput": b.per_worker * n,
                           "label": f"{IDEAL} [{b.compute}]" if both else IDEAL})
     df = for_plot(pd.concat([agg, pd.DataFrame(ideal)], ignore_index=True))
-    fig = px.line(df, x="workers", y="throughput", color="label", color_discrete_map=palette(ok),
+    fig = px.line(df, x="workers", y="throughput", color="label", color_discrete_map=colors,
                   facet_row="workload", facet_col="link",
-                  markers=True, category_orders={"link": [esc(x) for x in links]},
+                  markers=True, category_orders={"link": [esc(x) for x in links if x in set(ok["link"])]},
                   labels={"workers": "workers (n)", "throughput": "throughput (samples/s)", "label": "strategy"})
     fig.for_each_trace(lambda t: t.update(line=dict(dash="dash", color="gray"), marker=dict(size=4))
                        if t.name.startswith(IDEAL) else None)
@@ -80,22 +92,44 @@ def throughput_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
                                                "n x throughput(1)")
 
 
-def scaling_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
-    """Scaling efficiency(n) = throughput(n) / (n x throughput(1)) vs workers; 1.0 at n = 1 by definition."""
-    fig = px.line(for_plot(scaling_efficiency(ok)), x="workers", y="efficiency", color="label",
-                  color_discrete_map=palette(ok), facet_row="workload",
+def loopback_figure(ok: pd.DataFrame) -> go.Figure | None:
+    """The loopback reference: runs whose bytes bypassed their python-emulated link (a backend's own allreduce),
+    on their own axes, never beside the shaped runs they would appear to beat."""
+    colors, ok = palette(ok), ok[ok["bypasses_link"]]
+    if ok.empty:
+        return None
+    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
+    fig = px.line(for_plot(agg), x="workers", y="throughput", color="label", color_discrete_map=colors,
+                  facet_row="workload", facet_col="link", markers=True,
+                  labels={"workers": "workers (n)", "throughput": "throughput (samples/s, unshaped loopback)",
+                          "label": "strategy"})
+    fig.update_xaxes(tickvals=sorted(ok["workers"].unique()))
+    fig.update_yaxes(rangemode="tozero")
+    return tidy(fig, ok["workload"].nunique(), "Loopback reference, NOT on the emulated link: throughput of runs "
+                                               "whose bytes moved unshaped inside the backend")
+
+
+def scaling_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure | None:
+    """Scaling efficiency(n) = throughput(n) / (n x throughput(1)) vs workers, where there is a baseline."""
+    colors, ok = palette(ok), shaped(ok)
+    df = scaling_efficiency(ok).dropna(subset=["efficiency"])
+    if df.empty:
+        return None
+    fig = px.line(for_plot(df), x="workers", y="efficiency", color="label",
+                  color_discrete_map=colors, facet_row="workload",
                   facet_col="link", markers=True, category_orders={"link": [esc(x) for x in links]},
                   labels={"workers": "workers (n)", "label": "strategy",
                           "efficiency": "scaling efficiency (fraction of linear)"})
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
     fig.update_xaxes(tickvals=sorted(ok["workers"].unique()))
     fig.update_yaxes(rangemode="tozero")
-    return tidy(fig, ok["workload"].nunique(), "Scaling efficiency(n) = throughput(n) / (n x throughput(1))")
+    return tidy(fig, df["workload"].nunique(), "Scaling efficiency(n) = throughput(n) / (n x throughput(1))")
 
 
 def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     """Mean step time per strategy and n, stacked into compute and communication."""
-    agg = mean_per_config(ok, ["workload", "link", "label", "workers"])
+    ok = shaped(ok)
+    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
     agg["group"] = agg["workload"] + " · " + agg["link"]
     long = agg.melt(id_vars=["group", "label", "workers", "workload", "link"], value_vars=["compute_s", "comm_s"],
                     var_name="part", value_name="seconds")
@@ -106,14 +140,15 @@ def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     fig = px.bar(for_plot(long.sort_values("workers")), x="n", y="seconds", color="part", facet_row="group",
                  facet_col="label", barmode="stack",
                  category_orders={"group": [esc(g) for g in order], "part": ["compute", "communication"]},
-                 labels={"n": "workers", "seconds": "time per step (s)", "part": ""})
-    fig.update_yaxes(matches=None, rangemode="tozero")
-    return tidy(fig, len(order), "Step time per strategy and n: compute + communication (mean over timed steps)")
+                 labels={"n": "workers (n)", "seconds": "time per step (s)", "part": ""})
+    fig.update_yaxes(rangemode="tozero")  # one scale for every facet: a 0.2 s bar is lower than a 1.5 s one
+    return tidy(fig, len(order), "Step time per strategy and n: compute + communication (mean over timed steps, "
+                                 "one y scale for all)")
 
 
 def traffic_figure(ok: pd.DataFrame) -> go.Figure:
     """Bytes per worker (and per server) per step: measured sent/received vs the strategy's analytic bytes."""
-    agg = mean_per_config(ok[ok["workers"] > 1], ["workload", "label", "workers"])
+    agg = mean_per_config(ok[ok["workers"] > 1], ["workload", "config", "workers"])
     measures = {"bytes_sent_per_worker": "worker sent (measured)",
                 "bytes_recv_per_worker": "worker received (measured)",
                 "analytic_bytes_sent_per_worker": "worker sent (analytic)",
@@ -173,7 +208,7 @@ def parity_figure(predicted: pd.DataFrame, ok: pd.DataFrame) -> go.Figure | None
     return tidy(fig, 1, "Alpha-beta model vs measurement: predicted vs measured communication time")
 
 
-def extrapolation_figure(ok: pd.DataFrame, alpha: float) -> go.Figure | None:
+def extrapolation_figure(ok: pd.DataFrame, alpha: float, calibrated: bool = True) -> go.Figure | None:
     """MODEL: communication time per step for n = 8..1024 at 1/10/25/100 Gbit, with the measured Ts."""
     specs, _ = strategy_specs(ok)
     ts = compute_time_per_workload(ok)
@@ -198,8 +233,8 @@ def extrapolation_figure(ok: pd.DataFrame, alpha: float) -> go.Figure | None:
                        if t.name == esc(COMPUTE_LINE) else None)
     fig.update_xaxes(tickvals=list(df["workers"].unique()), ticktext=[str(n) for n in df["workers"].unique()])
     return tidy(fig, df["workload"].nunique(),
-                f"MODEL, not measured: communication time per step at 1/10/25/100 Gbit "
-                f"(alpha = {alpha * 1e6:.1f} us calibrated, beta = 1/bandwidth)")
+                f"MODEL, not measured: communication time per step at 1/10/25/100 Gbit (alpha = {alpha * 1e6:.1f} us "
+                + ("calibrated" if calibrated else "UNCALIBRATED: the links' own latency") + ", beta = 1/bandwidth)")
 
 
 def loss_figure(df: pd.DataFrame, ok: pd.DataFrame, x: str) -> go.Figure:

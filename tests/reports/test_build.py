@@ -1,5 +1,5 @@
-"""The report: tables and figures from the fixture, every section on the page in order, the answer first,
-escaping, and offline self-containment."""
+"""The report: tables and figures from the fixture, the sections this sweep has on the page in order (the others
+listed once at the end), the answer first, escaping, and offline self-containment."""
 
 import math
 import re
@@ -10,13 +10,14 @@ import plotly.offline
 import pytest
 
 from experiments.results import schema
-from reports import figures, page, tables
-from reports.page import SECTIONS, build
+from reports import calibration, figures, load, sections, tables, verdicts
+from reports.page import build
+from reports.sections import SECTIONS
 
 
 def ok_runs(path):
-    runs = tables.load_runs(path)
-    return runs, runs[runs["ok"]], tables.link_order(runs)
+    runs = load.load_runs(path)
+    return runs, runs[runs["ok"]], load.link_order(runs)
 
 
 def test_link_order_puts_full_speed_last(results_dir):
@@ -26,7 +27,7 @@ def test_link_order_puts_full_speed_last(results_dir):
 
 def test_figures_from_the_fixture(results_dir):
     runs, ok, links = ok_runs(results_dir)
-    steps = tables.load_steps(results_dir)
+    steps = load.load_steps(results_dir)
 
     throughput = figures.throughput_figure(ok, links)
     names = {t.name for t in throughput.data}
@@ -50,27 +51,35 @@ def test_figures_from_the_fixture(results_dir):
     assert requirement["workers"].max() == 1024
     assert isinstance(figures.bandwidth_figure(ok), go.Figure)
 
-    fits, predicted = tables.calibration(ok)
+    fits, predicted = calibration.calibration(ok)
     assert list(fits["link"]) == ["1Gbit", "full speed"] and (fits["alpha"] >= 0).all()
-    assert len(predicted) == 12  # multi-worker runs: 3 strategies x 2 n x 2 links
+    # only the runs the model describes: no parameter server, no distorted run (ring and decentralized at n = 2)
+    assert len(predicted) == 4 and set(predicted["strategy"]) == {"ring", "decentralized"}
     assert isinstance(figures.parity_figure(predicted, ok), go.Figure)
     model = figures.extrapolation_figure(ok, alpha=float(fits["alpha"].median()))
     assert model.layout.title.text.startswith("MODEL, not measured")
     assert sorted({x for t in model.data for x in t.x}) == [8, 16, 32, 64, 128, 256, 512, 1024]
 
-    convergence = page.convergence_section(page.Results(runs, ok, steps, None, links))
-    assert convergence.count('class="plotly-graph-div"') == 4  # loss vs step and wall time, consensus, gap
-    assert "Distorted" in convergence
+    convergence = sections.convergence(sections.Results(runs, ok, steps, None, links))
+    assert len(convergence["figures"]) == 4  # loss vs step and wall time, consensus, gap
 
 
-def test_every_section_present_and_plotly_embedded_once(built_report):
+def test_sections_in_order_the_absent_ones_listed_once_and_plotly_embedded_once(built_report):
     page = built_report.read_text()
-    positions = []
-    for number, section in enumerate(SECTIONS, start=1):
+    absent = page.split('<section id="not-in-this-sweep">')[1].split("</section>")[0]
+    positions, number = [], 0
+    for section in SECTIONS:
+        if f'<section id="{section.id}">' not in page:  # nothing for it in this sweep: one line at the end
+            assert f"<b>{section.title}</b>: " in absent
+            continue
+        number += 1
         tag = f'<section id="{section.id}"><h2>{number}. {section.title}</h2>'
-        assert tag in page
+        assert tag in page and section.title not in absent
         positions.append(page.index(tag))
     assert positions == sorted(positions)  # the page follows the one ordered list
+    # the fixture has no loopback, overlap, emulation, simulation or straggler runs: those sections are absent
+    assert number == len(SECTIONS) - 5 and absent.count("<li>") == 5
+    assert page.index('<section id="runs">') > page.index('<section id="convergence">')  # the long table last
     plotly_js = plotly.offline.get_plotlyjs()
     assert page.count(plotly_js) == 1
     rest = page.replace(plotly_js, "")  # the bundle itself mentions its CDN; nothing else may load from one
@@ -79,13 +88,12 @@ def test_every_section_present_and_plotly_embedded_once(built_report):
     assert "MODEL, not a measurement" in page
 
 
-def test_notes_beside_distorted_figures(built_report):
+def test_the_distorted_warning_appears_once_at_the_top(built_report):
     page = built_report.read_text()
-    # summary, throughput, scaling, step time, bandwidth, cost model, overlap and convergence carry a note;
-    # traffic not
-    assert page.count('<div class="note">') == 8
-    traffic = page.split('<section id="traffic">')[1].split("</section>")[0]
-    assert 'class="note"' not in traffic
+    assert page.count("Distorted measurements:") == 1
+    assert page.index("Distorted measurements:") < page.index('<section id="summary">')
+    best = page.split('<section id="summary">')[1].split("</table>")[0]
+    assert "<th>distorted</th>" in best and "<td>yes</td>" in best  # the affected runs are marked
 
 
 def test_no_notes_when_nothing_is_distorted(tmp_path, fake_results):
@@ -93,7 +101,7 @@ def test_no_notes_when_nothing_is_distorted(tmp_path, fake_results):
     runs = pd.read_parquet(tmp_path / "runs.parquet")
     runs["cores_oversubscribed"] = False
     runs.to_parquet(tmp_path / "runs.parquet")
-    assert '<div class="note">' not in build(tmp_path).read_text()
+    assert "Distorted" not in build(tmp_path).read_text()
 
 
 def test_sweep_names_are_escaped(built_report, evil_sweep):
@@ -109,7 +117,7 @@ def test_failed_runs_in_table_not_in_figures(built_report):
     page = built_report.read_text()
     runs_table = page.split('<table id="runs"')[1].split("</table>")[0]
     assert "ring-8-1Gbit" in runs_table and "failed" in runs_table
-    assert "1 failed run(s) are left out of the figures" in page
+    assert "1 run(s) failed; they are left out of the figures" in page
     figures = re.findall(r'Plotly\.newPlot\(.*?\)\s*\}', page, re.S)
     assert figures and not any("ring-8-1Gbit" in f for f in figures)
 
@@ -129,7 +137,7 @@ def test_all_runs_failed(tmp_path, fake_results):
     runs["throughput"] = math.nan
     runs.to_parquet(tmp_path / "runs.parquet")
     page = build(tmp_path).read_text()
-    assert "No run succeeded" in page and 'class="plotly-graph-div"' not in page
+    assert "no run succeeded" in page and 'class="plotly-graph-div"' not in page
 
 
 def test_missing_results_name_the_directory(tmp_path):
@@ -148,15 +156,17 @@ def test_stragglers_section_shows_relative_throughput(results_dir):
     page = build(results_dir).read_text()
     section = page.split('id="stragglers"')[1]
     assert "rank 1 computes 2x slower" in section and 'class="plotly-graph-div"' in section
-    ok = tables.load_runs(results_dir)
+    ok = load.load_runs(results_dir)
     df = tables.stragglers_frame(ok[ok["ok"]])
     ratios = df[df["imbalance"] != "balanced"]["relative"]
     assert len(ratios) == 3 and ratios.round(6).eq(round(1 / 1.5, 6)).all()
 
 
-def test_no_straggler_says_so(results_dir):
-    section = build(results_dir).read_text().split('id="stragglers"')[1]
-    assert "no straggler" in section and "plotly-graph-div" not in section.split("</section>")[0]
+def test_no_straggler_says_so_in_one_line(results_dir):
+    page = build(results_dir).read_text()
+    assert 'id="stragglers"' not in page
+    absent = page.split('<section id="not-in-this-sweep">')[1]
+    assert "<b>Stragglers and slow links</b>: no straggler" in absent
 
 
 def test_native_on_an_emulated_link_is_flagged_and_cannot_win(results_dir):
@@ -167,32 +177,33 @@ def test_native_on_an_emulated_link_is_flagged_and_cannot_win(results_dir):
     fast["run_id"] += "-native"
     fast["throughput"] *= 100  # full loopback speed: it never paid the emulated link
     pd.concat([runs, fast]).to_parquet(results_dir / "runs.parquet")
-    loaded = tables.load_runs(results_dir)
+    loaded = load.load_runs(results_dir)
     ok = loaded[loaded["ok"]]
-    best = tables.best_strategies(ok, tables.link_order(loaded))
+    best = verdicts.best_strategies(ok, load.link_order(loaded))
     assert set(best.loc[best["link"] == "1Gbit", "best strategy"]) and \
         "native" not in set(best.loc[best["link"] == "1Gbit", "best strategy"])
     assert set(best.loc[best["link"] == "full speed", "best strategy"]) == {"native"}
     page = build(results_dir).read_text()
-    assert page.count("Not emulated:") == 4  # summary, throughput, step time, overlap
+    assert page.count("Not on the emulated link:") == 1 and '<section id="loopback">' in page
 
 
 def test_the_summary_opens_with_the_answer(built_report):
-    """For each workload and link at the largest worker count: which strategy, by how much, and why."""
+    """For each workload and condition at the largest worker count, a verdict first; the fixture has one run per
+    configuration, so no lead is measured: each verdict is a tie that says why and shows the numbers."""
     summary = built_report.read_text().split('<section id="summary">')[1].split("</section>")[0]
     answer = summary.split('<div class="answer">')[1].split("</div>")[0]
     assert summary.index('<div class="answer">') < summary.index("<b>Sweep:</b>")
     sentences = answer.split("<p>")[1:]
     assert len(sentences) == 2  # resnet18 on 1Gbit and on full speed, each at n = 4
     for sentence in sentences:
-        assert sentence.startswith("resnet18 on ") and ", 4 workers: use " in sentence
-        assert "x the throughput of the next best" in sentence and "samples/s" in sentence
-        assert "critical path" in sentence or "rounds" in sentence or "measured transport" in sentence
+        assert sentence.startswith("resnet18 on ") and ", 4 workers: tie, not distinguishable: " in sentence
+        assert "samples/s (one run)" in sentence and "one run each" in sentence
+        assert "x the throughput" not in sentence and "use " not in sentence
 
 
 def test_best_strategy_table_leaves_out_a_single_worker(results_dir):
     runs, ok, links = ok_runs(results_dir)
-    best = tables.best_strategies(ok, links)
+    best = verdicts.best_strategies(ok, links)
     assert not best.empty and (best["workers"] > 1).all()
 
 
@@ -246,7 +257,7 @@ def test_an_implausible_fit_is_shown_as_such_not_as_a_calibration(tmp_path, fake
     runs.loc[slow, "comm_s"] *= 30
     runs.to_parquet(tmp_path / "runs.parquet")
     _, ok, _ = ok_runs(tmp_path)
-    fits, _ = tables.calibration(ok)
+    fits, _ = calibration.calibration(ok)
     one_gbit = fits[fits["link"] == "1Gbit"].iloc[0]
     assert one_gbit["plausible"] == "no" and "fitted bandwidth" in one_gbit["why not"]
     assert "likely cause" in one_gbit["why not"]
@@ -300,6 +311,8 @@ def test_simulated_runs_sit_beside_measured_and_modelled(tmp_path, fake_results)
     assert "simulated comm ms" in section and 'class="plotly-graph-div"' in section
 
 
-def test_without_simulated_runs_the_section_says_how_to_get_them(built_report):
-    section = built_report.read_text().split('<section id="substrates">')[1].split("</section>")[0]
-    assert "syncbench simulate" in section and "plotly-graph-div" not in section
+def test_without_simulated_runs_the_closing_list_says_how_to_get_them(built_report):
+    page = built_report.read_text()
+    absent = page.split('<section id="not-in-this-sweep">')[1].split("</section>")[0]
+    assert '<section id="substrates">' not in page
+    assert "<b>Simulated, measured and modelled</b>: no simulated runs (syncbench simulate" in absent

@@ -1,0 +1,131 @@
+"""Results -> pandas: runs.parquet and steps.parquet in the schema's types, with the keys the report groups by.
+
+A run's configuration (`config`) and its condition (`condition`) are tuples of typed columns: the report groups by
+them, never by display text. `label` and `condition_label` are built from the same columns, for display only.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.results.dataset import has_results, read_runs, read_steps
+from strategies import get as strategy_class
+
+# What makes two runs the same strategy configuration (repeats differ only by seed): the strategy with its
+# param_* columns and these; and where it ran (a profile and real compute, or a simulation, are other machines).
+STRATEGY_COLUMNS = ("strategy", "bucket_mb", "overlap")
+MACHINE_COLUMNS = ("compute", "substrate")
+# What a run was measured under: a verdict is given per condition, never averaged across conditions.
+CONDITION_COLUMNS = ("link_bandwidth", "link_latency_s", "link_emulation", "link_heterogeneous", "straggler_ranks",
+                     "straggler_slowdown", "compute", "substrate", "sim_topology", "sim_network_model", "sim_nic",
+                     "sim_oversubscription", "sim_gpus_per_node")
+
+
+def load_runs(results_dir: Path) -> pd.DataFrame:
+    """runs.parquet in the schema's types, plus: ok, distorted, bypasses_link, the group keys strategy_key, config
+    and condition, and their display labels label and condition_label."""
+    if not has_results(results_dir):
+        raise FileNotFoundError(f"no runs.parquet in {str(results_dir)!r} and no runs/ dataset: run a sweep there "
+                                f"first (syncbench run SWEEP.toml)")
+    runs = read_runs(results_dir)  # every run's latest attempt, typed, display labels derived (either layout)
+    if runs.empty:
+        raise ValueError(f"{str(results_dir)!r} has no runs: nothing to report")
+    runs["ok"] = runs["status"] == "ok"
+    runs["distorted"] = runs["cores_oversubscribed"] | runs["gpu_shared"]
+    # A backend's own allreduce (bytes not counted) on a python-emulated link never crossed the emulation: its
+    # bytes moved unshaped over loopback. On a kernel-shaped link they cross the shaped NICs like any other.
+    runs["bypasses_link"] = ~runs["bytes_counted"] & (runs["link_emulation"] == "python")
+    params = sorted(c for c in runs.columns if c.startswith("param_"))
+    runs["strategy_key"] = [_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]
+    runs["config"] = [key + _key(row) for key, row in zip(runs["strategy_key"],
+                                                           runs[list(MACHINE_COLUMNS)].itertuples(index=False))]
+    runs["condition"] = [_key(row) for row in runs[list(CONDITION_COLUMNS)].itertuples(index=False)]
+    runs["label"] = _labels(runs)
+    runs["condition_label"] = [condition_label(run) for _, run in runs.iterrows()]
+    return runs
+
+
+def _key(values) -> tuple:
+    """A hashable group key from typed values (NaN -> None, so that two missing values are the same key)."""
+    return tuple(None if isinstance(v, float) and math.isnan(v) else v for v in values)
+
+
+def _labels(runs: pd.DataFrame) -> pd.Series:
+    """The strategy's display label: its name and parameters, and what else varies in this sweep (bucket size,
+    overlap, compute mode, simulated), so that every configuration has its own legend entry."""
+    label = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
+    if runs["bucket_mb"].nunique(dropna=False) > 1:
+        label += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")
+    if runs["overlap"].nunique() > 1:
+        label += runs["overlap"].map(lambda on: " +overlap" if on else "")
+    if runs["compute"].nunique() > 1:
+        label += runs["compute"].map(lambda mode: " [profile]" if mode == "profile" else "")
+    return label + runs["substrate"].map(lambda s: " [simulated]" if s == "simgrid" else "")
+
+
+def condition_label(run) -> str:
+    """The condition a run was measured under, in words: its link, and its straggler, compute mode and simulated
+    platform when it has them."""
+    parts = [str(run["link"])]
+    if len(run["straggler_ranks"]) and run["straggler_slowdown"] != 1.0:
+        ranks = ",".join(str(r) for r in run["straggler_ranks"])
+        parts.append(f"rank {ranks} computing {run['straggler_slowdown']:g}x slower")
+    if run["compute"] == "profile":
+        parts.append("replayed compute profile")
+    if run["substrate"] == "simgrid":
+        sim = [str(run[c]) for c in ("sim_platform", "sim_network_model") if run[c]]
+        sim += [f"{run['sim_nic']} NIC"] if run["sim_nic"] else []
+        parts.append("simulated " + " ".join(sim))
+    return ", ".join(parts)
+
+
+def load_steps(results_dir: Path) -> pd.DataFrame | None:
+    """steps.parquet in the schema's types, or None when the sweep did not record steps."""
+    steps = read_steps(results_dir)
+    return None if steps.empty else steps
+
+
+def link_order(runs: pd.DataFrame) -> list[str]:
+    """Link labels from the slowest emulated link to the fastest, 'full speed' (not emulated) last."""
+    links = runs.groupby("link")["link_bandwidth"].first().fillna(math.inf).sort_values()
+    return list(links.index)
+
+
+def strategy_params(run) -> dict:
+    """A run's strategy parameters, from its typed param_* columns (those its strategy accepts)."""
+    try:
+        accepted = strategy_class(run["strategy"]).parameters()
+    except ValueError:
+        return {}
+    return {k: (v.item() if hasattr(v, "item") else v)
+            for k in accepted if (v := run.get(f"param_{k}")) is not None and not _missing(v)}
+
+
+def _missing(value) -> bool:
+    """NaN (a float parameter not set) or '' (a text parameter not set): the strategy's default applies."""
+    return (isinstance(value, float) and math.isnan(value)) or value == ""
+
+
+METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
+           "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
+           "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "exposed_comm_s",
+           "comm_busy_s", "overlap_fraction")
+
+
+def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Mean metrics over the repeats (seeds) of each group, with the spread of throughput between them and
+    whether any run was distorted. `by` names typed keys ("config", "condition", "workers", ...); the
+    display columns that go with them (label, link) are carried along."""
+    carried = [c for c in ("label", "link", "condition_label", "strategy", "compute") if c not in by and c in ok]
+    groups = ok.groupby(by, sort=False, dropna=False)
+    agg = groups[[c for c in METRICS if c in ok]].mean(numeric_only=True)
+    agg[carried] = groups[carried].first()
+    agg["throughput_min"] = groups["throughput"].min()
+    agg["throughput_max"] = groups["throughput"].max()
+    agg["distorted"] = groups["distorted"].any()
+    agg["bypasses"] = groups["bypasses_link"].any()
+    agg["runs"] = groups.size()
+    return agg.reset_index()

@@ -1,0 +1,255 @@
+"""The report's sections, in page order: each turns the results into what its template shows (tables, figures,
+numbers, sentences), or says in one line why this sweep has nothing for it.
+
+A section is a function Results -> dict (the context of templates/sections/<id>.html.j2) or Absent(reason); the
+page lists absent sections once, at the end, under "Not in this sweep". SECTIONS is the order of the page.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from markupsafe import Markup
+
+from reports import calibration, figures, tables, verdicts
+
+
+@dataclass(frozen=True)
+class Results:
+    """What every section reads: all runs, the successful ones, steps, the sweep file and the links in order."""
+
+    runs: pd.DataFrame
+    ok: pd.DataFrame
+    steps: pd.DataFrame | None
+    sweep_text: str | None
+    links: list[str]
+
+
+@dataclass(frozen=True)
+class Absent:
+    """A section this sweep has nothing for, and why (one line in the page's closing list)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table for the page: a frame, number formats per column, sortable or not. Numbers carry their value
+    (data-v) so that sorting compares values, not text."""
+
+    frame: pd.DataFrame
+    formats: dict[str, str] = field(default_factory=dict)
+    sortable: bool = False
+    id: str = ""
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.frame.columns)
+
+    def rows(self):
+        """Each row as cells (text, is a number, sort value or None)."""
+        for row in self.frame.itertuples(index=False):
+            cells = []
+            for col, value in zip(self.frame.columns, row):
+                if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+                    missing = pd.isna(value)
+                    cells.append(("" if missing else format(value, self.formats.get(col, ",.4g")), True,
+                                  None if missing else repr(float(value))))
+                else:
+                    cells.append(("" if value is None else str(value), False, None))
+            yield cells
+
+
+def figure(fig) -> Markup | None:
+    """A figure as a <div> using the page's one copy of plotly.js (None: nothing to plot)."""
+    if fig is None:
+        return None
+    return Markup(fig.to_html(full_html=False, include_plotlyjs=False,
+                              config={"displaylogo": False, "responsive": True}))
+
+
+def _values(runs: pd.DataFrame, col: str) -> str:
+    return ", ".join(v for v in runs[col].dropna().astype(str).unique() if v) or "none"
+
+
+# ---- the sections, in page order --------------------------------------------------------------------------
+
+def summary(r: Results) -> dict:
+    """The answer first (which strategy, by how much and how sure, why), then the sweep and the machine."""
+    best = verdicts.best_strategies(r.ok, r.links)
+    description = ""
+    if r.sweep_text:
+        try:
+            parsed = tomllib.loads(r.sweep_text)
+        except (tomllib.TOMLDecodeError, ValueError, RecursionError):  # a crafted file: nested deep, long numbers
+            parsed = {}
+        description = parsed.get("description") if isinstance(parsed.get("description"), str) else ""
+    shown = best.drop(columns=["_best", "_next", "_tied", "link"]) if not best.empty else best
+    return {"answers": verdicts.verdicts(best), "description": description, "sweep_text": r.sweep_text,
+            "sweeps": ", ".join(r.runs["sweep"].astype(str).unique()),
+            "machine": {c: _values(r.runs, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")},
+            "runs": len(r.runs), "ok": int(r.runs["ok"].sum()), "failed": int((~r.runs["ok"]).sum()),
+            "workloads": _values(r.runs, "workload"), "strategies": ", ".join(r.runs["label"].unique()),
+            "links": ", ".join(r.links),
+            "best": Table(shown, {"workers": "d", "runs": "d", "samples/s": ",.1f", "step time s": ".3f",
+                                  "comm share %": ".1f", "lead over next %": "+.1f"}) if not best.empty else None}
+
+
+def throughput(r: Results) -> dict | Absent:
+    fig = figures.throughput_figure(r.ok, r.links)
+    return {"figure": figure(fig)} if not figures.shaped(r.ok).empty else Absent("every run bypassed its link")
+
+
+def loopback(r: Results) -> dict | Absent:
+    """Runs whose bytes moved unshaped inside a backend, on their own axes."""
+    fig = figures.loopback_figure(r.ok)
+    if fig is None:
+        return Absent("every run's bytes crossed the link it is labelled with")
+    return {"figure": figure(fig), "labels": ", ".join(r.ok.loc[r.ok["bypasses_link"], "label"].unique())}
+
+
+def scaling(r: Results) -> dict | Absent:
+    base = tables.per_worker_baseline(figures.shaped(r.ok))
+    if base["per_worker"].isna().all():
+        return Absent("no 1-worker baseline: scaling efficiency = throughput(n) / (n x throughput(1)) needs a run "
+                      "with workers = 1 (or, in profile mode, a compute profile's single-rank step time)")
+    without = base[base["per_worker"].isna()]
+    profiled = base[base["baseline"].str.startswith("the compute profile")]
+    return {"figure": figure(figures.scaling_figure(r.ok, r.links)),
+            "without": ", ".join(sorted(set(without["workload"] + " on " + without["link"]))),
+            "profiled": ", ".join(sorted(set(profiled["workload"] + " on " + profiled["link"])))}
+
+
+def step_time(r: Results) -> dict | Absent:
+    return {"figure": figure(figures.step_time_figure(r.ok, r.links))}
+
+
+def traffic(r: Results) -> dict | Absent:
+    same, compared, differ, hidden = tables.traffic_agreement(r.ok)
+    if compared == 0 and not hidden:
+        return Absent("no multi-worker run has measured and analytic bytes to compare")
+    return {"same": same, "compared": compared, "differ": ", ".join(differ), "hidden": ", ".join(hidden),
+            "figure": figure(figures.traffic_figure(r.ok))}
+
+
+def bandwidth(r: Results) -> dict | Absent:
+    fig = figures.bandwidth_figure(r.ok)
+    if fig is None:
+        return Absent("no measured strategy has an analytic traffic to size a link from")
+    ts = tables.compute_time_per_workload(r.ok)
+    return {"ts": "; ".join(f"{w}: Ts = {t:.4g} s ({how})" for w, (t, how) in ts.items()),
+            "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]), "figure": figure(fig)}
+
+
+def cost_model(r: Results) -> dict | Absent:
+    """Calibration from the runs the model describes, the parity plot, and the extrapolation with the alpha it
+    may use (the links' own latency, said so, when no fit is plausible)."""
+    fits, predicted = calibration.calibration(r.ok)
+    alpha = calibration.extrapolation_alpha(fits, r.ok)
+    extrapolation = figures.extrapolation_figure(r.ok, alpha.alpha, alpha.calibrated)
+    if fits.empty and extrapolation is None:
+        return Absent("no multi-worker run has analytic rounds and bytes")
+    bad = fits[fits["plausible"] == "no"] if not fits.empty else fits
+    return {"fits": Table(fits.drop(columns=["alpha", "beta", "latency"]),
+                          {"runs": "d", "alpha us": ",.1f", "alpha bound us": ",.0f", "fitted MB/s": ",.1f",
+                           "link MB/s": ",.1f", "rmse ms": ",.2f"}) if not fits.empty else None,
+            "bad_links": ", ".join(bad["link"]) if not bad.empty else "",
+            "bad_why": " | ".join(bad["why not"]) if not bad.empty else "",
+            "alpha": alpha, "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]),
+            "parity": figure(figures.parity_figure(predicted, r.ok)), "extrapolation": figure(extrapolation)}
+
+
+def overlap(r: Results) -> dict | Absent:
+    """Exposed vs hidden communication, P with overlap, and what overlap buys in bandwidth."""
+    if not r.ok["overlap"].any():
+        return Absent("no run overlapped communication with backward (overlap = true)")
+    frame = tables.overlap_frame(r.ok)
+    return {"table": Table(frame, {"workers": "d", "step s": ".3f", "Ts s": ".3f", "exposed s": ".3f",
+                                   "busy s": ".3f", "hidden s": ".3f", "overlap fraction": ".2f", "P": ".3f",
+                                   "S for P=0.9, no overlap MB/s": ",.1f",
+                                   "S for P=0.9, measured overlap MB/s": ",.1f"}, sortable=True, id="overlap")}
+
+
+def emulations(r: Results) -> dict | Absent:
+    df = tables.emulations_frame(r.ok)
+    if df.empty:
+        return Absent("no configuration ran on both a python-emulated and a kernel-shaped link of the same bandwidth "
+                      "(link = { bandwidth = \"1Gbit\", emulation = \"kernel\" } on a syncbench cluster up cluster)")
+    return {"table": Table(df, {"workers": "d", "comm s, python": ".3f", "comm s, kernel": ".3f",
+                                "python / kernel": ".2f"}, sortable=True, id="emulations")}
+
+
+def substrates(r: Results) -> dict | Absent:
+    df = tables.substrates_frame(r.ok)
+    if df.empty:
+        return Absent("no simulated runs (syncbench simulate SWEEP.toml runs the same strategy code on a SimGrid "
+                      "platform; a results directory holding both kinds shows them beside the measured and modelled)")
+    return {"table": Table(df, {"workers": "d", "measured comm ms": ",.1f", "simulated comm ms": ",.1f",
+                                "simulated step ms": ",.1f", "modelled comm ms": ",.1f"}),
+            "figure": figure(figures.substrates_figure(df))}
+
+
+def convergence(r: Results) -> dict | Absent:
+    """Loss vs step and wall time of the runs that trained; consensus distance and spectral gap (decentralized).
+    Profile-mode runs replay a compute timeline: their parameters do not learn, so they get no loss curve."""
+    if r.steps is None:
+        return Absent("no steps recorded (no steps.parquet), so no convergence")
+    trained = r.ok[r.ok["compute"] != "profile"]
+    if trained.empty:
+        return Absent("profile mode: the runs replayed a compute profile, so their parameters did not train and "
+                      "their loss says nothing about convergence")
+    df = tables.loss_frame(trained, r.steps)
+    figs = []
+    if df["loss"].notna().any():
+        figs += [figures.loss_figure(df, trained, "step"), figures.loss_figure(df, trained, "wall_s")]
+    if df["consensus_distance"].notna().any():
+        figs.append(figures.consensus_figure(df, trained))
+    if trained["spectral_gap"].notna().any():
+        figs.append(figures.spectral_gap_figure(trained))
+    if not figs:
+        return Absent("the steps carry no loss, so no convergence")
+    return {"figures": [figure(f) for f in figs], "has_loss": bool(df["loss"].notna().any()),
+            "profiled": int((r.ok["compute"] == "profile").sum())}
+
+
+def stragglers(r: Results) -> dict | Absent:
+    if not tables.has_imbalance(r.ok):
+        return Absent("no straggler and no slower link: every rank had the same compute and NIC")
+    df = tables.stragglers_frame(r.ok)
+    return {"figure": figure(figures.stragglers_figure(df, r.ok))}
+
+
+def all_runs(r: Results) -> dict:
+    return {"table": Table(tables.runs_frame(r.runs), {"sent MB/worker": ",.3f", "recv MB/worker": ",.3f",
+                                                        "comm share": ".2f", "workers": "d", "servers": "d",
+                                                        "seed": "d"}, sortable=True, id="runs")}
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str  # also the template's name: templates/sections/<id>.html.j2
+    title: str
+    body: Callable[[Results], dict | Absent]
+    needs_runs: bool = True  # False: written even when no run succeeded
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("summary", "Summary", summary, needs_runs=False),
+    Section("throughput", "Throughput vs workers", throughput),
+    Section("loopback", "Loopback reference: runs not on the emulated link", loopback),
+    Section("scaling", "Scaling efficiency", scaling),
+    Section("step-time", "Step time: compute and communication", step_time),
+    Section("traffic", "Traffic: measured vs analytic", traffic),
+    Section("bandwidth", "Bandwidth requirement", bandwidth),
+    Section("cost-model", "Cost model (alpha-beta)", cost_model),
+    Section("overlap", "Overlap: exposed vs hidden communication", overlap),
+    Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
+    Section("substrates", "Simulated, measured and modelled", substrates),
+    Section("convergence", "Convergence", convergence),
+    Section("stragglers", "Stragglers and slow links", stragglers),
+    Section("runs", "All runs", all_runs, needs_runs=False),
+)

@@ -1,0 +1,107 @@
+"""The answer: the fastest strategy per workload, condition and worker count, with its uncertainty.
+
+A lead counts only when it is outside the spread between repeats (runs of one configuration with other seeds):
+with one run each there is no spread to compare, and overlapping ranges are a tie. Verdicts are per condition
+(link, straggler, compute mode, simulated platform), never averaged across conditions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from reports.load import mean_per_config
+from reports.model import MB
+
+
+def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
+    """Per (workload, condition, workers > 1): the fastest configuration by mean throughput, its spread, the
+    runner-up, and whether the lead is measured ("clear") or not ("tie"). n = 1 has nothing to synchronize;
+    runs whose bytes bypassed the emulated link did not pay for it and cannot take part."""
+    multi = ok[(ok["workers"] > 1) & ~ok["bypasses_link"]]
+    agg = mean_per_config(multi, ["workload", "condition", "workers", "config"])
+    rows = []
+    for _, g in agg.groupby(["workload", "condition", "workers"], sort=False):
+        g = g.sort_values("throughput", ascending=False)
+        best = g.iloc[0]
+        others = g.iloc[1:]
+        tied = others[(others["runs"] < 2) | (best["runs"] < 2) | (others["throughput_max"] >= best["throughput_min"])]
+        runner_up = others.iloc[0] if len(others) else None
+        rows.append({"workload": best["workload"], "condition": best["condition_label"], "link": best["link"],
+                     "workers": int(best["workers"]), "best strategy": best["label"],
+                     "samples/s": best["throughput"], "spread samples/s": spread(best), "runs": int(best["runs"]),
+                     "step time s": best["step_time_s"], "comm share %": best["comm_fraction"] * 100,
+                     "lead over next %": (best["throughput"] / runner_up["throughput"] - 1) * 100
+                     if runner_up is not None else math.nan,
+                     "next": runner_up["label"] if runner_up is not None else "",
+                     "verdict": "only one" if runner_up is None else ("tie" if len(tied) else "clear"),
+                     "distorted": "yes" if best["distorted"] else "",
+                     "_best": best, "_next": runner_up, "_tied": tied})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["_link"] = df["link"].map({link: i for i, link in enumerate(links)})
+    return df.sort_values(["workload", "_link", "condition", "workers"]).drop(columns="_link")
+
+
+def spread(row) -> str:
+    """'98.0-105.1' over repeats, or 'one run' when there is no spread to show."""
+    if row["runs"] < 2:
+        return "one run"
+    return f"{row['throughput_min']:,.1f}-{row['throughput_max']:,.1f}"
+
+
+def verdicts(best: pd.DataFrame) -> list[str]:
+    """For each workload and condition at its largest worker count, one sentence: which strategy to use, by how
+    much and why (rounds and bytes on the critical path) when the lead is measured; a tie, with the numbers and
+    their spread, when it is not."""
+    out = []
+    if best.empty:
+        return out
+    for _, g in best.groupby(["workload", "condition"], sort=False):
+        row = g.loc[g["workers"].idxmax()]
+        winner, runner_up, tied = row["_best"], row["_next"], row["_tied"]
+        where = f"{row['workload']} on {row['condition']}, {row['workers']} workers"
+        distorted = " Distorted by contention for the machine: see the note at the top." if row["distorted"] else ""
+        if runner_up is None:
+            out.append(f"{where}: {winner['label']} is the only strategy measured.{distorted}")
+        elif row["verdict"] == "tie":
+            names = [winner, *(r for _, r in tied.iterrows())]
+            why = ("one run each, so there is no spread between repeats to measure a lead against; repeat the "
+                   "runs (repeats or seeds) to separate them" if (pd.Series([r["runs"] for r in names]) < 2).any()
+                   else f"a lead of {row['lead over next %']:.1f}% is inside the spread between repeats")
+            out.append(f"{where}: tie, not distinguishable: " + ", ".join(_measured(r) for r in names)
+                       + f" ({why}).{distorted}")
+        else:
+            why = _why(winner, runner_up)
+            out.append(f"{where}: use {winner['label']}, {_measured(winner)} against {_measured(runner_up)} "
+                       f"for the next best, {winner['throughput'] / runner_up['throughput']:.2f}x"
+                       + (f": {why}." if why else ".") + distorted)
+    return out
+
+
+def _measured(row) -> str:
+    """'ring 102.3 samples/s (98.0-105.1 over 3 runs)' or '... (one run)'."""
+    runs = "one run" if row["runs"] < 2 else f"{spread(row)} over {int(row['runs'])} runs"
+    return f"{row['label']} {row['throughput']:,.1f} samples/s ({runs})"
+
+
+def _why(winner, runner_up) -> str:
+    """The critical-path difference that explains a win (or says that the measured transport, not the model,
+    decided)."""
+    parts = []
+    w_bytes, r_bytes = winner["analytic_path_bytes"], runner_up["analytic_path_bytes"]
+    w_rounds, r_rounds = winner["analytic_rounds"], runner_up["analytic_rounds"]
+    if not (math.isfinite(w_bytes) and math.isfinite(r_bytes)):
+        return ""
+    if w_bytes < r_bytes:
+        parts.append(f"{w_bytes / MB:,.1f} MB on its critical path against {r_bytes / MB:,.1f} MB")
+    if w_rounds < r_rounds:
+        parts.append(f"{w_rounds:.0f} message rounds against {r_rounds:.0f}")
+    if not parts:
+        w_comm, r_comm = winner["comm_s"], runner_up["comm_s"]
+        return (f"it moves as many or more bytes in as many or more rounds, yet spent {w_comm * 1e3:,.1f} ms "
+                f"communicating per step against {r_comm * 1e3:,.1f} ms (the measured transport, not the model, "
+                f"decided)")
+    return "it moves " + " and ".join(parts)
