@@ -44,6 +44,50 @@ def comm_time(rounds: float, path_bytes: float, bandwidth: float, latency: float
     return rounds * latency + path_bytes / bandwidth
 
 
+def byteps_optimum(workers: int, servers: int, nbytes: float, bandwidth: float) -> float:
+    """BytePS (OSDI 2020): the least time n workers and k extra server NICs (all of bandwidth B, full duplex) can
+    synchronize M bytes in, t = 2 n (n - 1) M / ((n^2 + k n - 2 k) B). k = 0 is an allreduce's 2 (n - 1) M / (n B),
+    k = n gives M / B; a server's link carries n / k times a worker's bytes."""
+    n, k = workers, servers
+    if n <= 1 and k == 0:
+        return 0.0  # one worker alone has nothing to agree on
+    return 2 * n * (n - 1) * nbytes / ((n * n + k * n - 2 * k) * bandwidth) if n > 1 else nbytes / bandwidth
+
+
+def optimum_comm_s(config, workers: int, nbytes: float, bandwidth: float) -> float:
+    """The architecture's bound for an exact strategy: BytePS's optimum with the strategy's extra server ranks
+    (0 for an allreduce or colocated servers); NaN for an inexact one (it does not compute the same thing)."""
+    if not config.exact:
+        return math.nan
+    return byteps_optimum(workers, config.num_servers(workers), nbytes, bandwidth)
+
+
+def parse_strategy(text: str) -> tuple[str, dict]:
+    """'parameter_server:servers=4,placement=colocated' -> ('parameter_server', {'servers': 4, 'placement': ...}).
+
+    Values read as TOML would: integers, numbers, true/false, anything else a string."""
+    name, _, rest = str(text).partition(":")
+    params = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"bad strategy parameter {item!r} in {text!r}: expected name:key=value[,key=value...], "
+                             f"e.g. parameter_server:servers=4,placement=colocated")
+        params[key.strip()] = _parameter_value(value.strip())
+    return name.strip(), params
+
+
+def _parameter_value(text: str):
+    if text in ("true", "false"):
+        return text == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def parallel_efficiency(compute_s: float, comm_s: float) -> float:
     """P = Ts / (Ts + Tt)."""
     return compute_s / (compute_s + comm_s)
@@ -221,26 +265,35 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     if not 0 < target_efficiency < 1:
         raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")
     known = strategy_names()
-    names = list(strategies) if strategies else known
-    unknown = [n for n in names if n not in known]
+    specs = [parse_strategy(text) for text in strategies] if strategies else [(name, {}) for name in known]
+    unknown = [n for n, _ in specs if n not in known]
     if unknown:
         raise ValueError(f"unknown strategy {unknown[0]!r}: known are {', '.join(known)}")
+    labels = list(strategies) if strategies else known
+    configs = []
+    for label, (name, params) in zip(labels, specs):
+        try:
+            configs.append(make_strategy(name, **params))
+        except TypeError as e:
+            raise ValueError(f"strategy {label!r}: {e}") from None
 
     rows = []
-    for name in names:
-        row = {"strategy": name, "workers": int(workers), "model_bytes": numel * 4}
+    for label, (name, params), config in zip(labels, specs, configs):
+        row = {"strategy": label, "workers": int(workers), "model_bytes": numel * 4}
         try:
-            rounds, path_bytes, note = critical_path(name, int(workers), numel)
+            rounds, path_bytes, note = critical_path(name, int(workers), numel, params)
+            optimum = optimum_comm_s(config, int(workers), numel * 4, bandwidth)
         except (ValueError, NotImplementedError) as e:  # e.g. a strategy that needs a power-of-two n
             rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
-                               "efficiency": math.nan, "step_s": math.nan, "bandwidth_needed": math.nan,
-                               "note": str(e)})
+                               "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
+                               "bandwidth_needed": math.nan, "note": str(e)})
             continue
         tt = comm_time(rounds, path_bytes, bandwidth, latency)
         rows.append(row | {
             "rounds": rounds,
             "path_bytes": path_bytes,
             "comm_s": tt,
+            "optimum_s": optimum,
             "efficiency": parallel_efficiency(step_time, tt),
             "step_s": step_time + tt,
             "bandwidth_needed": bandwidth_needed(path_bytes, step_time, target_efficiency, rounds, latency),
@@ -262,17 +315,19 @@ def format_model_table(df: pd.DataFrame) -> str:
         head = [f"# {what}: {a['numel']:,} parameters, {a['numel'] * 4 / MB:,.2f} MB fp32; "
                 f"link {a['bandwidth'] / MB:,.2f} MB/s ({a['bandwidth'] / GBIT:g} Gbit/s), "
                 f"latency {a['latency'] * 1e6:g} us; compute time Ts {a['step_time']:g} s",
-                "# MB = 10^6 bytes; S = bandwidth needed for the target efficiency"]
-    columns = ["strategy", "workers", "rounds", "path MB", "comm s", "P", "step s",
+                "# MB = 10^6 bytes; S = bandwidth needed for the target efficiency; optimum = BytePS's bound "
+                "2n(n-1)M/((n^2+kn-2k)B) with the strategy's k extra server NICs (k = 0: an allreduce's)"]
+    columns = ["strategy", "workers", "rounds", "path MB", "comm s", "optimum s", "P", "step s",
                f"S for P={target:g} MB/s", "note"]
     lines = []
     for r in df.itertuples():
         if math.isnan(r.comm_s):
-            cells = [r.strategy, str(r.workers), "-", "-", "-", "-", "-", "-", r.note]
+            cells = [r.strategy, str(r.workers), "-", "-", "-", "-", "-", "-", "-", r.note]
         else:
             s = "unreachable" if math.isinf(r.bandwidth_needed) else f"{r.bandwidth_needed / MB:,.0f}"
+            optimum = "-" if math.isnan(r.optimum_s) else f"{r.optimum_s:.3f}"
             cells = [r.strategy, str(r.workers), f"{r.rounds:,}", f"{r.path_bytes / MB:,.2f}",
-                     f"{r.comm_s:.3f}", f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, r.note]
+                     f"{r.comm_s:.3f}", optimum, f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, r.note]
         lines.append(cells)
     widths = [max([len(c)] + [len(cells[i]) for cells in lines]) for i, c in enumerate(columns)]
     left = (0, len(columns) - 1)  # strategy and note read left-aligned, numbers right-aligned

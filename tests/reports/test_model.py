@@ -113,3 +113,46 @@ def test_extrapolation_covers_8_to_1024_at_four_links():
     assert set(df["link"]) == set(EXTRAPOLATION_LINKS)
     one = df[(df["workers"] == 8) & (df["link"] == "10 Gbit")].iloc[0]
     assert one["comm_s"] == pytest.approx(14 * 50e-6 + 2 * 7 * 125_000 * 4 / 1.25e9)
+
+
+def test_byteps_optimum_spans_allreduce_to_m_over_b():
+    from reports.model import byteps_optimum
+
+    m, b = 44.7e6, 125e6
+    assert byteps_optimum(4, 0, m, b) == pytest.approx(2 * 3 * m / (4 * b))  # an allreduce's bound
+    assert byteps_optimum(4, 4, m, b) == pytest.approx(m / b)  # k = n: M / B, 1.5x faster than ring
+    assert byteps_optimum(8, 8, m, b) == pytest.approx(m / b)
+    assert byteps_optimum(4, 2, m, b) == pytest.approx(2 * 4 * 3 * m / ((16 + 8 - 4) * b))
+    assert byteps_optimum(1, 0, m, b) == 0.0
+
+
+def test_model_takes_strategy_parameters_and_shows_the_optimum():
+    from reports.model import parse_strategy
+
+    assert parse_strategy("parameter_server:servers=4,placement=colocated,partition_mb=0.5") == (
+        "parameter_server", {"servers": 4, "placement": "colocated", "partition_mb": 0.5})
+    assert parse_strategy("reduce_broadcast:tree=false") == ("reduce_broadcast", {"tree": False})
+    specs = ["ring", "parameter_server:servers=4,partition_mb=1", "parameter_server:servers=4,placement=colocated"]
+    df = model_table(None, 44.7e6, workers=4, bandwidth=125e6, step_time=0.5, strategies=specs).set_index("strategy")
+    ring, dedicated, colocated = (df.loc[s] for s in specs)
+    assert dedicated["optimum_s"] == pytest.approx(44.7e6 / 125e6)
+    assert dedicated["optimum_s"] <= dedicated["comm_s"] <= 1.15 * dedicated["optimum_s"]
+    assert dedicated["comm_s"] < 0.75 * ring["comm_s"]
+    assert colocated["comm_s"] == ring["comm_s"] and colocated["optimum_s"] == ring["optimum_s"]
+    assert "optimum s" in format_model_table(df.reset_index())
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("parameter_server:servers=0", r"servers=0 is not accepted"),
+    ("parameter_server:serverz=2", r"unknown parameter\(s\) \['serverz'\].*servers \(default 1\)"),
+    ("parameter_server:servers", r"bad strategy parameter 'servers'.*key=value"),
+])
+def test_model_refuses_bad_strategy_parameters_by_value(spec, match):
+    with pytest.raises(ValueError, match=match):
+        model_table(None, 1e6, workers=4, bandwidth=125e6, step_time=0.5, strategies=[spec])
+
+
+def test_a_setting_that_does_not_fit_the_workers_gets_a_row_saying_why():
+    df = model_table(None, 1e6, workers=4, bandwidth=125e6, step_time=0.5,
+                     strategies=["parameter_server:servers=5,placement=colocated"])
+    assert math.isnan(df["comm_s"][0]) and "needs at least 5 workers" in df["note"][0]
