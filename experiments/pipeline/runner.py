@@ -1,146 +1,97 @@
-"""Run a sweep: one run at a time on Ray actors, each finished run appended to the results store.
+"""Run a sweep on a substrate: one run at a time, each finished run appended to the results store.
 
-Runs that share a world size reuse one worker group (an actor holding torch costs seconds to start), so
-runs are executed grouped by world size, in file order within a group. A failing run records its error
-and the sweep goes on; SIGINT/SIGTERM stop between writes, never inside one.
+The runner is the same for every substrate (experiments/pipeline/substrate.py): Ray actors (the default,
+measured: experiments/pipeline/ray_substrate.py), thread ranks (tests) or SimGrid (`syncbench simulate`:
+experiments/simulate/substrate.py). It refuses before any work a run the substrate cannot apply, resumes only
+into the same sweep, and prints one line per run. A failing run records its error and the sweep goes on;
+SIGINT/SIGTERM stop between writes, never inside one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
-import math
-import os
-import platform
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 
-import strategies
-from experiments.cluster import placement
-from experiments.cluster.group import GroupError, WorkerGroup
-from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
-from experiments.cluster.ray_runtime import ensure_ray, stop_ray
-from experiments.config.sweep import RunSpec, Sweep
-from experiments.pipeline.profiles import install_profile
+from experiments.config.sweep import Sweep
 from experiments.pipeline.store import Store, StoreError
-from experiments.pipeline.summary import summarize
+from experiments.pipeline.substrate import Run
 from experiments.pipeline.train import train
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-              address: str | None = None, log=sys.stderr, train_fn=train, oversubscribe: bool = False) -> pd.DataFrame:
+              address: str | None = None, log=sys.stderr, train_fn=train, oversubscribe: bool = False,
+              substrate=None) -> pd.DataFrame:
     """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
 
-    `train_fn(ctx, spec[, progress])` is what every rank executes (experiments.pipeline.train.train; tests substitute
-    their own; `progress` is passed only when the log is a terminal). Before any actor starts, the runs are
-    checked against the machine (or cluster): experiments.cluster.limits; `oversubscribe` lifts its ranks-per-core
-    limit.
+    `substrate`: where the runs execute (default: Ray actors at `address`, every rank running `train_fn`, with
+    `oversubscribe` lifting the machine's ranks-per-core limit; see experiments/pipeline/ray_substrate.py).
     """
+    if substrate is None:
+        from experiments.pipeline.ray_substrate import RaySubstrate
+
+        substrate = RaySubstrate(address, train_fn, oversubscribe)
+    runs = substrate.runs(sweep)
+    substrate.check(runs)  # everything the substrate cannot apply, before the results directory is touched
     store = Store(out_dir)
+    try:
+        return _run_all(sweep, runs, substrate, store, resume, overwrite, log)
+    finally:
+        store.close()  # this process stops being the directory's writer
+
+
+def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: bool, overwrite: bool,
+             log) -> pd.DataFrame:
     store.start(resume, overwrite)
     if resume and not overwrite:
-        check_same_sweep(store, sweep)
+        check_same_sweep(store, sweep, runs)
     store.write_text("sweep.toml", sweep.source)
-    store.write_text("sweep.resolved.json", resolved(sweep))
+    store.write_text("sweep.resolved.json", resolved(sweep, runs))
     done = store.done() if resume else set()
-    todo = sorted((s for s in sweep.runs if s.run_id not in done), key=lambda s: s.world_size())
-    print(f"sweep {sweep.name!r}: {len(sweep.runs)} runs, {len(sweep.runs) - len(todo)} already done, "
-          f"results in {store.dir}", file=log)
+    todo = substrate.order([run for run in runs if run.run_id not in done])
+    print(f"{substrate.heading} {sweep.name!r}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
+          f"results in {store.dir}", file=log, flush=True)
     if not todo:
         return store.runs()
-
-    # kernel-emulated links need the namespace cluster: refused here, before any work, when there is none
-    address = placement.connect_address([s.network() for s in todo], address)
-    import ray
-
-    embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
-    if embedded:  # this machine's limits, before Ray starts
-        check_capacity(todo, local_capacity(), oversubscribe)
-    # an embedded Ray gets a logical CPU per rank: oversubscribing the cores is allowed, and reported
-    started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in todo)))
-    if not embedded:  # the cluster's limits, before any actor starts
+    with substrate.session(todo, store, log) as execute:
+        previous = _stop_on_signals()
+        started = time.perf_counter()
         try:
-            check_capacity(todo, cluster_capacity(), oversubscribe)
-        except ValueError:
-            if started_ray:
-                stop_ray()
-            raise
-    previous = _stop_on_signals()
-    group: WorkerGroup | None = None
-    measured_profiles: dict = {}  # compute = "profile" without a file: measured once per sweep
-    started = time.perf_counter()
-    try:
-        for spec in todo:  # every kernel-emulated run placeable on the cluster's shaped nodes, or no run starts
-            placement.check(spec.world_size(), spec.network())
-        for i, spec in enumerate(todo, 1):
-            world, cuda = spec.world_size(), spec.device == "cuda"
-            eta = _eta(started, i - 1, len(todo))
-            straggler = (f" straggler=ranks {spec.straggler['ranks']} x{spec.straggler['slowdown']:g}"
-                         if spec.straggler and spec.straggler["ranks"] else "")
-            print(f"[run {i}/{len(todo)}] {spec.strategy} workers={spec.workers} {spec.workload} "
-                  f"link={spec.link_label}{straggler} steps={spec.steps}  (ETA sweep {eta})", file=log, flush=True)
-            try:
-                nodes = placement.bundles(world, spec.network())
-            except placement.NodeLost as e:  # a node lost mid-sweep: this run refused at once, the sweep goes on
-                run_row, _ = summarize(spec, None, str(e), _no_group_meta())
+            for i, run in enumerate(todo, 1):
+                eta = _eta(started, i - 1, len(todo))
+                print(f"[{substrate.verb} {i}/{len(todo)}] {substrate.describe(run)}  (ETA sweep {eta})", file=log,
+                      flush=True)
+                run_row, step_rows = execute(run)
                 with _signals_held():
-                    store.append(run_row, [])
-                print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
-                continue
-            if (group is None or group.broken or group.world_size != world or group.uses_gpu != cuda
-                    or group.node_resources != nodes):
-                if group is not None:
-                    group.shutdown()
-                    group = None
-                try:
-                    group = WorkerGroup(world, num_gpus=_gpus_per_actor(world) if cuda else 0,
-                                        timeout=spec.timeout, node_resources=nodes)
-                except (RuntimeError, ValueError) as e:
-                    run_row, _ = summarize(spec, None, f"worker group did not start: {e}", _no_group_meta())
-                    with _signals_held():
-                        store.append(run_row, [])
-                    print(f"           -> FAILED: {run_row['error'][:300]}", file=log, flush=True)
-                    continue
-            try:
-                install_profile(group, spec, measured_profiles, store)
-            except GroupError as e:
-                print(f"           -> profile measurement failed: {str(e)[:300]}", file=log, flush=True)
-            run_row, step_rows = _run_one(group, spec, train_fn, log)
-            with _signals_held():
-                store.append(run_row, step_rows)
-            status = (f"{run_row['throughput']:.1f} samples/s, step {run_row['step_time_s'] * 1e3:.0f} ms, "
-                      f"comm {run_row['comm_fraction'] * 100:.0f}%" if run_row["status"] == "ok"
-                      else f"FAILED: {run_row['error'][:300]}")
-            print(f"           -> {status}", file=log, flush=True)
-    finally:
-        if group is not None:
-            group.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if started_ray:
-            stop_ray()
+                    store.append(run_row, step_rows)
+                print(f"           -> {substrate.outcome(run_row)}", file=log, flush=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return store.runs()
 
 
-def resolved(sweep: Sweep) -> str:
-    """Every run of the sweep with every setting spelled out (defaults included) and its run id, as JSON."""
-    runs = [{"run_id": spec.run_id, **dataclasses.asdict(spec)} for spec in sweep.runs]
-    return json.dumps({"name": sweep.name, "description": sweep.description, "runs": runs}, indent=1) + "\n"
+def resolved(sweep: Sweep, runs: list[Run] | None = None) -> str:
+    """Every run of the sweep with every setting spelled out (defaults included) and its run id (the substrate's:
+    a simulated run's id also digests its platform), as JSON."""
+    runs = runs if runs is not None else [Run(spec.run_id, spec) for spec in sweep.runs]
+    listed = [{"run_id": run.run_id, **dataclasses.asdict(run.spec)} for run in runs]
+    return json.dumps({"name": sweep.name, "description": sweep.description, "runs": listed}, indent=1) + "\n"
 
 
-def check_same_sweep(store: Store, sweep: Sweep) -> None:
+def check_same_sweep(store: Store, sweep: Sweep, runs: list | None = None) -> None:
     """--resume only into a directory holding this same sweep: StoreError naming the settings that differ.
 
     Merging two sweeps would mix their runs and overwrite the only record of the first one's configuration.
     """
-    new = {spec.run_id: {"sweep": sweep.name, **dataclasses.asdict(spec)} for spec in sweep.runs}
+    runs = runs if runs is not None else [Run(spec.run_id, spec) for spec in sweep.runs]
+    new = {run.run_id: {"sweep": sweep.name, **dataclasses.asdict(run.spec)} for run in runs}
     path = store.dir / "sweep.resolved.json"
     if path.exists():
         try:
@@ -173,78 +124,6 @@ def check_same_sweep(store: Store, sweep: Sweep) -> None:
 def _values(dumped: list[str]) -> str:
     shown = ", ".join(dumped[:4]) + (f", ... ({len(dumped)} values)" if len(dumped) > 4 else "")
     return shown.replace("null", "(not set)")
-
-
-def _run_one(group: WorkerGroup, spec: RunSpec, train_fn, log=None) -> tuple[dict, list[dict]]:
-    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    start = time.perf_counter()
-    try:
-        if log is not None and log.isatty():  # a live step counter for a person watching a terminal
-            results = _with_step_progress(group, spec, train_fn, log)
-        else:  # the communicator timeout bounds every wait
-            results = group.run(train_fn, spec, network=spec.network(), p2p=spec.p2p)
-        error = ""
-    except GroupError as e:
-        results, error = None, str(e)
-    # what carried the strategy's bytes: the sweep's p2p, except for a backend's own allreduce (native, ddp)
-    transport = spec.p2p if spec.p2p != "gloo" and strategies.get(spec.strategy).counted else group.backend
-    meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": transport,
-            "gpu": group.gpu_name or "", "cores": group.cores, "host": group.host or platform.node()}
-    return summarize(spec, results, error, meta)
-
-
-def _with_step_progress(group: WorkerGroup, spec: RunSpec, train_fn, log) -> list:
-    """group.run in a thread while rank 0 reports finished steps through a Ray queue; redraw one line."""
-    from ray.util.queue import Queue
-
-    queue = Queue(actor_options={"num_cpus": 0})
-    outcome: dict = {}
-
-    def call():
-        try:
-            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network(), p2p=spec.p2p)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
-            outcome["error"] = e
-
-    thread = threading.Thread(target=call, daemon=True)
-    start = time.perf_counter()
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.5)
-            step = None
-            while not queue.empty():
-                step = queue.get_nowait()
-            if step:
-                elapsed = time.perf_counter() - start
-                eta = elapsed / step * (spec.steps - step)
-                print(f"\r           step {step}/{spec.steps}, {elapsed:.0f} s, ETA run {eta:.0f} s   ",
-                      end="", file=log, flush=True)
-    except BaseException:
-        group.broken = True  # interrupted: shutdown kills the busy ranks instead of waiting for them
-        raise
-    finally:
-        print("\r" + " " * 60 + "\r", end="", file=log, flush=True)
-        queue.shutdown()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
-
-
-def _no_group_meta() -> dict:
-    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    return {"started_at": now, "duration_s": 0.0, "transport": "", "gpu": "", "cores": os.cpu_count() or 1,
-            "host": platform.node()}
-
-
-def _gpus_per_actor(world: int) -> float:
-    """One GPU each when there are enough, else an equal share of the GPUs there are."""
-    import ray
-
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if gpus < 1:
-        raise RuntimeError("device = 'cuda' but the Ray cluster has no GPU: use device = 'cpu'")
-    return 1.0 if gpus >= world else math.floor(gpus / world * 100) / 100
 
 
 def _eta(started: float, finished: int, total: int) -> str:

@@ -1,4 +1,11 @@
-"""From what every rank recorded to one row per run: the numbers DESIGN.md defines, computed once."""
+"""From what every rank recorded to one row per run: the numbers DESIGN.md defines, computed once for every
+substrate (measured and simulated runs alike; a substrate adds what names it through `meta`).
+
+A run is ok only if it is honest: every worker's loss is finite (when it trains), and every rank's counted
+bytes in every step equal what its strategy's `traffic()` declares for the buckets it synchronized. A strategy
+that moves bytes outside the communicator must say so (`counted = False`); the run is then recorded with
+bytes_counted = false, as bypassing the link the communicator emulates.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,10 @@ from experiments.results.schema import row as schema_row
 
 
 def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:
-    """The run's row (config, status, the numbers DESIGN.md defines) and its step rows."""
+    """The run's row (config, status, the numbers DESIGN.md defines) and its step rows.
+
+    `meta`: what the substrate knows of the run (started_at, duration_s, transport, gpu, cores, host; a
+    substrate other than Ray adds `substrate` and its own columns); it overrides the row's defaults."""
     config = spec.strategy_config()
     servers = config.num_servers(spec.workers)
     network = spec.network()
@@ -47,14 +57,21 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         return schema_row(RUNS, **row), []
 
     steps = pd.DataFrame([r for result in results for r in result["steps"]])
+    finals = [r["final"] for r in results[: spec.workers]]
     worker_loss = steps.loc[steps["role"] == "worker", ["step", "rank", "loss"]]
     bad = worker_loss[~worker_loss["loss"].map(math.isfinite)]
-    if not bad.empty:  # whatever trained (train_fn is replaceable), a non-finite loss is never an ok result
+    if finals[0].get("trained", True) and not bad.empty:  # a non-finite loss is never an ok result
         first = bad.sort_values(["step", "rank"]).iloc[0]
         row["status"] = "failed"
         row["error"] = f"loss is {first['loss']} at step {int(first['step'])} on rank {int(first['rank'])}"
         return schema_row(RUNS, **row), []
-    steps.insert(0, "run_id", spec.run_id)
+    steps.insert(0, "run_id", row["run_id"])
+    numel = int(finals[0]["numel"])
+    traffic = analytic_traffic(config, spec.workers, finals[0].get("bucket_numels") or [numel])
+    mismatch = bytes_mismatch(steps, traffic, spec.strategy) if traffic["counted"] else ""
+    if mismatch:
+        row.update({"status": "failed", "error": mismatch})
+        return schema_row(RUNS, **row), steps.to_dict("records")
     workers = steps[(steps["role"] == "worker") & steps["timed"]].copy()
     servers_df = steps[(steps["role"] == "server") & steps["timed"]]
     # the group's step time is the slowest worker's compute + communication in that step
@@ -62,10 +79,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     slowest = workers.loc[workers.groupby("step")["total_s"].idxmax()]
     samples = workers.groupby("step")["samples"].sum()
     step_time = slowest.set_index("step")["total_s"]
-    finals = [r["final"] for r in results[: spec.workers]]
-    numel = int(finals[0]["numel"])
-    traffic = config.traffic(spec.workers, numel, 4)
-    analytic_workers = traffic.workers()
+    analytic_workers = [sent for role, sent, _ in traffic["ranks"] if role == "worker"]
     row.update({
         "throughput": float(samples.sum() / step_time.sum()),
         "step_time_s": float(step_time.mean()),
@@ -76,10 +90,10 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         "bytes_recv_per_worker": float(workers["bytes_recv"].mean()),
         "bytes_sent_per_server": float(servers_df["bytes_sent"].mean()) if servers else math.nan,
         "bytes_recv_per_server": float(servers_df["bytes_recv"].mean()) if servers else math.nan,
-        "analytic_bytes_sent_per_worker": (sum(r.bytes_sent for r in analytic_workers) / len(analytic_workers)
-                                           if traffic.counted else math.nan),
-        "analytic_rounds": float(traffic.rounds),
-        "analytic_path_bytes": float(traffic.path_bytes),
+        "analytic_bytes_sent_per_worker": (sum(analytic_workers) / len(analytic_workers)
+                                           if traffic["counted"] else math.nan),
+        "analytic_rounds": float(traffic["rounds"]),
+        "analytic_path_bytes": float(traffic["path_bytes"]),
         "numel": numel,
         "model_bytes": numel * 4,
         "final_loss": float(sum(f["loss"] for f in finals) / len(finals)),
@@ -92,6 +106,32 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
         row["spectral_gap"] = float(config.spectral_gap(spec.workers))
     return schema_row(RUNS, **row), steps.to_dict("records")
+
+
+def analytic_traffic(config, workers: int, bucket_numels: list[int]) -> dict:
+    """One step's analytic traffic: the strategy's `traffic()` summed over the buckets it synchronized.
+
+    ranks: per rank (workers, then servers) (role, bytes sent, bytes received); rounds and path_bytes summed;
+    counted: whether the communicator sees these bytes at all."""
+    ranks, rounds, path, counted = None, 0, 0, True
+    for numel in bucket_numels:
+        t = config.traffic(workers, numel, 4)
+        per = [(r.role, r.bytes_sent, r.bytes_recv) for r in t.ranks]
+        ranks = per if ranks is None else [(a[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(ranks, per)]
+        rounds, path, counted = rounds + t.rounds, path + t.path_bytes, counted and t.counted
+    return {"ranks": ranks or [], "rounds": rounds, "path_bytes": path, "counted": counted}
+
+
+def bytes_mismatch(steps: pd.DataFrame, traffic: dict, strategy: str) -> str:
+    """'' when every rank sent and received exactly its declared bytes in every step, else the first miss."""
+    for row in steps.itertuples():
+        _, sent, recv = traffic["ranks"][row.rank]
+        if (row.bytes_sent, row.bytes_recv) != (sent, recv):
+            return (f"rank {row.rank} step {row.step}: measured {row.bytes_sent:,} bytes sent / {row.bytes_recv:,} "
+                    f"received, strategy {strategy!r} declares {sent:,} / {recv:,} in its traffic(): its bytes "
+                    f"moved outside the communicator's counters (declare counted = False) or its traffic() is "
+                    f"wrong")
+    return ""
 
 
 def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:

@@ -1,24 +1,32 @@
-"""One training run on one rank: what every worker (and server) actor executes, top to bottom.
+"""One training run on one rank: the step loop every worker executes, measured or simulated, top to bottom.
 
-Per step on a worker: forward, backward (compute), the strategy's hook (communication), optimizer step.
-- gradients  (ring, halving_doubling, ...): sync the flat gradient buffer (mean), then a local SGD step.
-- parameters (decentralized): a local SGD step, then average the flat parameters with the neighbours.
-- server     (parameter_server): push the flat gradients; the servers reduce them, apply SGD to their
-  shard of the parameters and send parameters back, which the worker copies in.
-Each rank records one row per step; the runner turns them into the run's numbers.
+Per step on a worker: compute (forward, backward), the role's communication, the role's apply. What differs
+between substrates is the clock and what a step computes, both held by the `compute` object: a measured run
+(`train`, below) runs the model (`real`) or replays a profile's timeline (`profile`) on the wall clock; the
+SimGrid substrate replays a timeline on the simulated clock (experiments/simulate/substrate.py) and calls the
+same `run_steps`. What a rank synchronizes is a small piece per role, chosen from the strategy's declared role:
+- GradientAveraging (ring, halving_doubling, ...): sync the flat gradient buffer (mean), then a local SGD step.
+- ParameterAveraging (decentralized): a local SGD step, then average the flat parameters with the neighbours.
+- PushPull (a worker of the parameter server): push the flat gradients; the servers reduce them, apply SGD to
+  their shard of the parameters and send parameters back, which the worker copies in.
+- serve_steps (a server rank): per step, receive every bucket, update its shard, reply.
+`worker_role(config)` and `server_loop(config)` choose the pieces: the seams where an asynchronous server (and
+the worker role that talks to it) attaches. Each rank records one row per step (`_row`: the same columns on every
+substrate); experiments/pipeline/summary.py turns them into the run's numbers.
 
 Buckets and overlap (experiments/pipeline/bucket_sync.py): the buffer is synchronized bucket by bucket
-(`bucket_mb`, DDP's grouping; one flat bucket by default, today's behaviour bit for bit). With `overlap`, a
-communication thread syncs each bucket as soon as autograd has accumulated its last gradient, while backward
-goes on; the optimizer waits for the last bucket. Decentralized averaging works on parameters, which exist
-only after the local step: it averages per bucket after that step and never overlaps (the sweep records
-overlap = false for it). `ddp` wraps the model in torch's DistributedDataParallel, which always overlaps.
+(`bucket_mb`, DDP's grouping; one flat bucket by default, today's behaviour bit for bit). With `overlap`, each
+bucket is synced as soon as its last gradient is ready, while backward goes on (a communication thread when
+measured, inline in simulated time); the optimizer waits for the last bucket. Decentralized averaging works on
+parameters, which exist only after the local step: it averages per bucket after that step and never overlaps
+(the sweep records overlap = false for it). `ddp` wraps the model in torch's DistributedDataParallel, which
+always overlaps: its wait inside backward is counted as exposed communication.
 
-Compute modes: `real` runs the model; `profile` replays a measured timeline (workloads/profile.py: forward,
-each gradient becoming ready, optimizer) through the same autograd hooks while the strategy moves the real
-flat buffers. The gradients hold real values: one real forward/backward per rank at the start of the run,
-re-accumulated by every replayed backward (never recomputed: the timing does not depend on them). The
-parameters do not train in profile mode (the optimizer's time is replayed, not its arithmetic).
+Compute modes of a measured run: `real` runs the model; `profile` replays a measured timeline
+(workloads/profile.py: forward, each gradient becoming ready, optimizer) through the same autograd hooks while
+the strategy moves the real flat buffers. The gradients hold real values: one real forward/backward per rank at
+the start of the run, re-accumulated by every replayed backward (never recomputed: the timing does not depend
+on them). The parameters do not train in profile mode (the optimizer's time is replayed, not its arithmetic).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import torch.nn.functional as F
 
 import strategies
 from experiments.pipeline.bucket_sync import BucketSync
-from strategies.base import GRADIENTS, PARAMETERS, SERVER
+from strategies.base import GRADIENTS, PARAMETERS, ROLES, SERVER
 from workloads.buckets import make_buckets
 from workloads.data import make_dataset
 from workloads.flat import FlatModel
@@ -45,7 +53,7 @@ _INIT_LOCK = threading.Lock()
 
 
 def train(ctx, spec, progress=None) -> dict:
-    """Run `spec` on this rank; returns {"steps": [row, ...], "final": {...}}.
+    """Run `spec` on this rank of a measured run; returns {"steps": [row, ...], "final": {...}}.
 
     `progress`: a queue rank 0 puts each finished step number on (the runner's live display), or None.
     """
@@ -53,6 +61,8 @@ def train(ctx, spec, progress=None) -> dict:
     config.bind(ctx.comm, spec.workers)  # checks the world size before anything is built
     device = torch.device(ctx.device)
     profile = _profile_for(ctx, spec) if spec.compute == "profile" else None
+    if profile is not None and (problem := replay_problem(profile, spec, spec.profile or profile.id)):
+        raise ValueError(problem)  # every rank holds the same profile: every rank stops here, at once
     with _INIT_LOCK:
         torch.manual_seed(spec.seed + ctx.rank)  # the global stream (dropout): reproducible, rank-specific
         model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
@@ -61,8 +71,344 @@ def train(ctx, spec, progress=None) -> dict:
     flat = FlatModel(model) if ctx.comm.world_size > 1 or profile is not None else None
     buckets = make_buckets([p.numel() for p in flat.trainable], spec.bucket_mb) if flat else ()
     if ctx.rank >= spec.workers:
-        return _serve(ctx, spec, config, flat, buckets)
-    return _work(ctx, spec, config, model, flat, buckets, profile, device, progress)
+        return server_loop(config)(ctx.comm, spec, config, buckets, ShardUpdate(spec, flat))
+    compute = MeasuredCompute(ctx, spec, config, model, flat, profile, device)
+    result = run_steps(ctx.comm, spec, config, compute, buckets, progress)
+    ctx.state["params"] = compute.params()  # the last run's parameters, kept on the actor (tests compare them)
+    return result
+
+
+def replay_problem(profile, spec, where: str) -> str:
+    """'' when one replayed step fits in the run's timeout, else why not: a rank computing longer than the
+    timeout leaves its peers waiting past it, and a run alone would go silent for that long."""
+    slowest = float(spec.straggler["slowdown"]) if spec.straggler else 1.0
+    step_s = profile.step_s * slowest
+    if step_s <= spec.timeout:
+        return ""
+    return (f"profile {where}: one replayed step takes {step_s:g} s (forward_s {profile.forward_s:g} + backward_s "
+            f"{profile.backward_s:g} + optimizer_s {profile.optimizer_s:g}"
+            + (f", x{slowest:g} straggler" if slowest > 1 else "")
+            + f"), longer than the run's timeout = {spec.timeout:g} s: no rank may compute longer than the timeout "
+            f"its peers wait; raise timeout or use a profile whose step fits in it")
+
+
+# -- the step loop ------------------------------------------------------------------------------------------
+
+
+def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
+    """The step loop of a worker rank on any substrate; `compute` holds the clock and what a step computes."""
+    clock = compute.clock
+    role = worker_role(config)
+    syncer = None
+    if compute.flat is not None and comm.world_size > 1 and not compute.wraps:
+        syncer = BucketSync(config, comm, spec.workers, role.buffer(compute.flat), buckets,
+                            overlap=spec.overlap and role.overlaps, threaded=compute.threaded, clock=clock)
+        if syncer.overlap:
+            compute.on_ready = syncer.grad_ready  # backward hands each gradient over as it becomes ready
+    rows = []
+    loss_value = math.nan
+    run_start = clock()
+    try:
+        for step in range(spec.steps):
+            comm.reset_counters()
+            step_start = clock()
+            # -- compute: forward, backward (with overlap, buckets sync meanwhile) ------------------------------
+            compute.begin_step()
+            if syncer is not None:
+                syncer.begin_step()
+            loss, samples, exposed_in_backward = compute.forward_backward()  # exposed: comm outlasting backward
+            backward_end = clock() - exposed_in_backward
+            role.before_sync(compute)
+            compute.synchronize()
+            compute.straggle(clock() - step_start - exposed_in_backward)
+            compute_s = clock() - step_start - exposed_in_backward
+            # -- communication: what is left of the buckets' syncs (everything, without overlap) ----------------
+            comm_start = clock()
+            role.sync(syncer)
+            compute.synchronize()
+            comm_s = clock() - comm_start + exposed_in_backward
+            # -- apply ----------------------------------------------------------------------------------------
+            apply_start = clock()
+            role.apply(compute)
+            compute.synchronize()
+            compute_s += clock() - apply_start
+            counters = comm.counters()
+            loss_value = compute.loss_value(loss)
+            if compute.trains and not math.isfinite(loss_value):  # diverged: fail, never record a NaN as ok
+                raise FloatingPointError(f"loss is {loss_value} at step {step} on rank {comm.rank} "
+                                         f"(lr = {spec.lr:g}, momentum = {spec.momentum:g}): the training diverged")
+            busy = syncer.busy_s if syncer is not None else (math.nan if compute.wraps else 0.0)
+            row = _row(spec, step, comm.rank, "worker", compute_s, comm_s, counters, clock() - run_start,
+                       loss=loss_value, samples=samples, backward_end_s=backward_end - step_start, comm_busy_s=busy,
+                       overlap_fraction=_overlap_fraction(busy, comm_s))
+            if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
+                row["consensus_distance"] = compute.consensus_distance(comm)
+            rows.append(row)
+            if progress is not None and comm.rank == 0:  # outside the timed part of the step
+                progress.put_nowait(step + 1)
+    finally:
+        if syncer is not None:
+            syncer.close()
+    numels = [b.numel for b in buckets] if buckets else [compute.numel]
+    final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
+             "trained": compute.trains,
+             "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
+    return {"steps": rows, "final": final}
+
+
+def _row(spec, step: int, rank: int, role: str, compute_s: float, comm_s: float, counters, wall_s: float,
+         loss: float = math.nan, samples: int = 0, backward_end_s: float = math.nan,
+         comm_busy_s: float = math.nan, overlap_fraction: float = math.nan) -> dict:
+    """One rank's step: the same columns for workers and servers, measured or simulated."""
+    return {"step": step, "rank": rank, "role": role, "timed": step >= spec.warmup_steps,
+            "compute_s": float(compute_s), "comm_s": float(comm_s), "bytes_sent": int(counters.bytes_sent),
+            "bytes_recv": int(counters.bytes_recv), "loss": float(loss), "samples": int(samples),
+            "consensus_distance": math.nan, "wall_s": float(wall_s), "backward_end_s": float(backward_end_s),
+            "exposed_comm_s": float(comm_s), "comm_busy_s": float(comm_busy_s),
+            "overlap_fraction": float(overlap_fraction)}
+
+
+def _overlap_fraction(busy_s: float, exposed_s: float) -> float:
+    """The share of communication time hidden behind computation: 1 - exposed / busy (NaN: nothing moved or
+    the backend hides it)."""
+    if not busy_s > 0:
+        return math.nan
+    return min(1.0, max(0.0, 1.0 - exposed_s / busy_s))
+
+
+# -- the roles: what a worker synchronizes, and when ---------------------------------------------------------
+
+
+class GradientAveraging:
+    """Allreduce family: average the flat gradients (bucket by bucket, overlapped if asked), then a local step."""
+
+    overlaps = True
+
+    def buffer(self, flat) -> torch.Tensor:
+        return flat.grads
+
+    def before_sync(self, compute) -> None:
+        """After backward, before the communication."""
+
+    def sync(self, syncer) -> None:
+        if syncer is not None:  # None: nothing to agree on (one rank), or the backend synced inside backward (ddp)
+            syncer.finish()
+
+    def apply(self, compute) -> None:
+        compute.optimizer_step()
+
+
+class ParameterAveraging(GradientAveraging):
+    """Decentralized: a local step first, then average the parameters with the neighbours (never overlapped:
+    the parameters exist only after the step)."""
+
+    overlaps = False
+
+    def buffer(self, flat) -> torch.Tensor:
+        return flat.params
+
+    def before_sync(self, compute) -> None:
+        compute.optimizer_step()
+
+    def apply(self, compute) -> None:
+        """The averaged parameters are the result."""
+
+
+class PushPull(GradientAveraging):
+    """A worker of the parameter server: push the gradients; the servers step and reply with parameters, which
+    arrive in the gradient buffer and are copied in (the worker runs no optimizer)."""
+
+    def apply(self, compute) -> None:
+        compute.take_parameters()
+
+
+def serve_steps(comm, spec, config, buckets, update) -> dict:
+    """A parameter server rank: per step, serve the buckets in bucket order as the workers push them (per
+    bucket, as BytePS does); `update(bucket, reduced, where)` steps this server's shard and returns the
+    parameters to send back, timing itself on `update.clock` (its time is the server's compute)."""
+    clock = update.clock
+    runtimes = [config.bind(comm, spec.workers) for _ in buckets]
+    rows = []
+    run_start = clock()
+    for step in range(spec.steps):
+        comm.reset_counters()
+        start, update.busy_s = clock(), 0.0
+        for bucket in buckets:
+            runtimes[bucket.index].serve(bucket.numel, update.dtype, "mean",
+                                         lambda reduced, where, bucket=bucket: update(bucket, reduced, where),
+                                         device=update.device)
+        total = clock() - start
+        rows.append(_row(spec, step, comm.rank, "server", update.busy_s, total - update.busy_s, comm.counters(),
+                         clock() - run_start, comm_busy_s=total))
+    return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
+                                     "consensus_distance": math.nan, "buckets": len(buckets),
+                                     "bucket_numels": [b.numel for b in buckets], "trained": False}}
+
+
+WORKER_ROLES = {GRADIENTS: GradientAveraging, PARAMETERS: ParameterAveraging, SERVER: PushPull}
+
+
+def worker_role(config):
+    """The worker's piece for the strategy's declared role."""
+    if config.role not in WORKER_ROLES:
+        raise ValueError(f"strategy {config.name!r} declares role {config.role!r}: accepted are "
+                         f"{', '.join(ROLES)}")
+    return WORKER_ROLES[config.role]()
+
+
+def server_loop(config):
+    """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, which
+    serves update and summation servers alike (a summation server ignores `update`). An asynchronous server
+    (staleness > 0, backups) attaches here, beside a worker role that pushes and pulls without a barrier."""
+    return serve_steps
+
+
+# -- measured compute: the model, or a profile's timeline, on the wall clock ----------------------------------
+
+
+class MeasuredCompute:
+    """What a measured worker computes per step: the model (`real`) or a replayed profile (`profile`), on the
+    wall clock; with ddp the wrapped model also synchronizes the gradients inside backward."""
+
+    clock = staticmethod(time.perf_counter)
+    threaded = True  # overlap syncs buckets from a communication thread
+    trains = True  # the loss is real: a non-finite one fails the run
+
+    def __init__(self, ctx, spec, config, model, flat, profile, device):
+        self.spec, self.model, self.flat, self.profile, self.device = spec, model, flat, profile, device
+        self.data = make_dataset(spec.dataset, batch_size=spec.batch_size, image_size=spec.image_size,
+                                 num_classes=spec.num_classes, rank=ctx.rank, world_size=spec.workers,
+                                 seed=spec.seed, device=device)
+        self.slowdown = straggler_slowdown(spec, ctx.rank)
+        self.net, self.replay, self.start_loss = model, None, math.nan
+        if profile is not None:  # the timeline replaces the model's arithmetic; gradients from one real pass
+            self.start_loss = _real_gradients(model, flat, self.data)
+            self.replay = self.net = ReplayModel(profile, flat.trainable, [g.clone() for g in flat.grad_views],
+                                                 self.slowdown)
+        self.wraps = config.wraps_model and ctx.comm.world_size > 1
+        if self.wraps:  # ddp: torch's DistributedDataParallel averages gradients inside backward, bucket by bucket
+            self.net = config.wrap(self.net, spec.bucket_mb, device)
+        self._optimizer = None  # made on first use: a parameter server's worker never steps
+        self.on_ready = None  # called with i as parameter i's gradient is accumulated (bucket readiness)
+        self.last_ready = math.nan
+        if flat is not None:  # autograd's post-accumulate-grad hooks: backward's end, and bucket readiness
+            for i, p in enumerate(flat.trainable):
+                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._ready(i))
+        model.train()
+
+    @property
+    def numel(self) -> int:
+        return self.flat.numel if self.flat is not None else sum(p.numel() for p in self.model.parameters())
+
+    def _ready(self, i: int) -> None:
+        self.last_ready = time.perf_counter()
+        if self.on_ready is not None:
+            self.on_ready(i)
+
+    def optimizer(self):
+        if self._optimizer is None:
+            params = [_as_one_parameter(self.flat)] if self.flat is not None else self.model.parameters()
+            self._optimizer = _optimizer(self.spec, params)
+        return self._optimizer
+
+    def begin_step(self) -> None:
+        if self.replay is not None:
+            self.replay.begin_step()  # the replayed forward ends forward_s after this, zeroing included
+        if self.flat is not None:
+            self.flat.zero_grad()
+        else:
+            self.optimizer().zero_grad()
+
+    def forward_backward(self) -> tuple[object, int, float]:
+        """(loss, samples, seconds of communication that outlasted backward: ddp's last allreduce)."""
+        if self.replay is not None:
+            loss, samples = self.net(None), self.spec.batch_size
+        else:
+            x, y = self.data.next_batch()
+            loss, samples = F.cross_entropy(self.net(x), y), int(y.shape[0])
+        loss.backward()
+        if self.replay is not None:
+            self.replay.finish_backward()
+        self.synchronize()
+        if not self.wraps:
+            return loss, samples, 0.0
+        done = self.last_ready  # DDP waited for its last allreduce inside backward(): exposed communication
+        if self.replay is not None:
+            done = max(done, self.replay.clock.backward_start + self.profile.backward_s * self.replay.scale)
+        return loss, samples, max(0.0, time.perf_counter() - done)
+
+    def optimizer_step(self) -> None:
+        if self.replay is not None:
+            self.replay.optimizer_step()
+        else:
+            self.optimizer().step()
+
+    def take_parameters(self) -> None:
+        self.flat.params.copy_(self.flat.grads)
+
+    def straggle(self, compute_s: float) -> None:
+        """A straggler in real mode: stretch this step's compute by the slowdown (the replay stretches itself)."""
+        if self.slowdown > 1 and self.replay is None:
+            time.sleep((self.slowdown - 1) * compute_s)  # a sleep leaves the shared cores to the other ranks
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def loss_value(self, loss) -> float:
+        return float(loss.detach()) if self.replay is None else self.start_loss
+
+    def consensus_distance(self, comm) -> float:
+        return _consensus(comm, self.flat.params) if self.flat is not None else 0.0
+
+    def params(self) -> torch.Tensor:
+        if self.flat is not None:
+            return self.flat.params
+        return torch.nn.utils.parameters_to_vector(self.model.parameters()).detach()
+
+    def final(self) -> dict:
+        profile = self.profile
+        final = {"param_norm": float(self.params().norm()), "profile_id": profile.id if profile else "",
+                 "profile_device": profile.device_name if profile else "",
+                 "profile_step_s": profile.step_s if profile else math.nan}
+        if hasattr(self.data, "eval_batches"):
+            final["accuracy"] = _accuracy(self.model, self.data)
+        return final
+
+
+class ShardUpdate:
+    """A measured server's update: owns a shard of every bucket's parameters and their optimizer state."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, spec, flat):
+        self.spec, self.flat = spec, flat
+        self.dtype, self.device, self.numel = flat.params.dtype, flat.params.device, flat.numel
+        self.shards: dict[tuple[int, int], tuple] = {}
+        self.busy_s = 0.0
+
+    def __call__(self, bucket, reduced: torch.Tensor, where: slice) -> torch.Tensor:
+        start = time.perf_counter()
+        key = (bucket.index, where.start)
+        if key not in self.shards:  # first step: take this shard of the (seeded, identical) initial parameters
+            lo = bucket.lo + where.start
+            param = torch.nn.Parameter(self.flat.params[lo:lo + where.stop - where.start].detach().clone())
+            self.shards[key] = (param, _optimizer(self.spec, [param]))
+        param, optimizer = self.shards[key]
+        param.grad = reduced
+        optimizer.step()
+        self.busy_s += time.perf_counter() - start
+        return param.data
+
+
+def straggler_slowdown(spec, rank: int) -> float:
+    """How much slower this rank computes (1.0: not a straggler)."""
+    if spec.straggler and rank in spec.straggler["ranks"]:
+        return float(spec.straggler["slowdown"])
+    return 1.0
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
 
 
 def profile_key(spec, device: str) -> tuple:
@@ -102,123 +448,6 @@ def _as_one_parameter(flat) -> torch.nn.Parameter:
     return param
 
 
-def _work(ctx, spec, config, model, flat, buckets, profile, device, progress) -> dict:
-    data = make_dataset(spec.dataset, batch_size=spec.batch_size, image_size=spec.image_size,
-                        num_classes=spec.num_classes, rank=ctx.rank, world_size=spec.workers, seed=spec.seed,
-                        device=device)
-    slowdown = _slowdown(spec, ctx.rank)
-    comm = ctx.comm
-    net, replay = model, None
-    if profile is not None:  # the timeline replaces the model's arithmetic; gradients from one real pass
-        start_loss = _real_gradients(model, flat, data)
-        replay = net = ReplayModel(profile, flat.trainable, [g.clone() for g in flat.grad_views], slowdown)
-    wraps = config.wraps_model and comm.world_size > 1
-    if wraps:  # ddp: torch's DistributedDataParallel averages gradients inside backward, bucket by bucket
-        net = config.wrap(net, spec.bucket_mb, device)
-    optimizer = None
-    if config.role != SERVER:
-        optimizer = _optimizer(spec, [_as_one_parameter(flat)] if flat else model.parameters())
-    syncer = None
-    if flat is not None and comm.world_size > 1 and not wraps:
-        buffer = flat.params if config.role == PARAMETERS else flat.grads
-        syncer = BucketSync(config, comm, spec.workers, buffer, buckets,
-                            overlap=spec.overlap and config.role != PARAMETERS)
-    last_ready = [math.nan]
-    if flat is not None:  # autograd's post-accumulate-grad hooks: backward's end, and bucket readiness
-
-        def ready(i):
-            last_ready[0] = time.perf_counter()
-            if syncer is not None and syncer.overlap:
-                syncer.grad_ready(i)
-
-        for i, p in enumerate(flat.trainable):
-            p.register_post_accumulate_grad_hook(lambda _p, i=i: ready(i))
-    rows = []
-    loss_value = math.nan
-    model.train()
-    run_start = time.perf_counter()
-    try:
-        for step in range(spec.steps):
-            comm.reset_counters()
-            step_start = time.perf_counter()
-            if replay is not None:
-                replay.begin_step()  # the replayed forward ends forward_s after this, zeroing included
-            # -- compute: forward, backward (with overlap, buckets sync meanwhile) -------------------------
-            if flat is not None:
-                flat.zero_grad()
-            else:
-                optimizer.zero_grad()
-            if syncer is not None:
-                syncer.begin_step()
-            if replay is not None:
-                loss, samples = net(None), spec.batch_size
-            else:
-                x, y = data.next_batch()
-                loss, samples = F.cross_entropy(net(x), y), int(y.shape[0])
-            loss.backward()
-            if replay is not None:
-                replay.finish_backward()
-            _synchronize(device)
-            backward_end = time.perf_counter()
-            exposed_in_backward = 0.0
-            if wraps:  # DDP waited for its last allreduce inside backward(): that wait is exposed communication
-                done = max(last_ready[0], replay.clock.backward_start + profile.backward_s * replay.scale
-                           if replay is not None else last_ready[0])
-                exposed_in_backward = max(0.0, backward_end - done)
-                backward_end -= exposed_in_backward
-            if config.role == PARAMETERS:  # decentralized: the local step comes before averaging
-                _optimizer_step(optimizer, replay)
-            _synchronize(device)
-            compute_s = time.perf_counter() - step_start - exposed_in_backward
-            if slowdown > 1 and replay is None:  # a straggler: stretch this step's compute by the slowdown
-                time.sleep((slowdown - 1) * compute_s)  # a sleep leaves the shared cores to the other ranks
-                compute_s = time.perf_counter() - step_start - exposed_in_backward
-            # -- communication: what is left of the buckets' syncs (everything, without overlap) ------------
-            comm_start = time.perf_counter()
-            if syncer is not None:
-                syncer.finish()
-            _synchronize(device)
-            comm_s = time.perf_counter() - comm_start + exposed_in_backward
-            # -- apply --------------------------------------------------------------------------------------
-            apply_start = time.perf_counter()
-            if config.role == GRADIENTS:
-                _optimizer_step(optimizer, replay)
-            elif config.role == SERVER:
-                flat.params.copy_(flat.grads)
-            _synchronize(device)
-            compute_s += time.perf_counter() - apply_start
-            counters = comm.counters()
-            loss_value = float(loss.detach()) if replay is None else start_loss
-            if not math.isfinite(loss_value):  # the run has diverged: fail it, never record a NaN result as ok
-                raise FloatingPointError(f"loss is {loss_value} at step {step} on rank {ctx.rank} "
-                                         f"(lr = {spec.lr:g}, momentum = {spec.momentum:g}): the training diverged")
-            busy = syncer.busy_s if syncer is not None else (math.nan if wraps else 0.0)
-            row = {"step": step, "rank": ctx.rank, "role": "worker", "timed": step >= spec.warmup_steps,
-                   "compute_s": compute_s, "comm_s": comm_s, "bytes_sent": counters.bytes_sent,
-                   "bytes_recv": counters.bytes_recv, "loss": loss_value, "samples": samples,
-                   "consensus_distance": math.nan, "wall_s": time.perf_counter() - run_start,
-                   "backward_end_s": backward_end - step_start, "exposed_comm_s": comm_s, "comm_busy_s": busy,
-                   "overlap_fraction": _overlap_fraction(busy, comm_s)}
-            if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
-                row["consensus_distance"] = _consensus(comm, flat.params) if flat else 0.0
-            rows.append(row)
-            if progress is not None and ctx.rank == 0:  # outside the timed part of the step
-                progress.put_nowait(step + 1)
-    finally:
-        if syncer is not None:
-            syncer.close()
-    params = flat.params if flat else torch.nn.utils.parameters_to_vector(model.parameters()).detach()
-    ctx.state["params"] = params  # the last run's parameters, kept on the actor (tests compare them)
-    final = {"loss": loss_value, "param_norm": float(params.norm()), "numel": params.numel(),
-             "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan,
-             "buckets": len(buckets) if buckets else 1, "profile_id": profile.id if profile else "",
-             "profile_device": profile.device_name if profile else "",
-             "profile_step_s": profile.step_s if profile else math.nan}
-    if hasattr(data, "eval_batches"):
-        final["accuracy"] = _accuracy(model, data)
-    return {"steps": rows, "final": final}
-
-
 def _real_gradients(model, flat, data) -> float:
     """One real forward and backward on this rank's batch: the gradients profile mode moves. Returns the loss."""
     x, y = data.next_batch()
@@ -226,68 +455,6 @@ def _real_gradients(model, flat, data) -> float:
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     return float(loss.detach())
-
-
-def _optimizer_step(optimizer, replay) -> None:
-    if replay is not None:
-        replay.optimizer_step()
-    else:
-        optimizer.step()
-
-
-def _overlap_fraction(busy_s: float, exposed_s: float) -> float:
-    """The share of communication time hidden behind computation: 1 - exposed / busy (NaN: nothing moved or
-    the backend hides it)."""
-    if not busy_s > 0:
-        return math.nan
-    return min(1.0, max(0.0, 1.0 - exposed_s / busy_s))
-
-
-def _serve(ctx, spec, config, flat, buckets) -> dict:
-    """A parameter server: owns a shard of every bucket's parameters and their optimizer state; serves the
-    buckets in bucket order, as the workers push them (per bucket, as BytePS does)."""
-    runtimes = [config.bind(ctx.comm, spec.workers) for _ in buckets]
-    shards: dict[tuple[int, int], tuple] = {}
-
-    def updater(bucket):
-        def update(reduced: torch.Tensor, where: slice) -> torch.Tensor:
-            key = (bucket.index, where.start)
-            if key not in shards:  # first step: take this shard of the (seeded, identical) initial parameters
-                param = torch.nn.Parameter(flat.params[bucket.lo + where.start:bucket.lo + where.stop].detach().clone())
-                shards[key] = (param, _optimizer(spec, [param]))
-            param, optimizer = shards[key]
-            param.grad = reduced
-            optimizer.step()
-            return param.data
-        return update
-
-    updates = [updater(bucket) for bucket in buckets]
-    rows = []
-    comm = ctx.comm
-    run_start = time.perf_counter()
-    for step in range(spec.steps):
-        comm.reset_counters()
-        start = time.perf_counter()
-        for bucket in buckets:
-            runtimes[bucket.index].serve(bucket.numel, flat.params.dtype, "mean", updates[bucket.index],
-                                         device=flat.params.device)
-        counters = comm.counters()
-        comm_s = time.perf_counter() - start
-        rows.append({"step": step, "rank": ctx.rank, "role": "server", "timed": step >= spec.warmup_steps,
-                     "compute_s": 0.0, "comm_s": comm_s, "bytes_sent": counters.bytes_sent,
-                     "bytes_recv": counters.bytes_recv, "loss": math.nan, "samples": 0,
-                     "consensus_distance": math.nan, "wall_s": time.perf_counter() - run_start,
-                     "backward_end_s": math.nan, "exposed_comm_s": comm_s, "comm_busy_s": comm_s,
-                     "overlap_fraction": math.nan})
-    return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": flat.numel,
-                                     "consensus_distance": math.nan, "buckets": len(buckets),
-                                     "profile_id": "", "profile_device": "", "profile_step_s": math.nan}}
-
-
-def _slowdown(spec, rank: int) -> float:
-    if spec.straggler and rank in spec.straggler["ranks"]:
-        return float(spec.straggler["slowdown"])
-    return 1.0
 
 
 def _consensus(comm, params: torch.Tensor) -> float:
@@ -307,8 +474,3 @@ def _accuracy(model, data) -> float:
         total += int(y.numel())
     model.train()
     return correct / max(total, 1)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -15,7 +15,7 @@ from pathlib import Path
 import strategies
 from experiments.config.sweep import RunSpec
 from experiments.simulate.platform import Platform
-from experiments.simulate.run import Compute, SimSpec, simulate_in_child
+from experiments.simulate.substrate import SimSpec, Timeline, simulate_in_child
 
 PROFILE = Path(__file__).resolve().parents[1] / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
 DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("decentralized", {}), ("ring", {}),
@@ -29,7 +29,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
     from workloads.profile import load_profile
 
     profile = load_profile(PROFILE)
-    compute = Compute.from_profile(profile)
+    timeline = Timeline.from_profile(profile)
     chosen = DEFAULT if names is None else [(n, {"servers": 8} if n == "parameter_server" else {}) for n in names]
     rows = []
     for n in workers:
@@ -38,8 +38,8 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
             spec = RunSpec(sweep="bench", workload=profile.model, image_size=profile.image_size,
                            num_classes=profile.num_classes, batch_size=profile.batch_size, steps=1, warmup_steps=0,
                            strategy=name, workers=n, link=LINK, strategy_params=params)
-            sim = SimSpec(Platform.parse({**LINK, "network_model": network_model}), compute)
-            traffic = config.traffic(n, compute.numel, 4)
+            sim = SimSpec(Platform.parse({**LINK, "network_model": network_model}), timeline)
+            traffic = config.traffic(n, timeline.numel, 4)
             messages = sum(r.msgs_sent for r in traffic.ranks)
             print(f"[bench] {name} ranks={config.world_size(n)} messages={messages:,} ...", file=log, flush=True)
             start = time.perf_counter()

@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from experiments.simulate.pipeline import format_runs, run_simulations
+    from experiments.pipeline.store import default_dir
+    from experiments.simulate.substrate import load, simulate_sweep
     from strategies.transport.simgrid import simgrid_available
 
     missing = simgrid_available()
@@ -39,7 +40,29 @@ def run(args) -> int:
         return 0
     if not args.sweep:
         raise ValueError("syncbench simulate needs a sweep file (or --bench)")
-    runs, out = run_simulations(args.sweep, args.out, resume=args.resume, overwrite=args.overwrite)
+    out = args.out
+    if out is None:  # the sweep file's name never chooses a path outside results/
+        out, note = default_dir(load(args.sweep)[0].name)
+        if note:
+            print(f"syncbench simulate: {note}", file=sys.stderr)
+    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite)
     print(format_runs(runs))
     print(f"results: {out}")
     return 1 if (runs["status"] != "ok").any() else 0
+
+
+def format_runs(runs) -> str:
+    """The plain table `syncbench simulate` prints: simulated beside the alpha-beta model."""
+    import pandas as pd
+
+    if runs.empty:
+        return ""
+    table = runs[["strategy", "workers", "sim_platform", "sim_network_model", "overlap", "status", "step_time_s",
+                  "compute_s", "comm_s", "model_comm_s", "bytes_sent_per_worker", "sim_wall_s"]].copy()
+    table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
+    table = table.rename(columns={"sim_platform": "platform", "sim_network_model": "model", "step_time_s": "step s",
+                                  "compute_s": "compute s", "comm_s": "comm s", "model_comm_s": "alpha-beta s",
+                                  "bytes_sent_per_worker": "MB sent/worker", "sim_wall_s": "wall s"})
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60,
+                           "display.float_format", "{:.3f}".format):
+        return table.to_string(index=False)

@@ -10,10 +10,10 @@ import time
 import tomllib
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
+from experiments.results.dataset import read_runs, read_steps
 from tests.helpers import resources_back, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +66,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
                                                                                    tmp_path, strategy):
     import psutil  # vendored by Ray
 
+    import experiments.pipeline.ray_substrate as ray_substrate
     import experiments.pipeline.runner as runner
     from experiments.config.sweep import parse
 
@@ -74,7 +75,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
     text = KILL_SWEEP.format(timeout=TIMEOUT_S, strategy=strategy, long=LONG)
     sweep = parse(tomllib.loads(text), source=text)
     record: dict = {}
-    run_one = runner._run_one
+    run_one = ray_substrate._run_one
 
     def run_one_killing_rank_1(group, spec, *args):
         if spec.steps == LONG:
@@ -84,7 +85,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
             record["ended_at"] = time.monotonic()
         return result
 
-    monkeypatch.setattr(runner, "_run_one", run_one_killing_rank_1)
+    monkeypatch.setattr(ray_substrate, "_run_one", run_one_killing_rank_1)
     runs = runner.run_sweep(sweep, tmp_path, log=sys.stdout).set_index("steps")
 
     killed, after = runs.loc[LONG], runs.loc[3]
@@ -100,7 +101,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
                      and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert wait_until(lambda: not alive()), f"actors of the killed run still running: {alive()}"
     assert wait_until(lambda: resources_back(ray, before)), f"resources not returned: {ray.available_resources()}"
-    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    steps = read_steps(tmp_path)
     assert set(steps["run_id"]) == {after["run_id"]}  # the failed run left no steps behind
 
 
@@ -149,7 +150,7 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     assert proc.returncode == 130, output
     assert took < 8, f"the sweep took {took:.1f} s to stop"  # the run in flight is abandoned, not waited for
     assert "interrupted" in output, output
-    runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
+    runs, steps = read_runs(out), read_steps(out)
     assert list(runs["steps"]) == [3] and list(runs["status"]) == ["ok"], runs[["steps", "status"]]
     assert len(steps) == 3 * 2 and set(steps["run_id"]) == set(runs["run_id"])
     assert not list(out.glob("*.tmp")), "a half-written file was left behind"
@@ -159,7 +160,7 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
                              cwd=REPO, capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "3 runs, 1 already done" in resumed.stderr, resumed.stderr
-    runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
+    runs, steps = read_runs(out), read_steps(out)
     assert sorted(runs["steps"]) == [3, 4, 500] and set(runs["status"]) == {"ok"}
     assert runs["run_id"].is_unique
     assert runs.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]  # not run again
@@ -198,7 +199,7 @@ def test_a_signal_during_a_store_write_stops_the_sweep_after_the_write(tmp_path,
 
 def _run_count(out: Path) -> int:
     try:
-        return len(pd.read_parquet(out / "runs.parquet"))
+        return len(read_runs(out))
     except (OSError, ValueError):  # not there yet
         return 0
 

@@ -18,34 +18,46 @@ import torch
 import strategies
 from experiments.cluster.netns import _alive
 from experiments.config.sweep import RunSpec
-from experiments.simulate.pipeline import load, run_simulations, summarize_simulated
+from experiments.pipeline.substrate import Run
+from experiments.results.dataset import read_steps
 from experiments.simulate.platform import Platform
-from experiments.simulate.run import Compute, SimSpec, check_simulable, run_in_child, simulate_in_child
+from experiments.simulate.substrate import (
+    SimGridSubstrate,
+    SimSpec,
+    Timeline,
+    load,
+    run_in_child,
+    simulate_in_child,
+    simulate_sweep,
+    summarize_simulated,
+)
 from strategies.transport.link import Network
 from strategies.transport.simgrid import run_simgrid, simgrid_available
 from strategies.transport.threads import run_threads
 
 pytestmark = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
 
-SIMULABLE = [n for n in strategies.names() if n not in ("native", "ddp")]
+# what the simulator accepts, by capability: bytes the communicator counts, no model wrapper
+SIMULABLE = [n for n in strategies.names() if strategies.get(n).counted and not strategies.get(n).wraps_model]
 PARAMS = {"parameter_server": {"servers": 2}}
 
 
-def _sync_only(numel: int) -> Compute:
+def _sync_only(numel: int) -> Timeline:
     """No compute at all: the step is one sync of `numel` float32 elements in one bucket."""
-    return Compute(0.0, 0.0, 0.0, (numel,), (0.0,), "none")
+    return Timeline(0.0, 0.0, 0.0, (numel,), (0.0,), "none")
 
 
 def _simulate(strategy: str, workers: int, numel: int, platform: Platform, params: dict | None = None,
-              bucket_mb=None, overlap=False, compute: Compute | None = None, steps: int = 1) -> tuple[dict, list]:
+              bucket_mb=None, overlap=False, compute: Timeline | None = None, steps: int = 1,
+              **settings) -> tuple[dict, list]:
     spec = RunSpec(sweep="test", strategy=strategy, workers=workers, steps=steps, warmup_steps=0,
                    link={"bandwidth": f"{platform.bandwidth * 8 / 1e9:g}Gbit",
                          "latency": f"{platform.latency * 1e6:g}us"},
-                   strategy_params=params if params is not None else PARAMS.get(strategy, {}))
-    sim = SimSpec(platform, compute or _sync_only(numel), bucket_mb, overlap)
-    results, error, wall = simulate_in_child(spec, sim)
+                   strategy_params=params if params is not None else PARAMS.get(strategy, {}), **settings)
+    (run,) = SimGridSubstrate([(spec, SimSpec(platform, compute or _sync_only(numel), bucket_mb, overlap))]).runs()
+    results, error, wall = simulate_in_child(run.spec, run.settings)
     assert not error, error
-    row, steps_rows = summarize_simulated(spec, sim, results, error, wall, "now")
+    row, steps_rows = summarize_simulated(run.spec, run.settings, results, error, wall, "now", run.run_id)
     assert row["status"] == "ok", row["error"]
     return row, steps_rows
 
@@ -145,7 +157,7 @@ def test_oversubscribed_fat_tree_slows_all_to_all_and_parameter_server_more_than
 def test_simulation_is_deterministic():
     platform = Platform.parse({"bandwidth": "1Gbit", "latency": "50us", "topology": "fat_tree", "hosts_per_leaf": 2,
                                "oversubscription": 2})
-    compute = Compute.fixed(0.01, 0.02, 0.005, (1000, 200_000, 3000, 50_000))
+    compute = Timeline.fixed(0.01, 0.02, 0.005, (1000, 200_000, 3000, 50_000))
     first = _simulate("parameter_server", 6, 0, platform, {"servers": 2}, bucket_mb=0.1, overlap=True,
                       compute=compute, steps=2)
     second = _simulate("parameter_server", 6, 0, platform, {"servers": 2}, bucket_mb=0.1, overlap=True,
@@ -159,7 +171,7 @@ def test_every_strategy_runs_unchanged_with_exact_bytes(strategy):
     """Buckets, overlap, nodes of 4 GPUs, uneven sizes: bytes per rank equal the analytic traffic (the summary
     fails the run otherwise) and overlap never makes the step longer."""
     platform = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "topology": "nodes", "gpus_per_node": 4})
-    compute = Compute.fixed(0.002, 0.004, 0.001, (4097, 1, 300_001, 77, 90_000))
+    compute = Timeline.fixed(0.002, 0.004, 0.001, (4097, 1, 300_001, 77, 90_000))
     plain, _ = _simulate(strategy, 6, 0, platform, bucket_mb=0.5, compute=compute)
     overlapped, rows = _simulate(strategy, 6, 0, platform, bucket_mb=0.5, overlap=True, compute=compute)
     assert plain["bytes_sent_per_worker"] > 0
@@ -194,8 +206,12 @@ def test_real_payloads_give_the_reference_result(strategy):
 
 
 def test_native_and_a_deadlock_are_refused_with_clear_errors():
-    with pytest.raises(ValueError, match="'native' cannot be simulated.*inside the backend"):
-        check_simulable("native")
+    """By capability, never by name: a strategy declaring counted = False (native) or wrapping the model (ddp)."""
+    substrate = SimGridSubstrate([])
+    for name, fragment in (("native", "declares counted = False"), ("ddp", "wraps the model")):
+        spec = RunSpec(strategy=name, workers=2, link={"bandwidth": "1Gbit"})
+        with pytest.raises(ValueError, match=f"simgrid substrate cannot run this sweep.*{fragment}"):
+            substrate.check([Run(spec.run_id, spec)])
 
     def lonely(comm):
         if comm.rank == 0:
@@ -226,12 +242,13 @@ forward_s = 0.01
 backward_s = 0.02
 optimizer_s = 0.001
 """)
-    runs, out = run_simulations(sweep, tmp_path / "out", log=open("/dev/null", "w"))
+    out = tmp_path / "out"
+    runs = simulate_sweep(sweep, out, log=open("/dev/null", "w"))
     assert len(runs) == 4 and (runs["status"] == "ok").all(), runs["error"].tolist()
     assert set(runs["substrate"]) == {"simgrid"} and set(runs["sim_network_model"]) == {"tcp"}
     assert set(runs["sim_topology"]) == {"star", "fat_tree"}
     assert (runs["bytes_sent_per_worker"] == runs["analytic_bytes_sent_per_worker"]).all()
-    assert (out / "steps.parquet").exists()
+    assert not read_steps(out).empty
     # the default TCP model is slower than the alpha-beta model: 97% goodput, latency x 13.01
     star = runs[runs["sim_topology"] == "star"]
     assert (star["comm_s"] > star["model_comm_s"]).all()
@@ -250,7 +267,7 @@ def test_simulate_table_errors_name_the_value(tmp_path):
     with pytest.raises(ValueError, match="needs a compute timeline.*missing backward_s, optimizer_s"):
         load(sweep)
     sweep.write_text(base.replace('"ring"', '"native"') + '[simulate]\nforward_s = 0\n')
-    with pytest.raises(ValueError, match="'native' cannot be simulated"):
+    with pytest.raises(ValueError, match="'native' declares counted = False"):
         load(sweep)
     assert math.isfinite(Platform.parse({"bandwidth": "25Gbit", "latency": "5us"}).bandwidth)
 
@@ -303,7 +320,7 @@ def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
 
     pid_file = tmp_path / "child.pid"
     script = (f"import os, time\n"
-              f"from experiments.simulate.run import run_in_child\n"
+              f"from experiments.simulate.substrate import run_in_child\n"
               f"def call():\n"
               f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
               f"    time.sleep(120)\n"

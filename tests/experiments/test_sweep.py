@@ -55,7 +55,7 @@ def test_shipped_sweeps_parse():
     assert {f.stem for f in files} >= {"quick", "bandwidth", "scaling", "convergence", "stragglers"}
     for f in files:
         if "\n[simulate]" in f.read_text():  # a simulated sweep: `syncbench simulate` reads it, `run` refuses it
-            from experiments.simulate.pipeline import load as load_simulated
+            from experiments.simulate.substrate import load as load_simulated
 
             assert load_simulated(f)[1]
             with pytest.raises(sweep_mod.SweepError, match="run this file with `syncbench simulate`"):

@@ -1,0 +1,152 @@
+"""Where a sweep's runs execute: a substrate, chosen by the runner, accepting a run by its capabilities.
+
+A substrate turns one run into rows: it starts what it needs for the sweep (`session`), then executes runs one
+at a time and summarizes each (experiments/pipeline/summary.py). Substrates: Ray actors over gloo/NCCL or
+sockets (experiments/pipeline/ray_substrate.py, measured), thread ranks in this process (ThreadSubstrate below,
+measured, for tests) and SimGrid (experiments/simulate/substrate.py, simulated).
+
+What a substrate accepts is decided by what a strategy declares, never by its name:
+- `counted = False` (its bytes move inside a backend's allreduce): needs a substrate with a backend allreduce;
+- `wraps_model` (DDP): needs ranks joined by torch.distributed;
+- server ranks (num_servers > 0): needs a substrate that runs them;
+- a straggler: needs a substrate that can slow one rank's compute.
+A setting a substrate cannot apply is refused before any run starts, naming the run and the setting; so is, on
+the wall clock, a replayed step longer than the run's timeout (its peers would time out waiting, and a rank
+alone would go silent for that long).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a sweep on a substrate: its id in the results, its RunSpec, the substrate's own settings."""
+
+    run_id: str
+    spec: object  # experiments.config.sweep.RunSpec
+    settings: object = None
+
+    def world_size(self) -> int:
+        return self.spec.world_size()
+
+
+class Substrate(ABC):
+    """The interface and the capability checks every substrate shares."""
+
+    name = ""
+    heading = "sweep"  # the first line's word: sweep 'name': 8 runs, ...
+    verb = "run"  # the progress lines' word: [run 3/8], [sim 3/8]
+    backend_allreduce = True  # runs strategies whose bytes bypass the counters (counted = False)
+    model_wrappers = False  # runs strategies that wrap the model (wraps_model: DDP)
+    servers = True  # runs strategies with server ranks
+    stragglers = True  # can slow one rank's compute
+    wall_clock = True  # runs in real time: a replayed step longer than the run's timeout is refused
+
+    def runs(self, sweep) -> list[Run]:
+        """Every run of the sweep, as this substrate executes it (one per RunSpec unless it adds axes)."""
+        return [Run(spec.run_id, spec) for spec in sweep.runs]
+
+    def problems(self, run: Run) -> list[str]:
+        """What this substrate cannot apply in `run`: one line each, naming the setting; [] when it can run it."""
+        spec = run.spec
+        config = spec.strategy_config()
+        what = f"run {spec.strategy} x {spec.workers} workers"
+        found = []
+        if not config.counted and not self.backend_allreduce:
+            found.append(f"{what}: strategy {spec.strategy!r} declares counted = False (its bytes move inside a "
+                         f"backend's allreduce) and the {self.name} substrate has no backend allreduce; accepted are "
+                         f"strategies written over send/recv")
+        if config.wraps_model and not self.model_wrappers:
+            found.append(f"{what}: strategy {spec.strategy!r} wraps the model (wraps_model, as DDP does) and needs "
+                         f"ranks joined by torch.distributed, which the {self.name} substrate does not have")
+        if config.num_servers(spec.workers) and not self.servers:
+            found.append(f"{what}: strategy {spec.strategy!r} needs server ranks, which the {self.name} substrate "
+                         f"does not run")
+        if spec.straggler and not self.stragglers:
+            found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
+        if self.wall_clock and spec.compute == "profile" and spec.profile:
+            from experiments.pipeline.train import replay_problem
+            from workloads.profile import load_profile
+
+            if problem := replay_problem(load_profile(spec.profile), spec, spec.profile):
+                found.append(problem)
+        return found
+
+    def check(self, runs: list[Run]) -> None:
+        """Refuse, before any work, a sweep with a run this substrate cannot apply (ValueError naming each)."""
+        found = list(dict.fromkeys(p for run in runs for p in self.problems(run)))
+        if found:
+            shown = found[:10] + ([f"... and {len(found) - 10} more"] if len(found) > 10 else [])
+            raise ValueError(f"the {self.name} substrate cannot run this sweep:\n  " + "\n  ".join(shown))
+
+    def order(self, runs: list[Run]) -> list[Run]:
+        """The order runs execute in (file order unless the substrate saves by grouping)."""
+        return runs
+
+    @abstractmethod
+    def session(self, runs: list[Run], store, log):
+        """A context manager: start what the sweep's runs need, yield a function run -> (run_row, step_rows),
+        stop it all on the way out. `store` (experiments/pipeline/store.py) takes files a run leaves beside
+        the results, `log` the progress lines."""
+
+    def describe(self, run: Run) -> str:
+        spec = run.spec
+        straggler = (f" straggler=ranks {spec.straggler['ranks']} x{spec.straggler['slowdown']:g}"
+                     if spec.straggler and spec.straggler["ranks"] else "")
+        return (f"{spec.strategy} workers={spec.workers} {spec.workload} link={spec.link_label}{straggler} "
+                f"steps={spec.steps}")
+
+    def outcome(self, row: dict) -> str:
+        if row["status"] != "ok":
+            return f"FAILED: {row['error'][:300]}"
+        return (f"{row['throughput']:.1f} samples/s, step {row['step_time_s'] * 1e3:.0f} ms, "
+                f"comm {row['comm_fraction'] * 100:.0f}%")
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class ThreadSubstrate(Substrate):
+    """Every rank a thread of this process, messages through queues (strategies/transport/threads.py): the
+    measured pipeline without Ray, for tests. Link emulation applies; the threads share this process's cores."""
+
+    name = "threads"
+
+    def __init__(self, train_fn=None):
+        from experiments.pipeline.train import train
+
+        self.train_fn = train_fn or train
+
+    @contextlib.contextmanager
+    def session(self, runs: list[Run], store, log):
+        yield self._execute
+
+    def _execute(self, run: Run) -> tuple[dict, list[dict]]:
+        from types import SimpleNamespace
+
+        from experiments.pipeline.summary import summarize
+        from strategies.transport.threads import run_threads
+
+        spec = run.spec
+
+        def body(comm):
+            ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device="cpu", state={})
+            return self.train_fn(ctx, spec)
+
+        started_at, start = now_utc(), time.perf_counter()
+        try:
+            results, error = run_threads(run.world_size(), body, timeout=spec.timeout, network=spec.network()), ""
+        except Exception as e:  # noqa: BLE001 - the run fails, the sweep goes on
+            results, error = None, f"{type(e).__name__}: {e}"
+        meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": "threads",
+                "gpu": "", "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"}
+        return summarize(spec, results, error, meta)

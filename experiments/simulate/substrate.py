@@ -1,0 +1,439 @@
+"""The simulated substrate: every rank a SimGrid actor on a simulated platform, compute replayed from a timeline
+on the simulated clock, through the measured runs' own step loop (experiments/pipeline/train.py: run_steps).
+
+`syncbench simulate SWEEP.toml` reads the ordinary sweep format (experiments/config/sweep.py): its grid,
+strategies, stragglers and `link` (each rank's NIC bandwidth and latency, in the sweep's units) mean what they
+mean for a measured run. A [simulate] table adds the platform and the compute timeline; a list value is one
+more grid axis:
+
+    [simulate]
+    topology = ["star", "fat_tree"]     # star | fat_tree | nodes
+    oversubscription = 4                # fat_tree: 4 = 4:1 (hosts_per_leaf = 16 by default)
+    network_model = "tcp"               # tcp (SimGrid's default corrections) | alpha_beta (corrections off)
+    nic = "shared"                      # shared (concurrent sends share the NIC, as TCP) | fifo (one at a time)
+    profile = "experiments/config/profiles/resnet50-b8-s224-cpu.json"   # or forward_s/backward_s/optimizer_s
+    bucket_mb = 25                      # DDP-style buckets (leave out: the sweep's bucket_mb)
+    overlap = true                      # sync each bucket as soon as it is ready, while backward goes on
+
+Without a timeline in [simulate], a run with compute = "profile" and a profile file replays that file.
+Payloads are `meta` tensors of the real size (strategies/transport/simgrid.py): no values move, every byte is
+counted and simulated, and the summary fails a run whose bytes differ from its strategy's traffic(). Rows go
+to the results store with the measured runs' columns, `substrate = "simgrid"`, the platform and network
+model named, the alpha-beta model's communication time beside the simulated one and `sim_wall_s` (how long
+simulating took). Each simulation runs in a forked process: SimGrid's engine is one per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import platform as platform_mod
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from experiments.config import sweep as sweep_mod
+from experiments.config.sweep import RunSpec
+from experiments.pipeline.substrate import Run, Substrate, now_utc
+from experiments.pipeline.summary import summarize
+from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
+from experiments.simulate.platform import Platform
+
+PLATFORM_KEYS = ("topology", "network_model", "nic", "hosts_per_leaf", "oversubscription", "gpus_per_node",
+                 "intra_bandwidth", "intra_latency")
+COMPUTE_KEYS = ("profile", "forward_s", "backward_s", "optimizer_s")
+RUN_KEYS = ("bucket_mb", "overlap")
+SIMULATE_KEYS = PLATFORM_KEYS + COMPUTE_KEYS + RUN_KEYS
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One rank's compute for one step (seconds) and the gradient layout it implies.
+
+    ready_s[i]: when parameter i's gradient is ready, seconds after backward starts (registration order);
+    numels[i]: its element count. `source` says where the numbers came from (a profile's id, or 'fixed').
+    """
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    numels: tuple[int, ...]
+    ready_s: tuple[float, ...]
+    source: str
+    profile_id: str = ""
+    profile_device: str = ""
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+    @classmethod
+    def from_profile(cls, profile) -> Timeline:
+        return cls(profile.forward_s, profile.backward_s, profile.optimizer_s, tuple(profile.numels),
+                   tuple(profile.ready_s), f"profile {profile.id} ({profile.device_name})", profile.id,
+                   profile.device)
+
+    @classmethod
+    def fixed(cls, forward_s: float, backward_s: float, optimizer_s: float, numels: tuple[int, ...]) -> Timeline:
+        """No profile: backward produces gradients evenly, last registered parameter first."""
+        total, ready, done = sum(numels), [0.0] * len(numels), 0
+        for i in reversed(range(len(numels))):
+            done += numels[i]
+            ready[i] = backward_s * done / max(total, 1)
+        return cls(forward_s, backward_s, optimizer_s, tuple(numels), tuple(ready), "fixed")
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """What one simulated run needs beside the RunSpec: the platform, the timeline, and the [simulate] table's
+    buckets and overlap (None / False: the sweep's own)."""
+
+    platform: Platform
+    timeline: Timeline
+    bucket_mb: float | None = None
+    overlap: bool = False
+
+
+# -- the substrate ------------------------------------------------------------------------------------------
+
+
+class SimGridSubstrate(Substrate):
+    name = "simgrid"
+    heading, verb = "simulate", "sim"
+    backend_allreduce = False  # no gloo/NCCL inside: a counted = False strategy's bytes would be invisible
+    model_wrappers = False  # no torch.distributed ranks
+    servers = True
+    stragglers = True  # the simulated clock scales the straggler's compute
+    wall_clock = False  # simulated seconds: a long timeline costs no wall time
+
+    def __init__(self, pairs: list[tuple[RunSpec, SimSpec]]):
+        self.pairs = pairs
+
+    def runs(self, sweep=None) -> list[Run]:
+        return [Run(run_id(spec, sim), _effective(spec, sim), sim) for spec, sim in self.pairs]
+
+    def problems(self, run: Run) -> list[str]:
+        found = super().problems(run)
+        spec = run.spec
+        what = f"run {spec.strategy} x {spec.workers} workers"
+        if not spec.link:
+            found.append(f"{what} has no link: a simulation needs each rank's NIC, e.g. link = {{ bandwidth = "
+                         f"\"1Gbit\", latency = \"50us\" }}")
+        elif spec.link.get("ranks"):
+            found.append(f"{what}: per-rank link overrides are not simulated yet: accepted is one link for every rank")
+        elif spec.link.get("emulation", "python") != "python":
+            found.append(f"{what}: link emulation = {spec.link['emulation']!r}: the simulated platform is the "
+                         f"network; leave emulation out")
+        if spec.device != "cpu":
+            found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
+                         f"device = \"cpu\" (the default)")
+        if spec.dataset != "synthetic":
+            found.append(f"{what}: dataset = {spec.dataset!r}: a simulated run moves no values, so nothing trains; "
+                         f"accepted is dataset = \"synthetic\" (the default)")
+        return found
+
+    @contextlib.contextmanager
+    def session(self, runs: list[Run], store, log):
+        yield self._execute
+
+    def _execute(self, run: Run) -> tuple[dict, list[dict]]:
+        started_at = now_utc()
+        results, error, wall = simulate_in_child(run.spec, run.settings)
+        return summarize_simulated(run.spec, run.settings, results, error, wall, started_at, run.run_id)
+
+    def describe(self, run: Run) -> str:
+        spec, sim = run.spec, run.settings
+        straggler = (f" straggler=ranks {spec.straggler['ranks']} x{spec.straggler['slowdown']:g}"
+                     if spec.straggler else "")
+        return (f"{spec.strategy} workers={spec.workers} {spec.workload} {sim.platform.label()} "
+                f"model={sim.platform.network_model} overlap={spec.overlap}{straggler}")
+
+    def outcome(self, row: dict) -> str:
+        if row["status"] != "ok":
+            return f"FAILED: {row['error'][:300]}"
+        return (f"step {row['step_time_s'] * 1e3:.1f} ms simulated (comm {row['comm_s'] * 1e3:.1f} ms, model "
+                f"{row['model_comm_s'] * 1e3:.1f} ms), simulated in {row['sim_wall_s']:.1f} s")
+
+
+def _effective(spec: RunSpec, sim: SimSpec) -> RunSpec:
+    """The RunSpec as simulated: the [simulate] table's buckets and overlap where it sets them (a role that
+    never overlaps, decentralized averaging, records overlap = false as the sweep does)."""
+    bucket_mb = sim.bucket_mb if sim.bucket_mb is not None else spec.bucket_mb
+    overlap = (sim.overlap or spec.overlap) and worker_role(spec.strategy_config()).overlaps
+    return dataclasses.replace(spec, bucket_mb=bucket_mb, overlap=bool(overlap))
+
+
+def run_id(spec: RunSpec, sim: SimSpec) -> str:
+    """The RunSpec's id plus a digest of the simulation settings (stable, so --resume works)."""
+    blob = json.dumps({"platform": dataclasses.asdict(sim.platform), "compute": dataclasses.asdict(sim.timeline),
+                       "bucket_mb": sim.bucket_mb, "overlap": sim.overlap}, sort_keys=True)
+    return f"sim-{spec.run_id}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+
+
+def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec]]]:
+    """Parse and validate the sweep and its [simulate] table; every run paired with its simulation settings,
+    refused here if the simulator cannot apply one of its settings."""
+    data, text = sweep_mod.read_toml(path)
+    table = data.pop("simulate", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: simulate = {table!r}: expected a table ([simulate])")
+    unknown = sorted(set(table) - set(SIMULATE_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: unknown [simulate] key(s) {unknown}: accepted are {', '.join(SIMULATE_KEYS)}")
+    sweep_mod.check_simulate(table, str(path))  # types (no string "false" taken as true) and ranges
+    sweep = sweep_mod.parse(data, source=text, where=str(path))
+    axes = [(k, v if isinstance(v, list) else [v]) for k, v in table.items() if k in PLATFORM_KEYS + RUN_KEYS]
+    fixed = {k: v for k, v in table.items() if k in COMPUTE_KEYS}
+    substrate = SimGridSubstrate([])
+    substrate.check([Run(spec.run_id, spec) for spec in sweep.runs])
+    pairs = []
+    for spec in sweep.runs:
+        timeline = _timeline(spec, fixed, Path(path))
+        for combo in itertools.product(*[values for _, values in axes]):
+            point = dict(zip([k for k, _ in axes], combo))
+            plat = Platform.parse({"bandwidth": spec.link["bandwidth"], "latency": spec.link.get("latency", "0s"),
+                                   **{k: v for k, v in point.items() if k in PLATFORM_KEYS}})
+            pairs.append((spec, SimSpec(plat, timeline, point.get("bucket_mb"), bool(point.get("overlap", False)))))
+    return sweep, pairs
+
+
+def _timeline(spec: RunSpec, fixed: dict, where: Path) -> Timeline:
+    """The compute timeline: a profile (checked against the run's model and batch) or fixed seconds."""
+    from workloads.profile import load_profile
+
+    if "profile" in fixed:
+        profile_path = Path(fixed["profile"])
+        if not profile_path.is_absolute() and not profile_path.exists():
+            profile_path = where.parent / profile_path
+    elif spec.compute == "profile" and spec.profile and not fixed:
+        profile_path = Path(spec.profile)
+    else:
+        profile_path = None
+    if profile_path is not None:
+        profile = load_profile(profile_path)
+        profile.check_run(spec.workload, spec.batch_size, spec.image_size, spec.num_classes, where=str(profile_path))
+        return Timeline.from_profile(profile)
+    missing = [k for k in ("forward_s", "backward_s", "optimizer_s") if k not in fixed]
+    if missing:
+        raise ValueError(f"{where}: [simulate] needs a compute timeline: profile = \"FILE.json\" (`syncbench profile` "
+                         f"writes one) or all of forward_s, backward_s, optimizer_s (missing {', '.join(missing)})")
+    for key in ("forward_s", "backward_s", "optimizer_s"):
+        value = fixed[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ValueError(f"{where}: [simulate] {key} = {value!r}: accepted is a number of seconds >= 0")
+    from workloads.models import param_sizes
+
+    return Timeline.fixed(float(fixed["forward_s"]), float(fixed["backward_s"]), float(fixed["optimizer_s"]),
+                          tuple(param_sizes(spec.workload, spec.num_classes)))
+
+
+def simulate_sweep(path: str | Path, out: str | Path, resume: bool = False, overwrite: bool = False,
+                   log=sys.stderr):
+    """`syncbench simulate`: the sweep file's runs on SimGrid through the one runner; runs.parquet as a frame."""
+    from experiments.pipeline.runner import run_sweep
+
+    sweep, pairs = load(path)
+    return run_sweep(sweep, out, resume=resume, overwrite=overwrite, log=log, substrate=SimGridSubstrate(pairs))
+
+
+# -- one simulation: the step loop on simulated ranks ----------------------------------------------------------
+
+
+def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
+    """Run the simulation in this process (once per process); every rank's {"steps": [...], "final": {...}}."""
+    from strategies.transport.simgrid import run_simgrid
+    from workloads.buckets import make_buckets
+
+    config = spec.strategy_config()
+    world = config.world_size(spec.workers)
+    buckets = make_buckets(sim.timeline.numels, spec.bucket_mb)
+
+    def rank_main(comm):
+        if comm.rank >= spec.workers:
+            return server_loop(config)(comm, spec, config, buckets, SimulatedUpdate(comm, sim.timeline))
+        compute = SimulatedCompute(comm, spec, sim.timeline, buckets)
+        return run_steps(comm, spec, config, compute, buckets)
+
+    return run_simgrid(world, rank_main, lambda sg: sim.platform.build(sg, world), sim.platform.config,
+                       sim.platform.nic)
+
+
+class SimulatedCompute:
+    """A simulated worker's step: the timeline's forward, backward and optimizer spent on the simulated clock
+    (x the rank's straggler slowdown), gradients ready at their times; buffers are meta tensors of the real
+    size. With overlap, a bucket is synced (inline, by the step loop's hook) once its last gradient is ready."""
+
+    threaded = False  # a SimGrid actor syncs inline; backward goes on in simulated time meanwhile
+    trains = False  # no values: no loss to check
+    wraps = False
+
+    def __init__(self, comm, spec: RunSpec, timeline: Timeline, buckets):
+        self.comm, self.clock, self.timeline = comm, comm.now, timeline
+        self.scale = straggler_slowdown(spec, comm.rank)
+        self.batch_size = spec.batch_size
+        self.numel = timeline.numel
+        self.flat = SimpleNamespace(params=torch.empty(self.numel, dtype=torch.float32, device="meta"),
+                                    grads=torch.empty(self.numel, dtype=torch.float32, device="meta"))
+        self.on_ready = None
+        # bucket by bucket in the order they complete: when the last of its gradients is ready
+        ready = [(max(timeline.ready_s[i] for i in b.params) if b.params else 0.0, b) for b in buckets]
+        self.completions = [(t, b.params) for t, b in sorted(ready, key=lambda tb: (tb[0], tb[1].index))]
+
+    def begin_step(self) -> None:
+        """Nothing to zero: meta buffers hold no values."""
+
+    def forward_backward(self) -> tuple[float, int, float]:
+        """(loss, samples, seconds of inline syncs that outlasted the backward)."""
+        self.comm.compute(self.timeline.forward_s * self.scale)
+        start = self.comm.now()
+        end = start + self.timeline.backward_s * self.scale
+        if self.on_ready is None:
+            self.comm.compute(end - start)
+            return math.nan, self.batch_size, 0.0
+        for ready_s, params in self.completions:
+            self._sleep_until(start + ready_s * self.scale)
+            for i in params:
+                self.on_ready(i)
+        self._sleep_until(end)  # the rest of backward
+        return math.nan, self.batch_size, max(0.0, self.comm.now() - end)
+
+    def _sleep_until(self, t: float) -> None:
+        if self.comm.now() < t:
+            self.comm.compute(t - self.comm.now())
+
+    def optimizer_step(self) -> None:
+        self.comm.compute(self.timeline.optimizer_s * self.scale)
+
+    def take_parameters(self) -> None:
+        """The servers' parameters arrived in the (meta) buffer: nothing to copy."""
+
+    def straggle(self, compute_s: float) -> None:
+        """The timeline is already scaled by the slowdown."""
+
+    def synchronize(self) -> None:
+        """No device to wait for."""
+
+    def loss_value(self, loss) -> float:
+        return math.nan
+
+    def consensus_distance(self, comm) -> float:
+        return math.nan  # no values: the workers' parameters cannot drift apart
+
+    def final(self) -> dict:
+        t = self.timeline
+        return {"param_norm": math.nan, "profile_id": t.profile_id, "profile_device": t.profile_device,
+                "profile_step_s": t.forward_s + t.backward_s + t.optimizer_s if t.profile_id else math.nan}
+
+
+class SimulatedUpdate:
+    """A simulated server's update: the optimizer's share of the timeline for the shard it owns, no values."""
+
+    dtype, device = torch.float32, "meta"
+
+    def __init__(self, comm, timeline: Timeline):
+        self.comm, self.clock, self.timeline = comm, comm.now, timeline
+        self.numel = timeline.numel
+        self.busy_s = 0.0
+
+    def __call__(self, bucket, reduced: torch.Tensor, where: slice) -> torch.Tensor:
+        seconds = self.timeline.optimizer_s * (where.stop - where.start) / max(self.numel, 1)
+        self.comm.compute(seconds)
+        self.busy_s += seconds
+        return reduced
+
+
+def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None, error: str, wall: float,
+                        started_at: str, rid: str | None = None) -> tuple[dict, list[dict]]:
+    """The run's row in the one summary (experiments/pipeline/summary.py), plus what names the simulation."""
+    plat = sim.platform
+    timeline = sim.timeline
+    meta = {"started_at": started_at, "duration_s": wall, "transport": "simgrid", "gpu": "", "cores": 0,
+            "host": platform_mod.node(), "substrate": "simgrid", "run_id": rid or run_id(spec, sim),
+            "sim_topology": plat.topology, "sim_network_model": plat.network_model, "sim_nic": plat.nic,
+            # the platform as typed columns: its display label (sim_platform) is derived from them on read
+            "sim_oversubscription": float(plat.oversubscription) if plat.topology == "fat_tree" else math.nan,
+            "sim_hosts_per_leaf": plat.hosts_per_leaf if plat.topology == "fat_tree" else 0,
+            "sim_gpus_per_node": plat.gpus_per_node if plat.topology == "nodes" else 0,
+            "sim_intra_bandwidth": plat.intra_bandwidth if plat.topology == "nodes" else math.nan,
+            "sim_intra_latency_s": plat.intra_latency if plat.topology == "nodes" else math.nan,
+            "compute_source": timeline.source, "compute": "profile" if timeline.profile_id else "fixed",
+            "sim_wall_s": wall, "cores_oversubscribed": False, "gpu_shared": False, "link_emulation": ""}
+    row, steps = summarize(spec, results, error, meta)
+    # the alpha-beta model of the same step: rounds x latency + bytes on the busiest path / bandwidth
+    row["model_comm_s"] = row["analytic_rounds"] * plat.latency + row["analytic_path_bytes"] / plat.bandwidth
+    return row, steps
+
+
+# -- the process a simulation runs in ------------------------------------------------------------------------
+
+
+def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
+    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds).
+
+    Fork, not spawn: milliseconds instead of seconds of imports, and `call` may be a closure. This process
+    must not have run SimGrid's engine itself (it never does: every simulation goes through here).
+    """
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    parent_pid = os.getpid()
+
+    def main():
+        _die_with_parent(parent_pid)
+        try:
+            start = time.perf_counter()
+            result = call()
+            child.send(("ok", result, time.perf_counter() - start))
+        except BaseException as e:  # noqa: BLE001 - sent to the parent, which reports it
+            child.send(("error", f"{type(e).__name__}: {e}", 0.0))
+        finally:
+            child.close()
+
+    proc = ctx.Process(target=main, daemon=True)
+    proc.start()
+    child.close()
+    try:
+        status, payload, wall = parent.recv()
+    except EOFError:
+        proc.join()
+        status, payload, wall = "error", f"the simulation process died (exit code {proc.exitcode})", 0.0
+    except BaseException:  # Ctrl-C, a test's timeout: the simulation must not outlive its reason to run
+        proc.kill()
+        raise
+    finally:
+        proc.join()
+        parent.close()
+    return (payload, "", wall) if status == "ok" else (None, payload, wall)
+
+
+def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
+    """simulate() in a fresh process: (results or None, error, simulation wall seconds)."""
+    return run_in_child(lambda: simulate(spec, sim))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel kill this (forked) process when its parent dies, even by SIGKILL, so that a killed
+    `syncbench simulate` or test run leaves no simulation running. Elsewhere a no-op. (The kernel watches the
+    thread that forked: run_in_child is called from the main thread.) A parent that died before the request
+    was made is caught by the check after it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
