@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import strategies
 from experiments.cluster import netns
+from experiments.results.dataset import read_runs
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 3
@@ -36,10 +38,15 @@ def _syncbench(*args: str, timeout: float = 240, env: dict | None = None) -> sub
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A 3-node cluster at 1 Gbit/s under a name and state directory of this test session's own."""
-    saved = os.environ.get("SYNCBENCH_CLUSTER_DIR")
-    os.environ["SYNCBENCH_CLUSTER_DIR"] = str(tmp_path_factory.mktemp("cluster-state"))
+def cluster():
+    """A 3-node cluster at 1 Gbit/s under a name and state directory of this test session's own.
+
+    Beside it in the state directory lies a corrupt state file: it must not stop `up`, the runs or `down`.
+    """
+    saved = os.environ.get(netns.STATE_ENV)
+    root = tempfile.mkdtemp(prefix="sb", dir="/tmp")  # short: Ray's socket paths in it must fit in 107 bytes
+    os.environ[netns.STATE_ENV] = root
+    (Path(root) / "junk.json").write_text('{"name": "junk", "head" {')
     name = f"t{os.getpid() % 100000}"
     try:
         up = _syncbench("cluster", "up", "--nodes", str(NODES), "--bandwidth", BANDWIDTH, "--name", name)
@@ -47,10 +54,11 @@ def cluster(tmp_path_factory):
         yield netns.Cluster.load(name), up.stdout
     finally:
         netns.down(name, log=lambda *_: None)  # idempotent: the last test has normally done it already
+        shutil.rmtree(root, ignore_errors=True)
         if saved is None:
-            os.environ.pop("SYNCBENCH_CLUSTER_DIR", None)
+            os.environ.pop(netns.STATE_ENV, None)
         else:
-            os.environ["SYNCBENCH_CLUSTER_DIR"] = saved
+            os.environ[netns.STATE_ENV] = saved
 
 
 def test_up_starts_a_shaped_ray_node_per_namespace(cluster):
@@ -157,7 +165,7 @@ def test_tiny_sweep_of_every_strategy_runs_across_the_shaped_nodes(cluster, tmp_
     before = [_tc_bytes(node.veth_bridge) for node in c.nodes]
     done = _syncbench("run", str(sweep), "--out", str(tmp_path / "out"), "--no-report", "--address", c.address)
     assert done.returncode == 0, done.stderr[-4000:]
-    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet")
+    runs = read_runs(tmp_path / "out")
     assert sorted(runs["strategy"]) == sorted(names)
     assert (runs["status"] == "ok").all(), runs[["strategy", "error"]].to_string()
     assert set(runs["link"]) == {f"{BANDWIDTH} kernel"}
@@ -233,11 +241,71 @@ def test_a_node_link_going_down_fails_the_run_naming_the_rank_and_the_sweep_goes
             proc.kill()
         proc.wait()
     reader.join(5)
-    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet").sort_values("steps", ascending=False)
+    runs = read_runs(tmp_path / "out").sort_values("steps", ascending=False)
     long, short = runs.iloc[0], runs.iloc[1]
     assert long["status"] == "failed" and "timed out" in long["error"] and "rank 1" in long["error"], long["error"]
     assert failed_after < FAULT_TIMEOUT_S + 15, f"the run failed {failed_after:.1f} s after the link went down"
     assert short["status"] == "ok", short["error"]
+
+
+LOST_SWEEP = """
+name = "kernel-lost"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+warmup_steps = 1
+workers = 3
+timeout = 30
+strategy = "ring"
+[grid]
+link = [{{ bandwidth = "{bandwidth}", emulation = "kernel" }}, "none"]
+steps = [1000, 3]   # kernel: the long run loses node n2, the short one needs it; "none": on the head
+"""
+
+
+def test_a_node_killed_mid_sweep_refuses_the_runs_needing_it_at_once_and_the_sweep_goes_on(cluster, tmp_path):
+    """Issue 27: node n2's Ray processes are killed while a run uses it. That run fails; the next run that
+    needs n2 is refused at once naming it (not after a 120 s placement wait); runs on the head still run."""
+    c, _ = cluster
+    sweep = tmp_path / "lost.toml"
+    sweep.write_text(LOST_SWEEP.format(bandwidth=BANDWIDTH))
+    victim = c.nodes[2]
+    baseline = _tc_bytes(victim.veth_bridge)
+    proc = subprocess.Popen([sys.executable, "-m", "experiments", "run", str(sweep), "--out", str(tmp_path / "out"),
+                             "--no-report", "--address", c.address], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []  # (when it was printed, line)
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr),
+                              daemon=True)
+    reader.start()
+
+    def printed() -> str:
+        return "".join(line for _, line in lines)[-3000:]
+
+    try:
+        deadline = time.monotonic() + 150
+        while _tc_bytes(victim.veth_bridge) - baseline < 2_000_000:  # the long run is in its step loop
+            assert proc.poll() is None and time.monotonic() < deadline, printed()
+            time.sleep(0.1)
+        netns._kill(netns._netns_pids(victim.namespace), grace=0)  # the node dies: raylet, workers, all
+        assert proc.wait(timeout=240) == 1, printed()  # ends by itself; exit 1: it recorded failed runs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    reader.join(5)
+    # the short kernel run: from its "[run k/n]" line to its "-> FAILED" line
+    start = next(i for i, (_, line) in enumerate(lines) if f"link={BANDWIDTH} kernel steps=3" in line)
+    refused_after = lines[start + 1][0] - lines[start][0]
+    assert "FAILED" in lines[start + 1][1] and "node n2" in lines[start + 1][1], printed()
+    assert refused_after < 10, f"the run needing the lost node was refused after {refused_after:.1f} s"
+    runs = read_runs(tmp_path / "out")
+    kernel = runs[runs["link"] == f"{BANDWIDTH} kernel"].sort_values("steps", ascending=False)
+    long, short = kernel.iloc[0], kernel.iloc[1]
+    assert long["status"] == "failed", long
+    assert short["status"] == "failed" and "node n2 is gone" in short["error"], short["error"]
+    head = runs[runs["link"] != f"{BANDWIDTH} kernel"]
+    assert len(head) == 2 and (head["status"] == "ok").all(), head[["steps", "error"]].to_string()
 
 
 def test_down_leaves_no_namespace_bridge_process_or_port(cluster):
@@ -251,7 +319,8 @@ def test_down_leaves_no_namespace_bridge_process_or_port(cluster):
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert f"sb-{c.name}" not in links
     assert not [pid for pid in pids if netns._alive(pid)]
-    assert not netns._pids_using(c.temp_dir)
+    assert not netns._recorded_pids(c)
+    assert netns.scan()[1] and "junk.json" in netns.scan()[1][0]  # the bad file beside it: named, left alone
     listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
     subnet = netns.ipaddress.ip_network(c.subnet)
     assert not [line for line in listening.splitlines()
@@ -261,15 +330,20 @@ def test_down_leaves_no_namespace_bridge_process_or_port(cluster):
 
 
 
-def test_down_after_up_crashed_halfway_removes_what_exists(tmp_path, monkeypatch):
+def test_down_after_up_crashed_halfway_removes_what_exists(monkeypatch):
     """`up` writes its state file before it creates anything: a crash after the network (before Ray) is undone."""
-    monkeypatch.setenv("SYNCBENCH_CLUSTER_DIR", str(tmp_path))
+    root = tempfile.mkdtemp(prefix="sb", dir="/tmp")
+    monkeypatch.setenv(netns.STATE_ENV, root)
     crashed = netns.plan(f"c{os.getpid() % 100000}", [netns.Link(125e6)] * 2)
-    crashed.save()
-    netns._make_network(crashed)  # and here `up` dies: no Ray, no processes
-    assert all(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
-    assert netns.down(crashed.name, log=lambda *_: None)
-    assert not any(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert crashed.bridge not in links and not Path(crashed.temp_dir).exists()
-    assert netns.Cluster.load(crashed.name) is None
+    try:
+        crashed.save()
+        netns._make_network(crashed)  # and here `up` dies: no Ray, no processes
+        assert all(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
+        assert netns.down(crashed.name, log=lambda *_: None)
+        assert not any(netns._namespace_exists(n.namespace) for n in crashed.all_nodes())
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        assert crashed.bridge not in links and not Path(crashed.temp_dir).exists()
+        assert netns.Cluster.load(crashed.name) is None
+    finally:
+        netns.down(crashed.name, log=lambda *_: None)  # idempotent: what a failed assertion above left
+        shutil.rmtree(root, ignore_errors=True)
