@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-time", type=float, required=True, help="compute time per step Ts, seconds")
     p.add_argument("--latency", default="0s", help="per-message latency, e.g. 50us (default 0s)")
     p.add_argument("--target-efficiency", type=float, default=0.9)
-    p.add_argument("--strategy", action="append", help="limit to these strategies (repeatable)")
+    p.add_argument("--strategy", action="append",
+                   help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
+                        "parameter_server:servers=4,placement=colocated")
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
@@ -171,11 +173,18 @@ def _print_runs(runs) -> None:
     if "accuracy" in runs and runs["accuracy"].notna().any():  # a real data set: held-out accuracy too
         cols += ["final_loss", "accuracy"]
     order = ["link", "workers", "strategy"]
-    if "overlap" in runs and runs["overlap"].nunique() > 1:  # buckets synced during backward: exposed vs busy
-        cols[cols.index("strategy") + 1:cols.index("strategy") + 1] = ["overlap"]
+    # every setting that varies between the runs gets a column (strategy parameters by their param_ name), or
+    # rows of different runs would look identical
+    candidates = ["bucket_mb", "overlap", "compute", "link_latency_s", "link_heterogeneous", "link_emulation",
+                  "straggler_ranks", "straggler_slowdown", "p2p"] + sorted(c for c in runs if c.startswith("param_")
+                                                                            and c != "param_norm")
+    varying = [c for c in candidates if c in runs and runs[c].map(str).nunique() > 1]
+    cols[cols.index("strategy") + 1:cols.index("strategy") + 1] = varying
+    order += varying
+    if "overlap" in varying:  # buckets synced during backward: exposed vs busy
         cols += ["comm_busy_s"]
-        order.append("overlap")
-    table = runs[cols].sort_values(order).copy()
+    table = runs[cols].copy()
+    table = table.iloc[sorted(range(len(table)), key=lambda i: [str(v) for v in table[order].iloc[i]])]
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",
                                   "comm_s": "comm s", "bytes_sent_per_worker": "MB sent/worker",

@@ -236,16 +236,23 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     runs, seen = [], {}
     for i, combo in enumerate(itertools.product(*[values for _, values in axes]), 1):
         point = {**defaults, **dict(zip([k for k, _ in axes], combo))}
-        spec = _make_spec(name, point, params_by_strategy, errors)
+        # a list under [strategy_params.<strategy>] is one more grid axis, for that strategy's runs only
+        strategy = point.get("strategy", "ring")
+        strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
+        for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
+            spec = _make_spec(name, dict(point), {strategy: params}, errors)
+            if spec is None:
+                continue
+            twin = seen.setdefault(spec.run_id, spec)
+            if twin is spec:
+                runs.append(spec)
+            elif twin != spec:  # equal specs are one run listed twice; different ones must never share an id
+                errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
         if progress is not None and total > 2000 and (i % 1000 == 0 or i == total):
             progress(i, total)
-        if spec is None:
-            continue
-        twin = seen.setdefault(spec.run_id, spec)
-        if twin is spec:
-            runs.append(spec)
-        elif twin != spec:  # equal specs are one run listed twice; different ones must never share an id
-            errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
+    if len(runs) > MAX_RUNS:
+        raise SweepError(f"{where}: the grid and the strategy parameters' lists expand to {len(runs):,} runs: at "
+                         f"most {MAX_RUNS:,} per sweep; split it into several sweeps")
     for strategy_name, params in params_by_strategy.items():
         if strategy_name not in strategies.names():
             errors.append(f"strategy_params.{strategy_name}: unknown strategy; known are "
@@ -257,6 +264,42 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     if not runs:
         raise SweepError(f"{where}: the grid expands to no runs")
     return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source)
+
+
+def _strategy_param_points(params) -> list:
+    """A strategy's parameter table -> one table per combination of its list values (`servers = [1, 2, 4]` gives
+    three); not a table: as it is, for _make_spec to refuse."""
+    if not isinstance(params, dict):
+        return [params]
+    keys = list(params)
+    values = [v if isinstance(v, list) and v else [v] for v in params.values()]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def varying_axes(runs) -> list[str]:
+    """The settings that differ between these runs, strategy parameters by their own names (`servers`), in a
+    stable order: what the printed table, the progress lines and the report's labels must show."""
+    settings = [_axis_values(run) for run in runs]
+    keys = list(dict.fromkeys(k for s in settings for k in s))
+    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str) for s in settings}) > 1]
+
+
+def run_label(run, axes) -> str:
+    """`strategy servers=4 placement=colocated ...`: the run's strategy and its values on the varying axes."""
+    values = _axis_values(run)
+    return " ".join([run.strategy] + [f"{k}={_show(values[k])}" for k in axes if k != "strategy" and k in values])
+
+
+def _axis_values(run) -> dict:
+    values = {k: v for k, v in asdict(run).items() if k not in ("sweep", "strategy_params")}
+    values["link"], values["straggler"] = run.link_label, _show(run.straggler)
+    return values | {k: v for k, v in run.strategy_params.items() if k not in values}
+
+
+def _show(value) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_show(v)}" for k, v in value.items())
+    return "-" if value is None else str(value)
 
 
 def _table(data: dict, key: str, errors: list[str]) -> dict:
