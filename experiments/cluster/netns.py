@@ -604,8 +604,9 @@ def _ray_cli() -> str:
 
 def _start_ray(cluster: Cluster) -> None:
     """The head first, then every worker node at once; each `ray start` inside its node's namespace."""
-    Path(cluster.token_path).write_text(secrets.token_hex(32))
-    os.chmod(cluster.token_path, 0o600)
+    fd = os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
     env = {**os.environ, **cluster.env(), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     head = cluster.head
