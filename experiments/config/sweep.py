@@ -281,7 +281,8 @@ def varying_axes(runs) -> list[str]:
     stable order: what the printed table, the progress lines and the report's labels must show."""
     settings = [_axis_values(run) for run in runs]
     keys = list(dict.fromkeys(k for s in settings for k in s))
-    return [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str) for s in settings}) > 1]
+    # a strategy parameter varies if it differs between the runs that have it (ring has no `servers`)
+    return [k for k in keys if len({json.dumps(s[k], sort_keys=True, default=str) for s in settings if k in s}) > 1]
 
 
 def run_label(run, axes) -> str:
