@@ -105,6 +105,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
                             overlap=spec.overlap and role.overlaps, threaded=compute.threaded, clock=clock)
         if syncer.overlap:
             compute.on_ready = syncer.grad_ready  # backward hands each gradient over as it becomes ready
+        if config.role == SERVER and config.num_servers(spec.workers) == 0:
+            role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
     rows = []
     loss_value = math.nan
     run_start = clock()
@@ -220,6 +222,16 @@ class PushPull(GradientAveraging):
 
     def apply(self, compute) -> None:
         compute.take_parameters()
+
+    def serve_beside(self, syncer, compute) -> None:
+        """Colocated servers (a parameter server's placement = "colocated"): this worker's runtime of each bucket
+        also serves a shard of it and steps that shard's parameters with the server's optimizer."""
+        if not hasattr(compute, "server_update"):
+            raise ValueError(f"{type(compute).__name__} cannot run servers beside its workers (colocated "
+                             f"update mode): use placement = \"dedicated\" or mode = \"summation\" here")
+        update = compute.server_update()
+        for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
+            runtime.update = lambda reduced, where, bucket=bucket: update(bucket, reduced, where)
 
 
 def serve_steps(comm, spec, config, buckets, update) -> dict:
@@ -345,6 +357,10 @@ class MeasuredCompute:
 
     def take_parameters(self) -> None:
         self.flat.params.copy_(self.flat.grads)
+
+    def server_update(self):
+        """The optimizer of the servers colocated with this worker (see PushPull.serve_beside)."""
+        return ShardUpdate(self.spec, self.flat)
 
     def straggle(self, compute_s: float) -> None:
         """A straggler in real mode: stretch this step's compute by the slowdown (the replay stretches itself)."""
