@@ -10,18 +10,21 @@ import shutil
 import sys
 from pathlib import Path
 
-import pandas as pd
+from experiments.results.dataset import read_runs
 
 
 def publish(results_dir: str | Path, docs: str | Path = "docs/results") -> Path:
     results_dir = Path(results_dir)
-    runs = pd.read_parquet(results_dir / "runs.parquet")
-    names = [g for g in runs["gpu"].dropna().unique() if g] or [runs["host"].iloc[0]]
+    runs = read_runs(results_dir)
+    names = [g for g in runs["gpu"].unique() if g] or [runs["host"].iloc[0]]
     target = Path(docs) / re.sub(r"[^A-Za-z0-9._-]+", "-", names[0]).strip("-") / results_dir.name
     target.mkdir(parents=True, exist_ok=True)
+    # the runs in either layout (runs/ one file per run; runs.parquet from before), the report and the sweep
     for name in ("runs.parquet", "report.html", "sweep.toml", "sweep.resolved.json"):
         if (results_dir / name).exists():
             shutil.copy2(results_dir / name, target / name)
+    if (results_dir / "runs").is_dir():
+        shutil.copytree(results_dir / "runs", target / "runs", dirs_exist_ok=True)
     return target
 
 

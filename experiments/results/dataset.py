@@ -70,7 +70,7 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise StoreError(f"cannot write results to {str(path.parent)!r}: {e.strerror or e} (runs stored before "
                          f"are intact; free space or choose another --out, then --resume)") from None
 
@@ -82,9 +82,17 @@ def write_text_atomic(path: Path, text: str) -> Path:
         tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise StoreError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
     return path
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a temporary file if there is one (on a read-only file system there cannot be: nothing to do)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def remove_temporaries(directory: Path) -> None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 STR, INT, FLOAT, BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 INTS = pa.list_(pa.int64())
-TIME = pa.timestamp("s", tz="UTC")
+TIME = pa.timestamp("ms", tz="UTC")  # Parquet has no seconds unit: ms round-trips
 PARAM = "param_"  # prefix of the strategy parameter columns (param_norm, a schema column, is not one)
 _SCALARS = {bool: BOOL, int: INT, float: FLOAT, str: STR}  # bool first: a bool is also an int
 
@@ -87,7 +87,7 @@ RUNS: tuple[Column, ...] = (
     Column("host", STR, "the host rank 0 ran on"),
     Column("cores_oversubscribed", BOOL, "more ranks than CPU cores: compute times include contention"),
     Column("gpu_shared", BOOL, "several workers shared one GPU (no NCCL): compute and transfers contend"),
-    Column("started_at", TIME, "when the run started (UTC, to the second)"),
+    Column("started_at", TIME, "when the run started (UTC)"),
     Column("duration_s", FLOAT, "wall time of the whole run in seconds"),
     # the numbers (means over timed steps; a step is the slowest worker's)
     Column("throughput", FLOAT, "samples per second of the whole group"),
@@ -208,6 +208,7 @@ def _check_keys(keys, table: tuple[Column, ...]) -> None:
 
 # ---- strategy parameters ------------------------------------------------------------------------------------
 
+@functools.cache
 def parameter_types(strategy: str) -> dict[str, tuple[pa.DataType, object]]:
     """A registered strategy's parameters: name -> (Arrow type, default). Types come from the strategy config's
     annotations (bool, int, float, str, or one of them | None); anything else is refused, naming it."""
@@ -262,8 +263,8 @@ def to_arrow(rows: list[dict], table: tuple[Column, ...]) -> pa.Table:
     for name in sorted(k for k in keys if k.startswith(PARAM) and k not in columns):
         first = next(r for r in rows if r.get(name) is not None)
         columns[name] = _param_type(first.get("strategy", ""), name[len(PARAM):], first[name])
-    arrays = [pa.array([_cell(r.get(name), type_, name) for r in rows], type=type_) for name, type_ in columns.items()]
-    return pa.Table.from_arrays(arrays, names=list(columns))
+    typed = [{name: _cell(r.get(name), type_, name) for name, type_ in columns.items()} for r in rows]
+    return pa.Table.from_pylist(typed, schema=pa.schema(list(columns.items())))
 
 
 def _cell(value, type_: pa.DataType, column: str):
@@ -360,7 +361,6 @@ def _param_value(strategy: str, name: str, value):
     return value
 
 
-@functools.cache
 def _declared(strategy: str) -> dict[str, pa.DataType]:
     return {k: t for k, (t, _) in parameter_types(strategy).items()}
 

@@ -19,9 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import ray  # noqa: F401 - puts Ray's vendored psutil on the import path
+
+from experiments.results.dataset import read_runs, read_steps
 
 pytestmark = pytest.mark.ray
 
@@ -207,7 +208,7 @@ def test_sweep_as_a_ray_job_on_a_real_head(ray_head, tmp_path):
     assert len(workers) == 2, f"expected the run's 2 GroupWorker actors on the head, found {workers}"
     assert "Started a local Ray instance" not in job_log
 
-    runs, steps = pd.read_parquet(out / "runs.parquet"), pd.read_parquet(out / "steps.parquet")
+    runs, steps = read_runs(out), read_steps(out)
     assert list(runs["status"]) == ["ok"], runs.to_dict("records")
     assert runs.loc[0, "strategy"] == "ring" and runs.loc[0, "workers"] == 2
     assert len(steps) == 3 * 2 and set(steps["run_id"]) == set(runs["run_id"])

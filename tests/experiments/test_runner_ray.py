@@ -10,6 +10,7 @@ from experiments.bench.collectives import verify
 from experiments.config import sweep as sweep_mod
 from experiments.pipeline.runner import run_sweep
 from experiments.pipeline.store import Store
+from experiments.results.dataset import read_steps
 
 pytestmark = pytest.mark.ray
 
@@ -88,7 +89,7 @@ def test_every_strategy_trains_through_ray(ray_session, tmp_path):
     resolved = json.loads((tmp_path / "out" / "sweep.resolved.json").read_text())
     assert sorted(r["run_id"] for r in resolved["runs"]) == sorted(runs["run_id"])
     assert all(r["workload"] == "tiny" and r["lr"] > 0 for r in resolved["runs"])  # defaults spelled out
-    steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
+    steps = read_steps(tmp_path / "out")
     assert len(steps) == sum(3 * strategies.make(n, **({"servers": 1} if n == "parameter_server" else {}))
                              .world_size(3) for n in names)
     dec = runs[runs["strategy"] == "decentralized"].iloc[0]
