@@ -27,6 +27,7 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us
 	.venv/bin/syncbench bench --workers 4 --p2p sockets
 	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
+	.venv/bin/syncbench bench --ps
 
 # The correctness core for iteration (under 3 minutes on 2 cores): strategies against their references on thread
 # ranks, the plug-in harness, sweep parsing, the results schema and store, report tables. No Ray, no namespaces.

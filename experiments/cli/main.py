@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overlap", action="store_true",
                    help="instead: profile-mode training, overlap off/on x bucket_mb 1, 25, flat, per strategy and "
                         "link, measured beside the timeline prediction")
+    p.add_argument("--ps", action="store_true",
+                   help="instead: the parameter server's communication time (k = 1, 2, 4 x dedicated, colocated x "
+                        "summation, update) beside ring and BytePS's optimum; 4 workers, resnet18 profile, 1 Gbit")
+    p.add_argument("--partition-mb", default="4,1", help="with --ps: partition sizes in MiB (default 4,1)")
     p.add_argument("--models", default="resnet18,resnet50", help="with --overlap: models to profile")
     p.add_argument("--links", default="1Gbit,10Gbit", help="with --overlap: emulated links ('none': full speed)")
     p.add_argument("--steps", type=int, default=4, help="with --overlap: steps per run, 1 of them warm-up")
@@ -276,6 +280,14 @@ def _verify(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.ps:
+        from experiments.bench.parameter_server import format_table, ps_bench
+
+        parts = [float(p) for p in args.partition_mb.split(",") if p]
+        print(format_table(ps_bench(workers=args.workers, bandwidth=args.bandwidth or "1Gbit",
+                                    latency=args.latency if args.latency != "0s" else "50us", partition_mb=parts,
+                                    steps=args.steps, out=args.out)))
+        return 0
     if args.overlap:
         from experiments.bench.overlap import DEFAULT_STRATEGIES, format_overlap, overlap_bench
 

@@ -401,7 +401,11 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         errors.append(f"strategy_params.{strategy}: {e}")
         return None
     workers = point.get("workers", 1)
-    world = config.world_size(workers)
+    try:
+        world = config.world_size(workers)
+    except ValueError as e:  # a setting that does not fit this many workers (colocated servers, backups)
+        errors.append(f"strategy_params.{strategy}: {e}")
+        return None
     if world > MAX_RANKS:
         servers = f" + {world - workers} server(s)" if world > workers else ""
         errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")

@@ -101,8 +101,13 @@ class Substrate(ABC):
         spec = run.spec
         straggler = (f" straggler=ranks {spec.straggler['ranks']} x{spec.straggler['slowdown']:g}"
                      if spec.straggler and spec.straggler["ranks"] else "")
-        return (f"{spec.strategy} workers={spec.workers} {spec.workload} link={spec.link_label}{straggler} "
-                f"steps={spec.steps}")
+        # every setting a sweep may vary: the strategy's parameters, buckets and overlap (runs differing only there
+        # looked identical)
+        params = "".join(f" {k}={v}" for k, v in spec.strategy_params.items())
+        buckets = (f" bucket_mb={spec.bucket_mb:g}" if spec.bucket_mb is not None else "") + (
+            " overlap" if spec.overlap else "")
+        return (f"{spec.strategy}{params} workers={spec.workers} {spec.workload} link={spec.link_label}{straggler}"
+                f"{buckets} compute={spec.compute} steps={spec.steps}")
 
     def outcome(self, row: dict) -> str:
         if row["status"] != "ok":

@@ -1,0 +1,118 @@
+"""`syncbench bench --ps`: the parameter server's communication time against BytePS's optimum and ring, one sweep.
+
+4 workers train resnet18 in profile mode (its 44.7 MB of fp32 gradients, one flat bucket unless overlap is on)
+over emulated 1 Gbit NICs; the sweep's strategy parameters are lists (servers 1, 2, 4 x dedicated, colocated x
+summation, update x partition sizes), ring runs in the same sweep. The table prints each run's communication
+time per step (the slowest worker's, mean over timed steps) beside the model (traffic()'s critical path over the
+link), BytePS's optimum for its k extra server NICs, the ratio to ring, and the issue's target where it has one:
+dedicated k = n within 15% of M / B and <= 0.75x ring; k = 1 within 15% of n M / B; colocated k = n within 15%
+of ring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+import strategies
+from reports.model import byteps_optimum, comm_time
+from strategies.transport.link import parse_bandwidth, parse_latency
+
+SERVERS = (1, 2, 4)
+PLACEMENTS = ("dedicated", "colocated")
+MODES = ("summation", "update")
+
+
+def ps_bench(workers: int = 4, bandwidth: str = "1Gbit", latency: str = "50us", partition_mb=(4.0, 1.0),
+             servers=SERVERS, overlap: bool = False, steps: int = 4, warmup_steps: int = 1, batch_size: int = 16,
+             model: str = "resnet18", out: str | Path | None = None, log=None) -> pd.DataFrame:
+    """Measure the profile once, run the sweep on thread ranks (python-emulated links), return one row per run."""
+    from experiments.config.sweep import parse
+    from experiments.pipeline.runner import run_sweep
+    from experiments.pipeline.substrate import ThreadSubstrate
+    from workloads.profile import measure_profile, save_profile
+
+    out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="syncbench-ps-"))
+    profile = measure_profile(model, batch_size, 32)
+    path = save_profile(profile, out_dir / "profiles" / f"{profile.id}.json")
+    sweep = parse({
+        "name": "ps-bench",
+        "defaults": {"workload": model, "batch_size": batch_size, "image_size": 32, "steps": steps,
+                     "warmup_steps": warmup_steps, "workers": workers, "compute": "profile", "profile": str(path),
+                     "overlap": overlap, "link": {"bandwidth": bandwidth, "latency": latency}, "timeout": 300.0},
+        "grid": {"strategy": ["ring", "parameter_server"]},
+        "strategy_params": {"parameter_server": {  # lists: one grid axis each (the sweep expands them)
+            "servers": list(servers), "placement": list(PLACEMENTS), "mode": list(MODES),
+            "partition_mb": [float(p) for p in partition_mb]}},
+    })
+    kwargs = {"log": log} if log else {}
+    runs = run_sweep(sweep, out_dir / "results", overwrite=True, substrate=ThreadSubstrate(), **kwargs)
+    return table(runs, workers, sum(profile.numels) * profile.itemsize, parse_bandwidth(bandwidth),
+                 parse_latency(latency))
+
+
+def table(runs: pd.DataFrame, workers: int, nbytes: int, bandwidth: float, latency: float) -> pd.DataFrame:
+    """One row per run: measured comm, modelled comm, BytePS's optimum, ratio to ring, the target and its verdict."""
+    n, m_over_b = workers, nbytes / bandwidth
+    ring = runs[runs["strategy"] == "ring"]["comm_s"]
+    ring_s = float(ring.iloc[0]) if len(ring) else math.nan
+    rows = []
+    for _, run in runs.iterrows():
+        if run["strategy"] == "ring":
+            params, k, placement, mode, part = {}, 0, "-", "-", math.nan
+        else:
+            k, placement, mode = int(run["param_servers"]), run["param_placement"], run["param_mode"]
+            part = float(run["param_partition_mb"])
+            params = {"servers": k, "placement": placement, "mode": mode, "partition_mb": part}
+        config = strategies.make(run["strategy"], **params)
+        traffic = config.traffic(n, nbytes // 4, 4)
+        modelled = comm_time(traffic.rounds, traffic.path_bytes, bandwidth, latency)
+        optimum = byteps_optimum(n, config.num_servers(n), nbytes, bandwidth)
+        target, goal = "", math.nan
+        if run["strategy"] == "parameter_server" and placement == "dedicated" and k == n:
+            target, goal = f"<= 1.15 x M/B = {1.15 * m_over_b:.3f} and <= 0.75 x ring", min(1.15 * m_over_b,
+                                                                                           0.75 * ring_s)
+        elif run["strategy"] == "parameter_server" and placement == "dedicated" and k == 1:
+            target, goal = f"within 15% of n M/B = {n * m_over_b:.3f}", 1.15 * n * m_over_b
+        elif run["strategy"] == "parameter_server" and placement == "colocated" and k == n:
+            target, goal = "within 15% of ring", 1.15 * ring_s
+        comm = float(run["comm_s"]) if run["status"] == "ok" else math.nan
+        met = "" if not target else ("met" if comm <= goal and (k != 1 or comm >= 0.85 * n * m_over_b)
+                                     and (placement != "colocated" or comm >= 0.85 * ring_s) else "MISSED")
+        rows.append({"strategy": run["strategy"], "servers": k, "placement": placement, "mode": mode,
+                     "partition_mb": part, "comm_s": comm, "model_s": modelled, "optimum_s": optimum,
+                     "vs_ring": comm / ring_s, "target": target, "verdict": met, "status": run["status"]})
+    order = {"ring": 0, "parameter_server": 1}
+    df = pd.DataFrame(rows)
+    df = df.sort_values(["strategy", "partition_mb", "placement", "servers", "mode"], key=lambda c: (
+        c.map(order) if c.name == "strategy" else c))
+    df.attrs.update(workers=n, nbytes=nbytes, bandwidth=bandwidth, latency=latency)
+    return df.reset_index(drop=True)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    a = df.attrs
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    lines = [f"# {a['workers']} workers, resnet18 profile ({a['nbytes'] / 1e6:.1f} MB fp32 gradients), "
+             f"{a['bandwidth'] * 8 / 1e9:g} Gbit python-emulated NICs, latency {a['latency'] * 1e6:g} us; "
+             f"thread ranks of one process on {os.cpu_count()} cores (load average {load:.1f}: shared machine)",
+             "# comm: the slowest worker's per step, mean over timed steps; model: traffic()'s critical path over the "
+             "link; optimum: BytePS 2n(n-1)M/((n^2+kn-2k)B), k = extra server NICs; MB = 10^6 bytes",
+             f"{'strategy':>16} {'k':>2} {'placement':>9} {'mode':>9} {'part MiB':>8} {'comm s':>7} {'model s':>7} "
+             f"{'optimum s':>9} {'vs ring':>7}  target"]
+    for r in df.itertuples():
+        part = "-" if math.isnan(r.partition_mb) else f"{r.partition_mb:g}"
+        comm = "failed" if r.status != "ok" else f"{r.comm_s:.3f}"
+        k = "-" if r.strategy == "ring" else str(r.servers)
+        target = f"{r.target}: {r.verdict}" if r.target else ""
+        lines.append(f"{r.strategy:>16} {k:>2} {r.placement:>9} {r.mode:>9} {part:>8} {comm:>7} {r.model_s:>7.3f} "
+                     f"{r.optimum_s:>9.3f} {r.vs_ring:>7.2f}  {target}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_table(ps_bench()))
