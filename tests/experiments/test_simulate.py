@@ -210,7 +210,7 @@ def test_native_and_a_deadlock_are_refused_with_clear_errors():
     substrate = SimGridSubstrate([])
     for name, fragment in (("native", "declares counted = False"), ("ddp", "wraps the model")):
         spec = RunSpec(strategy=name, workers=2, link={"bandwidth": "1Gbit"})
-        with pytest.raises(ValueError, match=f"simgrid substrate cannot run this sweep.*{fragment}"):
+        with pytest.raises(ValueError, match=f"(?s)simgrid substrate cannot run this sweep.*{fragment}"):
             substrate.check([Run(spec.run_id, spec)])
 
     def lonely(comm):
@@ -219,6 +219,30 @@ def test_native_and_a_deadlock_are_refused_with_clear_errors():
 
     with pytest.raises(Exception, match=r"deadlocked.*1 of 3 ranks never finished \(ranks 0\)"):
         _child_call(lonely, 3, Platform())
+
+
+def test_a_straggler_is_applied_on_the_simulated_clock():
+    """A straggler's timeline is stretched by its slowdown and the synchronous step waits for it (was ignored)."""
+    platform = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "alpha_beta"})
+    timeline = Timeline.fixed(0.01, 0.02, 0.005, (1000, 20_000))
+    base, _ = _simulate("ring", 4, 0, platform, compute=timeline, steps=2)
+    slow, rows = _simulate("ring", 4, 0, platform, compute=timeline, steps=2,
+                           straggler={"ranks": [1], "slowdown": 3.0})
+    compute = pd.DataFrame(rows).query("timed").groupby("rank")["compute_s"].mean()
+    assert compute[1] == pytest.approx(3 * compute[0]) and compute[0] == pytest.approx(0.035)
+    assert slow["straggler_slowdown"] == 3.0 and slow["straggler_ranks"] == (1,)
+    assert slow["step_time_s"] == pytest.approx(base["step_time_s"] + 2 * 0.035, abs=1e-3)
+
+
+def test_settings_the_simulator_cannot_apply_are_refused_before_any_run():
+    substrate = SimGridSubstrate([])
+    link = {"bandwidth": "1Gbit"}
+    for settings, fragment in (({"link": None}, "has no link"), ({"device": "cuda", "link": link}, "device = 'cuda'"),
+                               ({"dataset": "digits", "link": link}, "dataset = 'digits'"),
+                               ({"link": {**link, "emulation": "kernel"}}, "emulation = 'kernel'")):
+        spec = RunSpec(strategy="ring", workers=2, **settings)
+        with pytest.raises(ValueError, match=fragment):
+            substrate.check([Run(spec.run_id, spec)])
 
 
 def test_simulate_command_writes_the_results_schema(tmp_path):
