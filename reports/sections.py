@@ -76,10 +76,49 @@ def _values(runs: pd.DataFrame, col: str) -> str:
     return ", ".join(v for v in runs[col].dropna().astype(str).unique() if v) or "none"
 
 
+def warnings(r: Results) -> list[tuple[str, str]]:
+    """(title, text) of each warning that concerns many figures, said once under the answer; the affected runs
+    are marked in the tables."""
+    out = []
+    distorted = r.ok[r.ok["distorted"]]
+    if not distorted.empty:
+        parts = []
+        over = distorted[distorted["cores_oversubscribed"]]
+        if not over.empty:
+            configs = sorted({f"{x.workers} workers + {x.servers} servers on {x.cores} cores"
+                              for x in over.itertuples()})
+            parts.append(f"{len(over)} run(s) had more ranks than CPU cores ({'; '.join(configs)})")
+        shared = distorted[distorted["gpu_shared"]]
+        if not shared.empty:
+            parts.append(f"{len(shared)} run(s) had several workers share a GPU "
+                         f"(n = {', '.join(map(str, sorted(shared['workers'].unique())))})")
+        out.append(("Distorted measurements:", f"{'; '.join(parts)} of the {len(r.ok)} successful runs. Their "
+                    "compute and communication times include contention for the machine, not only the network; "
+                    "they are marked in the tables and left out of the cost model's calibration."))
+    if r.ok["bypasses_link"].any():
+        labels = ", ".join(r.ok.loc[r.ok["bypasses_link"], "label"].unique())
+        out.append(("Not on the emulated link:", f"{labels} moved their bytes inside the backend (gloo), so the "
+                    "python-emulated link did not shape them: they ran at loopback speed. They are kept out of "
+                    "every comparison, figure and verdict with the shaped runs and shown apart in the loopback "
+                    "reference; compare them on full-speed or kernel-shaped links."))
+    profiled = r.ok[r.ok["compute"] == "profile"]
+    if not profiled.empty:
+        which = ", ".join(sorted({f"{x.profile_id} ({x.profile_device})" for x in profiled.itertuples()}))
+        out.append(("Replayed compute:", f"{len(profiled)} of {len(r.ok)} runs replayed a measured compute profile "
+                    f"instead of computing ({which}); their compute times are the profile's and their parameters "
+                    "did not train."))
+    failed = int((~r.runs["ok"]).sum())
+    if failed:
+        out.append(("Failed runs:", f"{failed} run(s) failed; they are left out of the figures (see the runs "
+                    "table)."))
+    return out
+
+
 # ---- the sections, in page order --------------------------------------------------------------------------
 
 def summary(r: Results) -> dict:
-    """The answer first (which strategy, by how much and how sure, why), then the sweep and the machine."""
+    """The answer first (which strategy, by how much and how sure, why), the warnings that concern many figures,
+    then the sweep, the machine and the best strategy per condition."""
     best = verdicts.best_strategies(r.ok, r.links)
     description = ""
     if r.sweep_text:
@@ -89,7 +128,8 @@ def summary(r: Results) -> dict:
             parsed = {}
         description = parsed.get("description") if isinstance(parsed.get("description"), str) else ""
     shown = best.drop(columns=["_best", "_next", "_tied", "link"]) if not best.empty else best
-    return {"answers": verdicts.verdicts(best), "description": description, "sweep_text": r.sweep_text,
+    return {"answers": verdicts.verdicts(best), "warnings": warnings(r), "description": description,
+            "sweep_text": r.sweep_text,
             "sweeps": ", ".join(r.runs["sweep"].astype(str).unique()),
             "machine": {c: _values(r.runs, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")},
             "runs": len(r.runs), "ok": int(r.runs["ok"].sum()), "failed": int((~r.runs["ok"]).sum()),
@@ -164,10 +204,10 @@ def cost_model(r: Results) -> dict | Absent:
 
 
 def overlap(r: Results) -> dict | Absent:
-    """Exposed vs hidden communication, P with overlap, and what overlap buys in bandwidth."""
+    """Exposed vs hidden communication, P with overlap, and what overlap buys in bandwidth (shaped runs only)."""
     if not r.ok["overlap"].any():
         return Absent("no run overlapped communication with backward (overlap = true)")
-    frame = tables.overlap_frame(r.ok)
+    frame = tables.overlap_frame(figures.shaped(r.ok))
     return {"table": Table(frame, {"workers": "d", "step s": ".3f", "Ts s": ".3f", "exposed s": ".3f",
                                    "busy s": ".3f", "hidden s": ".3f", "overlap fraction": ".2f", "P": ".3f",
                                    "S for P=0.9, no overlap MB/s": ",.1f",

@@ -14,6 +14,8 @@ import pandas as pd
 from reports.load import mean_per_config
 from reports.model import MB
 
+SHOWN_IN_A_TIE = 3  # a tie names its fastest few; the best-strategy table has the rest
+
 
 def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
     """Per (workload, condition, workers > 1): the fastest configuration by mean throughput, its spread, the
@@ -63,7 +65,7 @@ def verdicts(best: pd.DataFrame) -> list[str]:
         row = g.loc[g["workers"].idxmax()]
         winner, runner_up, tied = row["_best"], row["_next"], row["_tied"]
         where = f"{row['workload']} on {row['condition']}, {row['workers']} workers"
-        distorted = " Distorted by contention for the machine: see the note at the top." if row["distorted"] else ""
+        distorted = " Distorted by contention for the machine: see the note below." if row["distorted"] else ""
         if runner_up is None:
             out.append(f"{where}: {winner['label']} is the only strategy measured.{distorted}")
         elif row["verdict"] == "tie":
@@ -71,8 +73,9 @@ def verdicts(best: pd.DataFrame) -> list[str]:
             why = ("one run each, so there is no spread between repeats to measure a lead against; repeat the "
                    "runs (repeats or seeds) to separate them" if (pd.Series([r["runs"] for r in names]) < 2).any()
                    else f"a lead of {row['lead over next %']:.1f}% is inside the spread between repeats")
-            out.append(f"{where}: tie, not distinguishable: " + ", ".join(_measured(r) for r in names)
-                       + f" ({why}).{distorted}")
+            shown = ", ".join(_measured(r) for r in names[:SHOWN_IN_A_TIE])
+            more = f" and {len(names) - SHOWN_IN_A_TIE} more" if len(names) > SHOWN_IN_A_TIE else ""
+            out.append(f"{where}: tie, not distinguishable: {shown}{more} ({why}).{distorted}")
         else:
             why = _why(winner, runner_up)
             out.append(f"{where}: use {winner['label']}, {_measured(winner)} against {_measured(runner_up)} "

@@ -27,7 +27,7 @@ from experiments.cli.main import main
 from experiments.cluster.limits import Capacity, LimitError, check_capacity
 from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import MAX_RUNS, RANGES, RunSpec, SweepError
-from experiments.pipeline import runner
+from experiments.pipeline import ray_substrate, runner
 from experiments.pipeline.store import Store, StoreError, default_dir
 from experiments.pipeline.summary import summarize
 from workloads.profile import ProfileError, load_profile
@@ -205,7 +205,7 @@ def test_machine_limits_refuse_before_ray_starts(tmp_path, monkeypatch):
     if ray.is_initialized():
         pytest.skip("a Ray session of this test process is up: the check would use the cluster's numbers")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(runner, "local_capacity", lambda: Capacity(2, 20e9, "this machine"))
+    monkeypatch.setattr(ray_substrate, "local_capacity", lambda: Capacity(2, 20e9, "this machine"))
     sweep = load(tmp_path, BASE.replace("workers = 2", "workers = 10000"))  # the example
     start = time.perf_counter()
     with pytest.raises(LimitError, match="workers = 10000 \\(10000 ranks, tiny\\): this machine has 2 cores"):

@@ -88,10 +88,10 @@ def test_sections_in_order_the_absent_ones_listed_once_and_plotly_embedded_once(
     assert "MODEL, not a measurement" in page
 
 
-def test_the_distorted_warning_appears_once_at_the_top(built_report):
+def test_the_distorted_warning_appears_once_under_the_answer(built_report):
     page = built_report.read_text()
     assert page.count("Distorted measurements:") == 1
-    assert page.index("Distorted measurements:") < page.index('<section id="summary">')
+    assert page.index('<div class="answer">') < page.index("Distorted measurements:") < page.index("<b>Sweep:</b>")
     best = page.split('<section id="summary">')[1].split("</table>")[0]
     assert "<th>distorted</th>" in best and "<td>yes</td>" in best  # the affected runs are marked
 
