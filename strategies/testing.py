@@ -25,7 +25,8 @@ from strategies.transport.threads import run_threads
 def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT_S,
                    network: Network | None = None, repeat: int = 1, p2p: str = "threads", **params):
     """Run strategy `name` once (or `repeat` times, feeding outputs back in) on len(inputs) worker threads.
-    `p2p`: what carries the messages between the threads (strategies.transport.threads.THREAD_P2P)."""
+    `p2p`: the transport that carries the messages between the threads: any name of strategies.transport.factory
+    that works over thread ranks ("threads", "sockets", "sockets-unix", "sockets-tcp", or one registered)."""
     config = strategies.make(name, **params)
     workers = len(inputs)
     if workers < 1:
@@ -191,7 +192,7 @@ def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, 
     """Run `name` on every world size x size x op (default: all it supports) on threads; check every rank's
     result against numpy, bitwise agreement between ranks and the measured bytes against `traffic()`.
     `dtype` (default: float32 for arithmetic, int32 for logical and bitwise ops); `p2p` what carries the
-    messages between the threads (strategies.transport.threads.THREAD_P2P). Returns the cases checked."""
+    messages between the threads (see run_collective). Returns the cases checked."""
     config = strategies.make(name, **params)
     cases = 0
     for workers, numel, op in itertools.product(world_sizes, numels, ops or config.ops):

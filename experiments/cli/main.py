@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
 from pathlib import Path
 
-# strategies.transport.sockets.P2P, spelled out so that parsing arguments does not import torch (a test checks)
-P2P_CHOICES = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
+# the transports' names, read from their one list without importing the strategies package (that imports torch)
+_TRANSPORT_NAMES = runpy.run_path(str(Path(__file__).resolve().parents[2] / "strategies" / "transport" / "names.py"))
+P2P_CHOICES = _TRANSPORT_NAMES["P2P"]
+P2P_DEFAULT = _TRANSPORT_NAMES["default_p2p"]("cpu")  # bench and verify move host tensors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--out", help="JSON file to write (default: profiles/<profile id>.json)")
 
-    p = sub.add_parser("verify", help="check every strategy against a reference on Ray actors over gloo")
+    p = sub.add_parser("verify", help="check every strategy against a reference on Ray actors (over --p2p)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--numel", type=int, default=100_003)
     p.add_argument("--op", default="sum", help="the reduction op (see `syncbench strategies`; default sum)")
@@ -68,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", help="comma-separated names (default: all)")
     p.add_argument("--address", help="Ray cluster address")
     p.add_argument("--oversubscribe", action="store_true", help="allow more than 4 ranks per core")
-    p.add_argument("--p2p", default="gloo", choices=P2P_CHOICES,
-                   help="what carries the strategies' messages: gloo (default) or syncbench's own sockets")
+    p.add_argument("--p2p", default=P2P_DEFAULT, choices=P2P_CHOICES,
+                   help=f"what carries the strategies' messages: syncbench's own sockets or gloo (default "
+                        f"{P2P_DEFAULT})")
 
     p = sub.add_parser("bench", help="nccl-tests-style table of allreduce time, algbw and busbw per strategy")
     p.add_argument("--workers", type=int, default=4)
@@ -81,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="who shapes --bandwidth: the communicator (python, default) or the kernel, on the cluster "
                         "of `syncbench cluster up` (one rank per node; native is shaped too)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
-    p.add_argument("--p2p", default="gloo", choices=P2P_CHOICES,
-                   help="what carries the strategies' messages: torch.distributed's gloo (default) or syncbench's "
-                        "own sockets (Unix within a network namespace, else TCP); native is gloo's either way")
+    p.add_argument("--p2p", default=P2P_DEFAULT, choices=P2P_CHOICES,
+                   help=f"what carries the strategies' messages: syncbench's own sockets (Unix within a network "
+                        f"namespace, else TCP) or torch.distributed's gloo (default {P2P_DEFAULT}); native is gloo's "
+                        f"either way")
     p.add_argument("--transport", action="store_true",
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
     p.add_argument("--harness", action="store_true",

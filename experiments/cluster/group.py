@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S
 from strategies.transport.link import Network
-from strategies.transport.sockets import P2P
+from strategies.transport.names import P2P
 from workloads.profile import cpu_model
 
 STARTUP_TIMEOUT_S = 120.0
@@ -55,7 +55,7 @@ class RankContext:
 
     rank: int
     world_size: int
-    comm: object  # a TorchCommunicator, fresh for each run() call
+    comm: object  # the Communicator of run()'s p2p (strategies.transport.factory), fresh for each run() call
     device: str  # "cpu" or "cuda"
     state: dict = field(default_factory=dict)  # persists on the actor across run() calls
 
@@ -121,15 +121,12 @@ class GroupWorker:
                 "pid": os.getpid()}
 
     def run(self, fn, args: tuple, network: Network | None, timeout: float, p2p: str = "gloo"):
+        from strategies.transport import factory
         from strategies.transport.torch_dist import TorchCommunicator
 
-        if p2p == "gloo":
-            comm = TorchCommunicator(self.rank, self.world_size, timeout, network, control_group=self.control_group)
-        else:  # sockets[-unix|-tcp]: the gloo communicator stays the control plane and the native allreduce
-            from strategies.transport.sockets import SocketCommunicator, mode_of
-
-            control = TorchCommunicator(self.rank, self.world_size, timeout, control_group=self.control_group)
-            comm = SocketCommunicator(control, timeout, network, address=self.ip, mode=mode_of(p2p))
+        # the process group is the control plane (and the native allreduce); p2p names what carries the messages
+        control = TorchCommunicator(self.rank, self.world_size, timeout, control_group=self.control_group)
+        comm = factory.build(p2p, control, timeout=timeout, network=network, address=self.ip)
         device = "cuda" if ray.get_gpu_ids() else "cpu"
         ctx = RankContext(self.rank, self.world_size, comm, device, self.state)
         try:

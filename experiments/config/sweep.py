@@ -18,7 +18,7 @@ from pathlib import Path
 import strategies
 from strategies.base import PARAMETERS
 from strategies.transport.link import Network, parse_bandwidth, parse_latency
-from strategies.transport.sockets import P2P
+from strategies.transport.names import P2P, default_p2p
 from workloads.data import DATASETS
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
 from workloads.models import MODELS, check_model_args
@@ -116,7 +116,9 @@ class RunSpec:
     overlap: bool = False  # sync each bucket from a communication thread as soon as its gradients are ready
     compute: str = "real"  # "real": the model computes; "profile": a measured timeline is replayed
     profile: str | None = None  # compute = "profile": a profile JSON file; None: measured at the run's start
-    p2p: str = "gloo"  # what carries the messages: gloo or syncbench's sockets (strategies.transport.sockets.P2P)
+    # what carries the messages (strategies.transport.names.P2P); a sweep that does not say takes default_p2p(device):
+    # syncbench's sockets for host tensors, gloo/NCCL for GPU ones
+    p2p: str = "sockets"
 
     @property
     def run_id(self) -> str:
@@ -155,7 +157,8 @@ class RunSpec:
 
 
 RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
-# Settings added after results existed: at their defaults they stay out of the run id, so earlier results resume.
+# Settings added after results existed: at these values they stay out of the run id, so earlier results resume
+# (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo"}
 COMPUTE_MODES = ("real", "profile")
 
@@ -353,9 +356,11 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         bad("device", ", ".join(DEVICES))
     if point.get("strategy", "ring") not in strategies.names():
         bad("strategy", ", ".join(strategies.names()))
-    if point.get("p2p", "gloo") not in P2P:
+    if "p2p" not in point:  # recorded in the run: its id and transport say which it took
+        point["p2p"] = default_p2p(point.get("device", "cpu"))
+    if point["p2p"] not in P2P:
         bad("p2p", ", ".join(P2P))
-    elif point.get("p2p", "gloo") != "gloo" and point.get("device", "cpu") == "cuda":
+    elif point["p2p"] != "gloo" and point.get("device", "cpu") == "cuda":
         errors.append(f"p2p = {point['p2p']!r} with device = \"cuda\": syncbench's sockets carry host tensors; "
                       f"GPU runs take p2p = \"gloo\" (NCCL when every rank has its own GPU)")
     for key, accepted in RANGES.items():

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.transport.link import BANDWIDTH_HELP, LATENCY_HELP, parse_bandwidth, parse_latency
+from strategies.transport.names import NIC_MODES
 
 TOPOLOGIES = ("star", "fat_tree", "nodes")
-NIC_MODES = ("shared", "fifo", "buffered")  # as transport.simgrid.NIC_MODES (imported with SimGrid)
 NETWORK_MODELS = {
     "tcp": ("network/model:LV08",),
     "alpha_beta": ("network/model:CM02", "network/crosstraffic:0", "network/TCP-gamma:0",

@@ -194,6 +194,8 @@ def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec
     if unknown:
         raise ValueError(f"{path}: unknown [simulate] key(s) {unknown}: accepted are {', '.join(SIMULATE_KEYS)}")
     sweep_mod.check_simulate(table, str(path))  # types (no string "false" taken as true) and ranges
+    if isinstance(data.get("defaults", {}), dict):  # SimGrid carries a simulated run's messages: p2p does not
+        data["defaults"] = {"p2p": "gloo", **data.get("defaults", {})}  # apply; "gloo" keeps it out of the run id
     sweep = sweep_mod.parse(data, source=text, where=str(path))
     axes = [(k, v if isinstance(v, list) else [v]) for k, v in table.items() if k in PLATFORM_KEYS + RUN_KEYS]
     fixed = {k: v for k, v in table.items() if k in COMPUTE_KEYS}

@@ -25,6 +25,10 @@ class CommTimeout(CommError):
     """A peer did not answer within the communicator's timeout."""
 
 
+class RankAborted(CommError):
+    """This rank stopped because another rank of its run failed first (a consequence, not the root cause)."""
+
+
 @dataclass
 class PeerCounters:
     bytes_sent: int = 0
@@ -45,7 +49,9 @@ class Counters(PeerCounters):
 
 
 class Handle:
-    """A pending send or receive; wait() completes it or raises CommError/CommTimeout."""
+    """A pending send or receive; wait() completes it or raises CommError/CommTimeout.
+
+    The one handle type: a transport's raw operations return a plain function wait(timeout) instead."""
 
     def __init__(self, finish):
         self._finish = finish
@@ -58,6 +64,11 @@ class Handle:
 
 
 DONE = Handle(lambda: None)
+
+
+def completed(timeout: float) -> None:
+    """The wait of a raw operation that finished when it was posted (a send queued in memory)."""
+    return None
 
 
 class Communicator(ABC):
@@ -83,11 +94,13 @@ class Communicator(ABC):
 
     @abstractmethod
     def _raw_isend(self, tensor: torch.Tensor, dst: int, stamp: tuple[float, float] | None):
-        """Start sending `tensor` (and the emulation stamp, if any); return an object with wait(timeout)."""
+        """Start sending `tensor` (and the emulation stamp, if any); return a function wait(timeout) that
+        completes the send (`completed` if it is already)."""
 
     @abstractmethod
     def _raw_irecv(self, tensor: torch.Tensor, src: int, stamped: bool):
-        """Start receiving into `tensor`; return an object whose wait(timeout) returns the stamp or None."""
+        """Start receiving into `tensor`; return a function wait(timeout) that completes the receive, checks the
+        message against `tensor` (strategies.transport.wire) and returns the sender's stamp or None."""
 
     @abstractmethod
     def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
@@ -119,7 +132,7 @@ class Communicator(ABC):
         peer.msgs_sent += 1
 
         def finish():
-            self._guard(lambda: raw.wait(self.timeout), "send to", dst)
+            self._guard(lambda: raw(self.timeout), "send to", dst)
             if stamp:
                 sleep_until(stamp[1])
 
@@ -136,7 +149,7 @@ class Communicator(ABC):
         raw = self._guard(lambda: self._raw_irecv(tensor, src, self._clock is not None), "recv from", src)
 
         def finish():
-            stamp = self._guard(lambda: raw.wait(self.timeout), "recv from", src)
+            stamp = self._guard(lambda: raw(self.timeout), "recv from", src)
             peer = self._peers[src]
             peer.bytes_recv += nbytes
             peer.msgs_recv += 1

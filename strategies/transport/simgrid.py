@@ -30,6 +30,7 @@ runs each simulation in a fresh one).
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.machinery
 import importlib.util
@@ -41,7 +42,12 @@ from pathlib import Path
 
 import torch
 
+from strategies.transport import factory
 from strategies.transport.communicator import CommError, Communicator
+from strategies.transport.link import Network
+from strategies.transport.names import NIC_MODES
+from strategies.transport.ranks import Board, RankRun
+from strategies.transport.wire import check_received
 
 # Debian's python3-simgrid installs the extension module here; the venv does not see dist-packages.
 DEBIAN_MODULE_DIR = Path("/usr/lib/python3/dist-packages")
@@ -49,8 +55,6 @@ INSTALL_HINT = ("install SimGrid's Python bindings: as root on Debian/Ubuntu `ap
                 "(SimGrid 3.32; `make install` and .ci/run do this when they can); PyPI's simgrid is a source "
                 "package that needs a long C++ build")
 
-
-NIC_MODES = ("shared", "fifo", "buffered")
 
 
 class SimGridMissing(ImportError):
@@ -105,23 +109,20 @@ class _quiet_stderr:
 
 
 class _Message:
-    """What travels through a mailbox: the sender's element count and dtype, and the values (None for meta)."""
+    """What travels through a mailbox: the sender's byte count and dtype, and the values (None for meta)."""
 
-    __slots__ = ("numel", "dtype", "values")
+    __slots__ = ("nbytes", "dtype", "values")
 
     def __init__(self, tensor: torch.Tensor):
-        self.numel = tensor.numel()
+        self.nbytes = tensor.numel() * tensor.element_size()
         self.dtype = tensor.dtype
         self.values = None if tensor.is_meta else tensor.clone()
 
 
-class _Sent:
-    def __init__(self, comm):
-        self.comm = comm
-
-    def wait(self, timeout):
-        if self.comm.finish_time < 0:  # set when the transfer ends: reading it is free, waiting is a switch
-            self.comm.wait()
+def _wait_sent(comm, timeout) -> None:
+    """A mailbox send's wait: free if it has finished (its finish time is set), else one switch."""
+    if comm.finish_time < 0:
+        comm.wait()
 
 
 class _Receive:
@@ -141,10 +142,7 @@ class _Receive:
     def _take(self):
         message = self.box.get()
         self.done = True
-        if message.numel != self.tensor.numel() or message.dtype != self.tensor.dtype:
-            raise CommError(f"rank {self.rank}: recv from rank {self.src} expected {self.tensor.numel()} x "
-                            f"{self.tensor.dtype}, got {message.numel} x {message.dtype}: ranks disagree on the "
-                            f"tensor's size")
+        check_received(self.rank, self.src, self.tensor, message.nbytes, message.dtype)
         if message.values is not None and not self.tensor.is_meta:
             self.tensor.copy_(message.values)
 
@@ -251,8 +249,7 @@ class Cluster:
         self.ports: list[_Port] = []
         self.actors: list = [None] * world_size
         self.boxes: dict[tuple[int, int], object] = {}
-        self.board: list = [None] * world_size
-        self.barrier = sg.Barrier(world_size)
+        self.board = Board(world_size, sg.Barrier(world_size))  # takes no simulated time
 
     def box(self, src: int, dst: int):
         key = (src, dst)
@@ -261,14 +258,6 @@ class Cluster:
             box = self.boxes[key] = self.sg.Mailbox.by_name(f"{src}>{dst}")
             box.set_receiver(self.actors[dst])  # eager: sends start when posted (see the module docstring)
         return box
-
-    def exchange(self, rank: int, obj) -> list:
-        """Every rank's object in rank order; takes no simulated time (two barriers: all posted, all read)."""
-        self.board[rank] = obj
-        self.barrier.wait()
-        board = list(self.board)
-        self.barrier.wait()
-        return board
 
 
 class SimGridCommunicator(Communicator):
@@ -294,17 +283,23 @@ class SimGridCommunicator(Communicator):
             else:
                 item = _Queued(nic, box, _Message(tensor), nbytes)
             nic.post(item)
-            return item
-        return _Sent(box.put_async(_Message(tensor), nbytes))
+            return item.wait
+        return functools.partial(_wait_sent, box.put_async(_Message(tensor), nbytes))
 
     def _raw_irecv(self, tensor, src, stamped):
         posted = self._posted.get(src)
         if posted is None:
             posted = self._posted[src] = deque()
-        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor, posted)
+        return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor, posted).wait
 
     def allgather_object(self, obj) -> list:
-        return self.cluster.exchange(self.rank, obj)
+        return self.cluster.board.exchange(self.rank, obj)
+
+    def close(self) -> None:
+        """Stop this rank's NIC actor (fifo and buffered modes), so that the simulation can end."""
+        nic = self.cluster.nics[self.rank]
+        if nic is not None:
+            nic.close()
 
     def native_allreduce(self, tensor: torch.Tensor, op: str) -> None:
         raise CommError("the simulated transport has no backend allreduce: 'native' (and DDP) move their bytes "
@@ -321,6 +316,16 @@ class SimGridCommunicator(Communicator):
         """Spend `seconds` of simulated compute time (the profile's forward, backward, optimizer)."""
         if seconds > 0:
             self.sg.this_actor.sleep_for(seconds)
+
+
+def build(name: str, control: Communicator, *, timeout: float, network: Network | None, address: str):
+    """The factory's "simgrid": the simulated rank carries its own point to point (mailbox transfers); the
+    simulated platform is its network, so a python-emulated `network` is refused."""
+    factory.require(name, control, SimGridCommunicator, "a simulated rank (run_simgrid)")
+    if network is not None:
+        raise ValueError("p2p 'simgrid' takes no link emulation: the simulated platform is the network (give its "
+                         "bandwidth and latency to the platform)")
+    return control
 
 
 def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], build_platform,
@@ -374,26 +379,11 @@ def _simulate(sg, world_size, fn, build_platform, config, nic) -> list:
     if len(hosts) != world_size:
         raise ValueError(f"run_simgrid: the platform has {len(hosts)} hosts for {world_size} ranks")
     cluster = Cluster(sg, world_size, nic)
-    results: list = [None] * world_size
-    errors: list = [None] * world_size
-    finished = [False] * world_size
-
-    def body(rank):
-        comm = SimGridCommunicator(cluster, rank)
-        try:
-            results[rank] = fn(comm)
-            finished[rank] = True
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            if isinstance(e, sg.ActorKilled) or isinstance(e.__cause__, sg.ActorKilled):
-                return  # SimGrid ends the actors of a deadlocked simulation this way: reported below
-            errors[rank] = e
-            finished[rank] = True
-        finally:
-            if cluster.nics[rank] is not None:
-                cluster.nics[rank].close()
-
+    # SimGrid ends the actors of a deadlocked simulation with ActorKilled: they stay unfinished, named below
+    run = RankRun(world_size, fn, lambda rank: factory.build("simgrid", SimGridCommunicator(cluster, rank)),
+                  ignore=(sg.ActorKilled,))
     for rank in range(world_size):
-        cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], body, rank)
+        cluster.actors[rank] = sg.Actor.create(f"rank{rank}", hosts[rank], run.rank, rank)
     if nic == "buffered":
         ports = [sg.Host.by_name(f"port{rank}") for rank in range(world_size)]
         if any(p is None for p in ports):
@@ -402,13 +392,10 @@ def _simulate(sg, world_size, fn, build_platform, config, nic) -> list:
         cluster.ports = [_Port(sg, ports[rank], rank) for rank in range(world_size)]
     with _quiet_stderr():  # a deadlock report goes to stderr; it is raised below as a CommError instead
         engine.run()
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    stuck = [r for r in range(world_size) if not finished[r]]
-    if stuck:
+
+    def deadlocked(stuck: list[int]) -> str:
         shown = ", ".join(map(str, stuck[:10])) + (" ..." if len(stuck) > 10 else "")
-        raise CommError(f"simulation deadlocked at {engine.clock:.6f} simulated s: {len(stuck)} of {world_size} "
-                        f"ranks never finished (ranks {shown}): a receive without a matching send, or ranks "
-                        f"disagreeing on sizes")
-    return results
+        return (f"simulation deadlocked at {engine.clock:.6f} simulated s: {len(stuck)} of {world_size} ranks never "
+                f"finished (ranks {shown}): a receive without a matching send, or ranks disagreeing on sizes")
+
+    return run.outcome(deadlocked)

@@ -8,8 +8,10 @@ pending, and every wait drives every pending transfer of the rank, so a ring's s
 while the rank waits on its left.
 
 Where the pairs run:
-- Ranks in one network namespace of one machine (one Ray node) pair over Unix stream sockets in the abstract
-  namespace. A payload above SINGLE_COPY_BYTES then moves as MPI's shared-memory transports move it (CMA):
+- Ranks in one network namespace of one machine (one Ray node) pair over Unix stream sockets, each rank's
+  listening in a fresh 0700 directory (an abstract name is listed in /proc/net/unix for anyone to connect to;
+  a file in a private directory admits this user only), removed once the ranks are paired. A payload above
+  SINGLE_COPY_BYTES then moves as MPI's shared-memory transports move it (CMA):
   the sender sends a descriptor (its address), the receiver copies the bytes out of the sender's memory with
   one `process_vm_readv` and answers with an acknowledgement that completes the send. One copy instead of a
   socket's two (into the kernel, out of it), done by the receiver alone: on this 2-core machine that, not the
@@ -21,6 +23,12 @@ Where the pairs run:
 Addresses are swapped when the communicator is built, over a `control` communicator that also carries
 `allgather_object` and the backend's own `native_allreduce` (gloo's TorchCommunicator between Ray actors, the
 thread transport in tests); `close()` closes every socket.
+
+Strangers. Anything may connect to a TCP listener, and any process of this user to a Unix one. Every accepted
+connection must say, within its own short deadline (_HANDSHAKE_S), the group's random token and a rank this rank
+still waits for; handshakes are read side by side, so a silent stranger delays no rank. A Unix connection from a
+process that is not one of the group's is dropped at once (SO_PEERCRED). Strangers are dropped, counted
+(`strangers`) and named in the error if a rank then fails to connect.
 
 Every message starts with a 40-byte header (payload bytes, dtype code, kind, the sender's address for a
 descriptor, the emulation stamp); messages on a pair arrive in the order they were sent and receives from a
@@ -35,20 +43,25 @@ is then out of step, so the communicator refuses further traffic with that peer.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import select
+import selectors
 import socket
 import struct
+import tempfile
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.transport.link import Network
-from strategies.transport.torch_dist import _dtype_code, _dtype_name
+from strategies.transport.names import socket_mode
+from strategies.transport.wire import dtype_code, dtype_of, mismatch
 
 # payload bytes, dtype code, kind, sender's address (a descriptor), first byte on the wire, sender done (NaN: none)
 _HEADER = struct.Struct("<qiiQdd")
@@ -61,15 +74,14 @@ _READ_BUFFER_BYTES = 1 << 20
 # kernel socket buffers of a Unix pair (the default 208 KiB cost a wake-up per 208 KiB of a large payload)
 _UNIX_SOCKET_BUFFER_BYTES = 1 << 20
 _CONNECT_RETRY_S = 0.01
+# how long an accepted connection has to say which rank it is; several run at once, so a silent one delays no rank
+_HANDSHAKE_S = 5.0
+_MAX_HANDSHAKES = 64  # in flight at once: a flood of strangers is dropped, not kept open
+_STRANGERS_NAMED = 8  # in an error message, the rest counted
+_BACKLOG_EXTRA = 64
+_UNIX_PATH_MAX = 100  # bytes of a Unix socket's path (the kernel's sun_path holds 108 with its NUL)
 _CLOSE_FLUSH_S = 2.0
 MODES = ("auto", "unix", "tcp")
-# what can carry a Ray worker group's point to point (experiments.cluster.group.WorkerGroup.run, `p2p` of a sweep)
-P2P = ("gloo", "sockets", "sockets-unix", "sockets-tcp")
-
-
-def mode_of(p2p: str) -> str:
-    """The SocketCommunicator mode a p2p name asks for: "sockets" -> "auto", "sockets-unix" -> "unix", ..."""
-    return p2p.removeprefix("sockets").removeprefix("-") or "auto"
 
 
 class _IoVec(ctypes.Structure):
@@ -107,14 +119,163 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def _namespace() -> tuple[str, int]:
-    """(boot id, network namespace inode): ranks with equal pairs share a kernel and a network namespace."""
+def _namespace() -> tuple[str, int, int, int]:
+    """(boot id, network, mount and pid namespace inodes): ranks with equal ones share a kernel, can reach each
+    other's Unix socket files, and see each other's pids (SO_PEERCRED, process_vm_readv)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-        return boot, os.stat("/proc/self/ns/net").st_ino
-    except OSError:  # not Linux: no abstract Unix sockets either, so every pair takes TCP
-        return socket.gethostname(), -1
+        return (boot, *(os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "mnt", "pid")))
+    except OSError:  # not Linux: every pair takes TCP
+        return socket.gethostname(), -1, -1, -1
+
+
+@dataclass(frozen=True)
+class _Address:
+    """What a rank tells its peers over the control plane before they connect."""
+
+    where: tuple  # _namespace(): Unix pairs only between ranks where it is equal
+    unix: str | None  # the path of its Unix listener (in a 0700 directory), None: TCP only
+    tcp: tuple[str, int]
+    pid: int
+    probe: tuple[int, int]  # the address and value of an int64 a peer reads to learn if it may read this process
+    token: bytes  # rank 0's opens every connection of the group
+
+
+class _Handshakes:
+    """Connections accepted while ranks pair up, each with its own short deadline for its hello (token + rank),
+    all read side by side: a silent stranger delays no rank. Strangers (not a process of this group, a wrong
+    token, silent, closed) are dropped, counted and named for any error."""
+
+    def __init__(self, listeners: list[socket.socket], token: bytes, pids: set[int], handshake_s: float):
+        self.token, self.pids, self.handshake_s = token, pids, handshake_s
+        self.size = len(token) + 8
+        self.pending: dict[socket.socket, list] = {}  # socket -> [hello bytes so far, its deadline, who]
+        self.strangers: list[str] = []
+        self.selector = selectors.DefaultSelector()
+        for listener in listeners:
+            listener.setblocking(False)
+            self.selector.register(listener, selectors.EVENT_READ, None)
+
+    def poll(self, until: float) -> list[tuple[int, socket.socket, str]]:
+        """Accept and read until `until` or the next handshake deadline; (rank, socket, who) of each whole hello
+        with the group's token (the caller checks the rank)."""
+        now = time.monotonic()
+        for sock, (got, deadline, who) in list(self.pending.items()):
+            if now >= deadline:
+                self.drop(sock, who, f"silent ({len(got)} of {self.size} hello bytes within {self.handshake_s:g} s)")
+        wake = min([until] + [entry[1] for entry in self.pending.values()])
+        hellos = []
+        for key, _ in self.selector.select(max(wake - now, 0)):
+            if key.data is None:
+                self._accept(key.fileobj, now)
+            elif (hello := self._read(key.fileobj)) is not None:
+                hellos.append(hello)
+        return hellos
+
+    def _accept(self, listener: socket.socket, now: float) -> None:
+        try:
+            sock, addr = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        who = _who(sock, addr)
+        if sock.family == socket.AF_UNIX and _peer_credentials(sock)[0] not in self.pids:
+            self.drop(sock, who, "not a process of this group")
+        elif len(self.pending) >= _MAX_HANDSHAKES:
+            self.drop(sock, who, f"over {_MAX_HANDSHAKES} handshakes in flight")
+        else:
+            sock.setblocking(False)
+            self.pending[sock] = [b"", now + self.handshake_s, who]
+            self.selector.register(sock, selectors.EVENT_READ, who)
+
+    def _read(self, sock: socket.socket) -> tuple[int, socket.socket, str] | None:
+        got, _, who = entry = self.pending[sock]
+        try:
+            chunk = sock.recv(self.size - len(got))
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            self.drop(sock, who, f"failed during its hello: {e}")
+            return None
+        if not chunk:
+            self.drop(sock, who, f"closed after {len(got)} of {self.size} hello bytes")
+            return None
+        entry[0] = got = got + chunk
+        if len(got) < self.size:
+            return None
+        if got[:len(self.token)] != self.token:
+            self.drop(sock, who, "wrong token")
+            return None
+        self._forget(sock)
+        return struct.unpack("<q", got[len(self.token):])[0], sock, who
+
+    def _forget(self, sock: socket.socket) -> None:
+        if self.pending.pop(sock, None) is not None:
+            self.selector.unregister(sock)
+
+    def drop(self, sock: socket.socket, who: str, why: str) -> None:
+        self._forget(sock)
+        sock.close()
+        self.strangers.append(f"{who}: {why}")
+
+    def close(self) -> None:
+        for sock in list(self.pending):
+            self._forget(sock)
+            sock.close()
+        self.selector.close()
+
+    def described(self) -> str:
+        """'' or '; N stranger(s) connected meanwhile (who: why; ...)', for an error message: those dropped and
+        those still silent."""
+        named = self.strangers + [f"{who}: still silent" for _, _, who in self.pending.values()]
+        if not named:
+            return ""
+        more = len(named) - _STRANGERS_NAMED
+        shown = "; ".join(named[:_STRANGERS_NAMED]) + (f"; ... and {more} more" if more > 0 else "")
+        return f"; {len(named)} stranger(s) connected meanwhile and were dropped ({shown})"
+
+
+def _who(sock: socket.socket, addr) -> str:
+    """A connection's origin for an error: ip:port over TCP, the process (pid, uid) over Unix."""
+    if sock.family != socket.AF_UNIX:
+        return f"{addr[0]}:{addr[1]}"
+    pid, uid = _peer_credentials(sock)
+    return f"unix peer pid {pid} uid {uid}" if pid else "unix peer (credentials unknown)"
+
+
+def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED; (0, -1) where unknown)."""
+    try:
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return pid, uid
+    except (OSError, AttributeError):
+        return 0, -1
+
+
+def _unix_listener(backlog: int) -> tuple[socket.socket, str]:
+    """A Unix listener in a fresh 0700 directory (only this user can connect to it); returns it and its path."""
+    base = None
+    if len(os.path.join(tempfile.gettempdir(), "syncbench-xxxxxxxx", "s")) > _UNIX_PATH_MAX:
+        base = "/tmp"  # sun_path holds 108 bytes: a long TMPDIR would not fit
+    directory = tempfile.mkdtemp(prefix="syncbench-", dir=base)
+    path = os.path.join(directory, "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        _remove_unix_listener(path)
+        raise
+    return sock, path
+
+
+def _remove_unix_listener(path: str) -> None:
+    for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
+        try:
+            remove(target)
+        except OSError:
+            pass
 
 
 class _Send:
@@ -173,19 +334,6 @@ class _Pair:
         self.error: str | None = None
 
 
-class _Handle:
-    """What _raw_isend/_raw_irecv return: wait(timeout) drives the rank's transfers until this op is done."""
-
-    __slots__ = ("comm", "op")
-
-    def __init__(self, comm: SocketCommunicator, op: _Send | _Recv):
-        self.comm, self.op = comm, op
-
-    def wait(self, timeout: float):
-        self.comm._drive(self.op, time.monotonic() + timeout)
-        return getattr(self.op, "stamp", None)
-
-
 class SocketCommunicator(Communicator):
     """Point to point over a mesh of stream sockets; the control plane and native allreduce are `control`'s.
 
@@ -203,6 +351,7 @@ class SocketCommunicator(Communicator):
         self.control = control
         self.single_copy_bytes = SINGLE_COPY_BYTES  # larger payloads of a single-copy pair go by descriptor
         self._pairs: dict[int, _Pair] = {}
+        self.strangers: list[str] = []  # connections to this rank's listeners that were not ranks: who, and why
         self._by_fd: dict[int, _Pair] = {}
         self._poll = select.poll()
         self._polled: dict[int, int] = {}
@@ -225,55 +374,49 @@ class SocketCommunicator(Communicator):
 
     def _connect(self, address: str, mode: str) -> None:
         where = _namespace()
-        use_unix = mode != "tcp" and where[1] != -1
-        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) if use_unix else None
-        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listeners = [s for s in (unix, tcp) if s is not None]
+        listeners, unix_path = [], None
         probe = torch.randint(0, 2**62, (1,), dtype=torch.int64)  # peers read it to learn if they may
         try:
-            unix_name = None
-            if unix is not None:  # an abstract name: gone with the socket, no file to clean up
-                unix_name = f"\0syncbench-{uuid.uuid4().hex}"
-                unix.bind(unix_name)
-                unix.listen(self.world_size)
+            if mode != "tcp" and where[1] != -1:
+                unix, unix_path = _unix_listener(self.world_size + _BACKLOG_EXTRA)
+                listeners.append(unix)
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listeners.append(tcp)
             tcp.bind((address, 0))
-            tcp.listen(self.world_size)
-            mine = (where, unix_name, (address, tcp.getsockname()[1]), os.getpid(), probe.data_ptr(), int(probe),
-                    uuid.uuid4().bytes)
-            everyone = self.allgather_object(mine)
-            # every connection opens with rank 0's random token: one from anything else is dropped, not trusted
-            token = everyone[0][6]
+            tcp.listen(self.world_size + _BACKLOG_EXTRA)
+            mine = _Address(where, unix_path, (address, tcp.getsockname()[1]), os.getpid(),
+                            (probe.data_ptr(), int(probe)), uuid.uuid4().bytes)
+            everyone: list[_Address] = self.allgather_object(mine)
+            # every connection opens with rank 0's random token: anything else connecting is a stranger
+            token = everyone[0].token
             deadline = time.monotonic() + self.timeout
             for peer in range(self.rank):  # connect to every lower rank, then accept every higher one
-                peer_where, peer_unix, peer_tcp = everyone[peer][:3]
-                if unix_name is not None and peer_unix is not None and peer_where == where:
-                    sock = self._dial(socket.AF_UNIX, peer_unix, peer, deadline)
+                other = everyone[peer]
+                if unix_path is not None and other.unix is not None and other.where == where:
+                    sock = self._dial(socket.AF_UNIX, other.unix, peer, deadline)
                 else:
-                    sock = self._dial(socket.AF_INET, peer_tcp, peer, deadline)
+                    sock = self._dial(socket.AF_INET, other.tcp, peer, deadline)
                 sock.sendall(token + struct.pack("<q", self.rank))
                 self._add(peer, sock)
-            while len(self._pairs) < self.world_size - 1:
-                sock = self._accept(listeners, deadline)
-                try:
-                    hello = _recv_exact(sock, len(token) + 8, deadline)
-                except (OSError, CommError):
-                    hello = b""
-                peer = struct.unpack("<q", hello[len(token):])[0] if hello[:len(token)] == token else -1
-                if not self.rank < peer < self.world_size or peer in self._pairs:
-                    sock.close()  # not one of this group's ranks (or a second claim to one): ignored
-                    continue
-                self._add(peer, sock)
+            hellos = _Handshakes(listeners, token, {a.pid for a in everyone}, min(_HANDSHAKE_S, self.timeout))
+            try:
+                self._accept_ranks(hellos, deadline)
+            finally:
+                hellos.close()
             # single copy: which Unix peers' memory this rank can read; a peer sends by descriptor only to those
             readable = [p for p, pair in self._pairs.items()
-                        if mode == "auto" and pair.sock.family == socket.AF_UNIX and _can_read(*everyone[p][3:6])]
+                        if mode == "auto" and pair.sock.family == socket.AF_UNIX and _can_read(everyone[p].pid,
+                                                                                                *everyone[p].probe)]
             for p in readable:
-                self._pairs[p].pid = everyone[p][3]
+                self._pairs[p].pid = everyone[p].pid
             can_read_me = self.allgather_object(readable)
             for p, pair in self._pairs.items():
                 pair.single_copy = self.rank in can_read_me[p]
         finally:
             for listener in listeners:
                 listener.close()
+            if unix_path is not None:
+                _remove_unix_listener(unix_path)
         del probe  # kept alive until every peer had its read
 
     def _dial(self, family: int, addr, peer: int, deadline: float) -> socket.socket:
@@ -289,17 +432,19 @@ class SocketCommunicator(Communicator):
                     raise CommError(f"rank {self.rank}: could not connect to rank {peer} at {addr!r}: {e}") from e
                 time.sleep(_CONNECT_RETRY_S)
 
-    def _accept(self, listeners: list[socket.socket], deadline: float) -> socket.socket:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+    def _accept_ranks(self, hellos: _Handshakes, deadline: float) -> None:
+        """Accept every higher rank; strangers are dropped as they show themselves (see _Handshakes)."""
+        while len(self._pairs) < self.world_size - 1:
+            if time.monotonic() >= deadline:
                 missing = sorted(set(range(self.rank + 1, self.world_size)) - set(self._pairs))
-                raise CommError(f"rank {self.rank}: ranks {missing} did not connect within {self.timeout:g} s")
-            ready, _, _ = select.select(listeners, [], [], left)
-            if ready:
-                sock, _ = ready[0].accept()
-                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-                return sock
+                raise CommError(f"rank {self.rank}: ranks {missing} did not connect within {self.timeout:g} s"
+                                f"{hellos.described()}")
+            for peer, sock, who in hellos.poll(deadline):
+                if self.rank < peer < self.world_size and peer not in self._pairs:
+                    self._add(peer, sock)
+                else:  # the group's token, but no rank this one still waits for: not trusted either
+                    hellos.drop(sock, who, f"claims rank {peer}, not a rank still expected")
+        self.strangers = list(hellos.strangers)
 
     def _add(self, peer: int, sock: socket.socket) -> None:
         if sock.family == socket.AF_INET:
@@ -320,7 +465,7 @@ class SocketCommunicator(Communicator):
             tensor = tensor.cpu()
         first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
         nbytes = tensor.numel() * tensor.element_size()
-        code = _dtype_code(tensor.dtype)
+        code = dtype_code(tensor.dtype)
         if pair.single_copy and nbytes > self.single_copy_bytes:
             header = _HEADER.pack(nbytes, code, _DESCRIPTOR, tensor.data_ptr(), first_byte, sender_done)
             op = _Send(header, None, tensor, descriptor=True)
@@ -328,7 +473,7 @@ class SocketCommunicator(Communicator):
             op = _Send(_HEADER.pack(nbytes, code, _DATA, 0, first_byte, sender_done), _byte_view(tensor), tensor)
         pair.sends.append(op)
         self._push(pair)
-        return _Handle(self, op)
+        return functools.partial(self._wait, op)
 
     def _raw_irecv(self, tensor, src, stamped):
         pair = self._usable(src)
@@ -339,7 +484,12 @@ class SocketCommunicator(Communicator):
         pair.recvs.append(op)
         self._match(pair)
         self._pull(pair)
-        return _Handle(self, op)
+        return functools.partial(self._wait, op)
+
+    def _wait(self, op: _Send | _Recv, timeout: float):
+        """A raw operation's wait: drive the rank's transfers until `op` is done; a receive returns its stamp."""
+        self._drive(op, time.monotonic() + timeout)
+        return getattr(op, "stamp", None)
 
     def _usable(self, peer: int) -> _Pair:
         pair = self._pairs.get(peer)
@@ -478,11 +628,9 @@ class SocketCommunicator(Communicator):
 
     def _check(self, pair: _Pair, op: _Recv, header: tuple) -> None:
         nbytes, code, _, _, first_byte, sender_done = header
-        want_code = _dtype_code(op.tensor.dtype)
-        if nbytes != len(op.payload) or code != want_code:
-            self._fail(pair, f"rank {pair.peer} sent {nbytes} bytes of {_dtype_name(code)}, this rank expected "
-                             f"{len(op.payload)} bytes of {_dtype_name(want_code)} ({op.tensor.numel()} "
-                             f"elements): ranks disagree on the tensor's size or dtype")
+        why = mismatch(pair.peer, op.tensor, nbytes, dtype_of(code))
+        if why:
+            self._fail(pair, why)
         if header[2] == _DESCRIPTOR and not pair.pid:
             self._fail(pair, f"rank {pair.peer} sent a descriptor, but this rank cannot read its memory")
         op.stamp = None if math.isnan(first_byte) else (first_byte, sender_done)
@@ -582,12 +730,6 @@ def _can_read(pid: int, address: int, value: int) -> bool:
     return int(out) == value
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    data = b""
-    while len(data) < n:
-        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise CommError("a peer closed its connection during the handshake")
-        data += chunk
-    return data
+def build(name: str, control: Communicator, *, timeout: float, network: Network | None, address: str):
+    """The factory's "sockets", "sockets-unix" and "sockets-tcp": a mesh of sockets, `control` its control plane."""
+    return SocketCommunicator(control, timeout, network, address=address, mode=socket_mode(name))

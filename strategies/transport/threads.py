@@ -2,11 +2,13 @@
 
 Fast, deterministic and Ray-free: the strategy tests and the plug-in harness run on it. A shared Fabric
 holds the queues; when one rank fails the fabric is aborted so its peers fail at once instead of waiting
-out their timeout.
+out their timeout. Its queues are also the control plane any other transport (the sockets, a plug-in's)
+is built over between thread ranks (strategies.transport.factory).
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -14,8 +16,11 @@ import time
 import torch
 
 from strategies.ops import finish_reduction, reduce_into
-from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
+from strategies.transport import factory
+from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator, RankAborted, completed
 from strategies.transport.link import Network
+from strategies.transport.ranks import Board, RankRun
+from strategies.transport.wire import check_received
 
 _POLL_S = 0.05
 
@@ -27,55 +32,39 @@ class Fabric:
         self.world_size = world_size
         self.queues = {(s, d): queue.Queue() for s in range(world_size) for d in range(world_size) if s != d}
         self.aborted: str | None = None
-        self._board: list = [None] * world_size
-        self._barrier = threading.Barrier(world_size)
+        self.board = Board(world_size, threading.Barrier(world_size))
 
     def abort(self, why: str) -> None:
         self.aborted = self.aborted or why
-        self._barrier.abort()
+        self.board.barrier.abort()
 
     def exchange(self, rank: int, obj, timeout: float) -> list:
-        """Every rank's object, in rank order (two barriers: all posted, all read)."""
-        self._board[rank] = obj
+        """Every rank's object, in rank order."""
         try:
-            self._barrier.wait(timeout)
-            board = list(self._board)
-            self._barrier.wait(timeout)
+            return self.board.exchange(rank, obj, timeout)
         except threading.BrokenBarrierError as e:
-            raise CommError(f"rank {rank}: control-plane exchange broken: "
-                            f"{self.aborted or 'a peer did not arrive within the timeout'}") from e
-        return board
+            if self.aborted:
+                raise RankAborted(f"rank {rank}: control-plane exchange aborted: {self.aborted}") from e
+            raise CommError(f"rank {rank}: control-plane exchange broken: a peer did not arrive within "
+                            f"{timeout:g} s") from e
 
 
-class _Sent:
-    def wait(self, timeout):
-        return None
-
-
-class _Pending:
-    """A receive: wait() takes the next message from src off the queue and copies it in."""
-
-    def __init__(self, fabric: Fabric, rank: int, src: int, tensor: torch.Tensor):
-        self.fabric, self.rank, self.src, self.tensor = fabric, rank, src, tensor
-
-    def wait(self, timeout):
-        q = self.fabric.queues[(self.src, self.rank)]
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.fabric.aborted:
-                raise CommError(f"aborted: {self.fabric.aborted}")
-            try:
-                payload, stamp = q.get(timeout=min(_POLL_S, max(deadline - time.monotonic(), 0)))
-                break
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"no message from rank {self.src}") from None
-        if payload.shape != self.tensor.shape or payload.dtype != self.tensor.dtype:
-            raise CommError(f"rank {self.rank}: recv from rank {self.src} expected {self.tensor.numel()} "
-                            f"x {self.tensor.dtype}, got {payload.numel()} x {payload.dtype}: "
-                            f"ranks disagree on the tensor's size")
-        self.tensor.copy_(payload)
-        return stamp
+def _take(fabric: Fabric, rank: int, src: int, tensor: torch.Tensor, timeout: float):
+    """A receive's wait: the next message from src off its queue, checked and copied in; returns its stamp."""
+    q = fabric.queues[(src, rank)]
+    deadline = time.monotonic() + timeout
+    while True:
+        if fabric.aborted:
+            raise RankAborted(f"aborted: {fabric.aborted}")
+        try:
+            payload, stamp = q.get(timeout=min(_POLL_S, max(deadline - time.monotonic(), 0)))
+            break
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no message from rank {src}") from None
+    check_received(rank, src, tensor, payload.numel() * payload.element_size(), payload.dtype)
+    tensor.copy_(payload.reshape(tensor.shape))
+    return stamp
 
 
 class ThreadCommunicator(Communicator):
@@ -88,10 +77,10 @@ class ThreadCommunicator(Communicator):
 
     def _raw_isend(self, tensor, dst, stamp):
         self.fabric.queues[(self.rank, dst)].put((tensor.clone(), stamp))
-        return _Sent()
+        return completed
 
     def _raw_irecv(self, tensor, src, stamped):
-        return _Pending(self.fabric, self.rank, src, tensor)
+        return functools.partial(_take, self.fabric, self.rank, src, tensor)
 
     def allgather_object(self, obj) -> list:
         return self.fabric.exchange(self.rank, obj, self.timeout)
@@ -106,47 +95,31 @@ class ThreadCommunicator(Communicator):
         tensor.copy_(result)
 
 
-THREAD_P2P = ("threads", "sockets", "sockets-unix", "sockets-tcp")
+def build(name: str, control: Communicator, *, timeout: float, network: Network | None, address: str):
+    """The factory's "threads": the fabric's queues carry the point to point too (with `network` emulated)."""
+    factory.require(name, control, ThreadCommunicator, "thread ranks (run_threads)")
+    return ThreadCommunicator(control.fabric, control.rank, timeout, network)
 
 
 def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None,
                 p2p: str = "threads"):
-    """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the first error.
+    """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the root cause of a failure.
 
-    `p2p`: "threads" (queues) or "sockets[-unix|-tcp]": strategies.transport.sockets between the threads (on loopback),
-    with the queues as its control plane.
+    `p2p`: any transport of strategies.transport.factory that works over thread ranks: "threads" (the queues),
+    "sockets[-unix|-tcp]" (strategies.transport.sockets on loopback), a registered plug-in; the fabric's queues
+    are its control plane.
     """
-    if p2p not in THREAD_P2P:
-        raise ValueError(f"p2p {p2p!r}: expected one of {', '.join(THREAD_P2P)}")
+    factory.check(p2p)
     fabric = Fabric(world_size)
-    results: list = [None] * world_size
-    errors: list = [None] * world_size
 
-    def body(rank):
-        comm = None
-        try:
-            comm = ThreadCommunicator(fabric, rank, timeout, None if p2p != "threads" else network)
-            if p2p != "threads":
-                from strategies.transport.sockets import SocketCommunicator, mode_of
+    def start(rank: int) -> Communicator:
+        control = ThreadCommunicator(fabric, rank, timeout)
+        return factory.build(p2p, control, timeout=timeout, network=network)
 
-                comm = SocketCommunicator(comm, timeout, network, mode=mode_of(p2p))
-            results[rank] = fn(comm)
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            errors[rank] = e
-            fabric.abort(f"rank {rank} failed: {e}")
-        finally:
-            if comm is not None:
-                comm.close()
-
-    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True) for r in range(world_size)]
+    run = RankRun(world_size, fn, start, on_error=lambda rank, e: fabric.abort(f"rank {rank} failed: {e}"))
+    threads = [threading.Thread(target=run.rank, args=(r,), name=f"rank{r}", daemon=True) for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout + 30)
-    if any(t.is_alive() for t in threads):
-        raise CommError(f"thread ranks still running {timeout + 30:g} s after their timeout")
-    # Report the root cause: the first rank that failed on its own, not one aborted because of it.
-    first = [e for e in errors if e is not None and "aborted:" not in str(e)] or [e for e in errors if e]
-    if first:
-        raise first[0]
-    return results
+    return run.outcome(lambda stuck: f"thread ranks {stuck} still running {timeout + 30:g} s after their timeout")

@@ -15,6 +15,7 @@ send), and a longer payload than the receive buffer aborts the receiving process
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import pickle
 import time
@@ -23,25 +24,16 @@ import torch
 import torch.distributed as dist
 
 from strategies.ops import LOGICAL, check_op, finish_reduction
+from strategies.transport import factory
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.transport.link import Network
+from strategies.transport.wire import check_received, dtype_code, dtype_of
 
-# dtype codes carried in the header; a dtype not listed travels as -1 and only its byte count is checked
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 _HEADER = 4  # float64: payload bytes, dtype code, first byte on the wire, sender done (NaN: no emulation)
 _HEADER_BYTES = _HEADER * 8
 # gloo: payloads up to this size ride in the header's message (measured: see README, small messages)
 INLINE_BYTES = 64 * 1024
 _POLL_S = 50e-6
-
-
-def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) if dtype in _DTYPES else -1
-
-
-def _dtype_name(code: int) -> str:
-    return str(_DTYPES[code]).removeprefix("torch.") if 0 <= code < len(_DTYPES) else "unlisted dtype"
 
 
 def _wait_work(work, deadline: float, cuda: bool) -> None:
@@ -65,16 +57,11 @@ def _wait_work(work, deadline: float, cuda: bool) -> None:
     work.wait()
 
 
-class _Sent:
-    """A posted header + payload send."""
-
-    def __init__(self, works, keep, cuda):
-        self.works, self.keep, self.cuda = works, keep, cuda
-
-    def wait(self, timeout: float):
-        deadline = time.monotonic() + timeout
-        for work in self.works:
-            _wait_work(work, deadline, self.cuda)
+def _wait_sent(works, keep, cuda: bool, timeout: float) -> None:
+    """A posted header + payload send's wait; `keep` holds the tensors being sent until it returns."""
+    deadline = time.monotonic() + timeout
+    for work in works:
+        _wait_work(work, deadline, cuda)
 
 
 class _Posted:
@@ -83,7 +70,8 @@ class _Posted:
     `payload_work` None: the payload comes inline, after the header in `header`'s buffer (uint8).
     """
 
-    def __init__(self, header, header_work, payload_work, tensor, cuda, target=None):
+    def __init__(self, rank, src, header, header_work, payload_work, tensor, cuda, target=None):
+        self.rank, self.src = rank, src
         self.header, self.header_work, self.payload_work = header, header_work, payload_work
         self.tensor, self.cuda, self.target = tensor, cuda, target
 
@@ -93,11 +81,7 @@ class _Posted:
         header = self.header if self.header.dtype == torch.float64 else self.header[:_HEADER_BYTES].view(torch.float64)
         nbytes, code, first_byte, sender_done = header.tolist()
         want_bytes = self.tensor.numel() * self.tensor.element_size()
-        want_code = _dtype_code(self.tensor.dtype)
-        if int(nbytes) != want_bytes or int(code) != want_code:
-            raise RuntimeError(f"sender sent {int(nbytes)} bytes of {_dtype_name(int(code))}, this rank expected "
-                            f"{want_bytes} bytes of {_dtype_name(want_code)} ({self.tensor.numel()} elements): "
-                            f"ranks disagree on the tensor's size or dtype")
+        check_received(self.rank, self.src, self.tensor, int(nbytes), dtype_of(int(code)))
         if self.payload_work is None:
             self.tensor.reshape(-1).view(torch.uint8).copy_(self.header[_HEADER_BYTES:_HEADER_BYTES + want_bytes])
         else:
@@ -144,16 +128,16 @@ class TorchCommunicator(Communicator):
             tensor = tensor.cpu()
         first_byte, sender_done = stamp if stamp else (math.nan, math.nan)
         nbytes = tensor.numel() * tensor.element_size()
-        header = torch.tensor([nbytes, _dtype_code(tensor.dtype), first_byte, sender_done], dtype=torch.float64,
+        header = torch.tensor([nbytes, dtype_code(tensor.dtype), first_byte, sender_done], dtype=torch.float64,
                               device=self._header_device)
         peer = self._group_rank(dst)
         if nbytes <= self._inline_bytes:  # one message: header, then the payload's bytes
             message = torch.empty(_HEADER_BYTES + nbytes, dtype=torch.uint8)
             message[:_HEADER_BYTES].view(torch.float64).copy_(header)
             message[_HEADER_BYTES:].copy_(tensor.reshape(-1).view(torch.uint8))
-            return _Sent([dist.isend(message, peer, group=self.group)], message, self.cuda)
+            return functools.partial(_wait_sent, [dist.isend(message, peer, group=self.group)], message, self.cuda)
         works = [dist.isend(header, peer, group=self.group), dist.isend(tensor, peer, group=self.group)]
-        return _Sent(works, (header, tensor), self.cuda)
+        return functools.partial(_wait_sent, works, (header, tensor), self.cuda)
 
     def _raw_irecv(self, tensor, src, stamped):
         self._check_device(tensor)
@@ -164,14 +148,15 @@ class TorchCommunicator(Communicator):
         if self.cuda:  # NCCL: sizes must match, so always a header message and a payload message
             header = torch.empty(_HEADER, dtype=torch.float64, device=self._header_device)
             header_work = dist.irecv(header, peer, group=self.group)
-            return _Posted(header, header_work, dist.irecv(tensor, peer, group=self.group), tensor, True, target)
+            payload_work = dist.irecv(tensor, peer, group=self.group)
+            return _Posted(self.rank, src, header, header_work, payload_work, tensor, True, target).wait
         # gloo: the first buffer holds a header and any inline payload, so an inline sender never overruns it
         # (a shorter message is fine; gloo aborts the process on a longer one)
         first = torch.empty(_HEADER_BYTES + self._inline_bytes, dtype=torch.uint8)
         header_work = dist.irecv(first, peer, group=self.group)
         nbytes = tensor.numel() * tensor.element_size()
         payload_work = None if nbytes <= self._inline_bytes else dist.irecv(tensor, peer, group=self.group)
-        return _Posted(first, header_work, payload_work, tensor, False, target)
+        return _Posted(self.rank, src, first, header_work, payload_work, tensor, False, target).wait
 
     def _group_rank(self, rank: int) -> int:
         """isend/irecv take global ranks; translate when running on a subgroup."""
@@ -217,3 +202,11 @@ class TorchCommunicator(Communicator):
         """Run a collective with this communicator's timeout; errors name this rank and the operation."""
         deadline = time.monotonic() + self.timeout
         return self._guard(lambda: fn(deadline), what, hint=f"a peer dead, stalled, or not calling {what}")
+
+
+def build(name: str, control: Communicator, *, timeout: float, network: Network | None, address: str):
+    """The factory's "gloo": point to point over the control plane's own process group (gloo, or NCCL where every
+    rank owns its GPU), with `network` emulated."""
+    factory.require(name, control, TorchCommunicator, "a torch.distributed communicator (TorchCommunicator)")
+    return TorchCommunicator(control.rank, control.world_size, timeout, network, group=control.group,
+                             control_group=control.control_group)

@@ -6,6 +6,10 @@ actors: verify."""
 from __future__ import annotations
 
 import os
+import socket
+import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,9 +17,9 @@ import pytest
 import torch
 
 import strategies
-from strategies.testing import check_strategy
+from strategies.testing import check_strategy, run_collective
 from strategies.transport.communicator import CommError, CommTimeout
-from strategies.transport.sockets import SINGLE_COPY_BYTES, _can_read
+from strategies.transport.sockets import _HANDSHAKE_S, SINGLE_COPY_BYTES, SocketCommunicator, _Address, _can_read
 from strategies.transport.threads import run_threads
 
 MODES = ("sockets", "sockets-unix", "sockets-tcp")
@@ -180,13 +184,20 @@ def test_a_silent_peer_times_out_naming_it():
 
 
 def test_an_unknown_p2p_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match="p2p 'shm': expected one of threads, sockets, sockets-unix, sockets-tcp"):
+    with pytest.raises(ValueError, match="p2p 'shm': expected one of threads, gloo, sockets, sockets-unix, "
+                                         "sockets-tcp, simgrid"):
         run_threads(2, lambda comm: None, p2p="shm")
+
+
+def test_a_transport_refuses_a_control_plane_it_cannot_work_over():
+    with pytest.raises(TypeError, match="p2p 'gloo' needs a torch.distributed communicator .TorchCommunicator. as "
+                                        "its control plane, got a ThreadCommunicator"):
+        run_threads(2, lambda comm: None, p2p="gloo")
 
 
 def test_the_command_line_offers_the_groups_p2p_choices():
     from experiments.cli.main import P2P_CHOICES
-    from strategies.transport.sockets import P2P
+    from strategies.transport.names import P2P
 
     assert P2P_CHOICES == P2P
 
@@ -202,33 +213,125 @@ def test_every_strategy_is_correct_over_sockets_between_ray_actors(ray_session):
     assert len(lines) == 2 + len(strategies.registry.settings())
 
 
-@pytest.mark.parametrize("p2p", ["sockets", "sockets-tcp"])
-def test_a_stray_connection_to_a_ranks_listener_is_dropped(p2p, monkeypatch):
-    """Anything that connects while ranks pair up (without the group's token) is closed, not taken for a rank."""
-    import socket
+# -- strangers: anything else that connects to a rank's listeners while the ranks pair up ---------------------
 
-    from strategies.testing import run_collective
-    from strategies.transport.sockets import SocketCommunicator
+def _listeners(address, p2p):
+    """A rank's listeners as (family, address): its Unix one (unless sockets-tcp) and its TCP one."""
+    found = [(socket.AF_INET, address.tcp)]
+    if address.unix is not None and p2p != "sockets-tcp":
+        found.append((socket.AF_UNIX, address.unix))
+    return found
 
-    strays, lock = [], threading.Lock()
+
+def _with_strangers(monkeypatch, p2p, knock):
+    """Before any rank dials, every rank calls knock(rank, its own listeners), then the ranks wait for each other:
+    whatever knock connects is in the listeners' queues ahead of every rank's connection."""
     exchange = SocketCommunicator.allgather_object
 
-    def allgather_with_strays(self, obj):
+    def allgather_then_knock(self, obj):
         everyone = exchange(self, obj)
-        if self.rank == 0 and isinstance(obj, tuple) and len(obj) == 7:  # the addresses: knock on every door first
-            for _, unix_name, tcp_addr, *_ in everyone:
-                for family, addr in ((socket.AF_INET, tcp_addr), (socket.AF_UNIX, unix_name)):
-                    if addr is not None:
-                        stray = socket.socket(family, socket.SOCK_STREAM)
-                        stray.connect(addr)
-                        stray.sendall(b"\x00" * 16 + (1).to_bytes(8, "little"))  # a wrong token claiming rank 1
-                        with lock:
-                            strays.append(stray)
+        if isinstance(obj, _Address):
+            knock(self.rank, _listeners(everyone[self.rank], p2p))
+            exchange(self, None)  # every rank's strangers are queued before anyone dials
         return everyone
 
-    monkeypatch.setattr(SocketCommunicator, "allgather_object", allgather_with_strays)
-    inputs = [torch.arange(1000, dtype=torch.float32).numpy() * (r + 1) for r in range(3)]
-    outputs, _ = run_collective("ring", inputs, op="sum", timeout=10, p2p=p2p)
-    for stray in strays:
-        stray.close()
-    assert strays and all((out == inputs[0] * 6).all() for out in outputs)
+    monkeypatch.setattr(SocketCommunicator, "allgather_object", allgather_then_knock)
+
+
+class _Strangers:
+    """Connections a test opens and closes: silent ones, a wrong token claiming rank 1, half a hello, and (on a
+    Unix listener) a silent one from another process."""
+
+    def __init__(self):
+        self.socks, self.procs, self.lock = [], [], threading.Lock()
+
+    def knock(self, rank, listeners):
+        for family, addr in listeners:
+            for hello in (b"", b"\x00" * 16 + (1).to_bytes(8, "little"), b"\x00" * 5):
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.connect(addr)
+                sock.sendall(hello)
+                with self.lock:
+                    self.socks.append(sock)
+            if family == socket.AF_UNIX:  # another process of this user: refused by its credentials at once
+                proc = subprocess.Popen([sys.executable, "-c", _SILENT_PROCESS, addr], stdout=subprocess.PIPE)
+                with self.lock:
+                    self.procs.append(proc)
+                assert proc.stdout.readline() == b"connected\n"
+
+    def close(self):
+        for sock in self.socks:
+            sock.close()
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+
+_SILENT_PROCESS = ("import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+                   "print('connected', flush=True)\ntime.sleep(60)\n")
+
+
+@pytest.fixture
+def strangers():
+    made = _Strangers()
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize("p2p", MODES)
+def test_silent_strangers_on_every_listener_do_not_stall_the_group(p2p, monkeypatch, strangers):
+    """Silent connections, half a hello and a wrong token on every rank's listeners, queued ahead of the ranks:
+    the group still forms at once (handshakes run side by side), not after a stranger's deadline or the timeout."""
+    _with_strangers(monkeypatch, p2p, strangers.knock)
+    inputs = [torch.arange(1000, dtype=torch.float32).numpy() * (r + 1) for r in range(4)]
+    start = time.monotonic()
+    outputs, _ = run_collective("ring", inputs, op="sum", timeout=20, p2p=p2p)
+    elapsed = time.monotonic() - start
+    assert all((out == inputs[0] * 10).all() for out in outputs)
+    assert strangers.socks and (p2p == "sockets-tcp" or strangers.procs)
+    assert elapsed < _HANDSHAKE_S, f"the group took {elapsed:.1f} s to form"
+
+
+@pytest.mark.parametrize("p2p", ["sockets-unix", "sockets-tcp"])
+def test_a_rank_that_never_connects_is_named_and_so_are_the_strangers(p2p, monkeypatch, strangers):
+    """The error names the rank that is missing and every stranger that connected instead (not innocent ranks)."""
+    def stay_away(self, family, addr, peer, deadline):  # rank 1 dials nobody until rank 0 has failed
+        fabric = self.control.fabric
+        while not fabric.aborted and time.monotonic() < deadline + 30:
+            time.sleep(0.01)
+        raise RuntimeError("rank 1 stays away (test)")
+
+    monkeypatch.setattr(SocketCommunicator, "_dial", stay_away)
+    _with_strangers(monkeypatch, p2p, lambda rank, listeners: rank == 0 and strangers.knock(rank, listeners))
+    with pytest.raises(CommError) as err:
+        run_threads(2, lambda comm: None, timeout=1.5, p2p=p2p)
+    text = str(err.value)
+    assert text.startswith("rank 0: ranks [1] did not connect within 1.5 s; "), text
+    named = 7 if p2p == "sockets-unix" else 3  # 3 on each listener (Unix, TCP), and the process on the Unix one
+    assert f"{named} stranger(s) connected meanwhile and were dropped" in text, text
+    assert "wrong token" in text and "still silent" in text, text
+    if p2p == "sockets-tcp":
+        assert "127.0.0.1:" in text, text
+    else:
+        assert f"unix peer pid {strangers.procs[0].pid} uid {os.getuid()}: not a process of this group" in text, text
+
+
+def test_unix_listeners_are_files_only_their_user_can_reach(monkeypatch):
+    """Not an abstract name (listed in /proc/net/unix for anyone): a socket file in a 0700 directory, removed once
+    the ranks are paired."""
+    seen = []
+    exchange = SocketCommunicator.allgather_object
+
+    def allgather_and_look(self, obj):
+        if isinstance(obj, _Address) and obj.unix is not None:
+            mode = os.stat(os.path.dirname(obj.unix)).st_mode
+            seen.append((obj.unix, stat.S_IMODE(mode), stat.S_ISSOCK(os.stat(obj.unix).st_mode)))
+        return exchange(self, obj)
+
+    monkeypatch.setattr(SocketCommunicator, "allgather_object", allgather_and_look)
+    run_threads(3, lambda comm: None, timeout=10, p2p="sockets-unix")
+    assert len(seen) == 3
+    for path, mode, is_socket in seen:
+        assert not path.startswith("\0") and mode == 0o700 and is_socket, (path, oct(mode))
+        assert not os.path.exists(os.path.dirname(path)), f"{path} left behind"
