@@ -1,11 +1,11 @@
 """The results store: a results directory with one writer at a time, each finished run appended to its dataset.
 
-Runs go to DIR/runs/ and DIR/steps/ (experiments/results/dataset.py: one file per run and table, read as one
-dataset, so a sweep's cost is linear in its runs); results written before that layout (DIR/runs.parquet and
-DIR/steps.parquet) still load and resume. A writer holds DIR/syncbench.lock (an flock: the kernel releases it
-when the holder dies, so a crash never leaves a stale lock) and writes its pid, host and command into it, so
-that a second writer is refused with one line naming the holder. A crash or a signal between runs loses
-nothing already stored; one during a write leaves the stored runs intact and no temporary file.
+Runs go to DIR/runs/ and DIR/steps/ (experiments/results/dataset.py: one file per run and table, merged per batch
+of runs, read as one dataset, so a sweep's cost is linear in its runs); results written before that layout
+(DIR/runs.parquet and DIR/steps.parquet) still load and resume. A writer holds DIR/syncbench.lock (an flock: the
+kernel releases it when the holder dies, so a crash never leaves a stale lock) and writes its pid, host and
+command into it, so that a second writer is refused with one line naming the holder. A crash or a signal
+between runs loses nothing already stored; one during a write leaves the stored runs intact and no temporary file.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Store:
         """Before a sweep: take the lock; refuse to mix with earlier results unless resuming; --overwrite
         removes them."""
         self.lock()
-        dataset.remove_temporaries(self.dir)
+        dataset.tidy(self.dir)
         if resume or self.runs().empty:
             return
         if not overwrite:
@@ -149,6 +149,8 @@ class Store:
             self._seq = dataset.next_seq(self.dir)
         dataset.write_run(self.dir, self._seq, run_row, step_rows)
         self._seq += 1
+        if self._lock_fd is not None:  # only the directory's one writer merges (a batch per BATCH runs)
+            dataset.merge(self.dir)
 
     def write_text(self, name: str, text: str) -> Path:
         return dataset.write_text_atomic(self.dir / name, text)

@@ -1,10 +1,12 @@
-"""A results directory as an append-only dataset: DIR/runs/<seq>.parquet and DIR/steps/<seq>.parquet.
+"""A results directory as an append-only dataset: DIR/runs/ and DIR/steps/, one Parquet file per run, then per batch.
 
-Each stored run adds one file to each table (steps first, the run last, each written to a temporary file and
-renamed), so storing a run costs the same whether it is the first or the ten-thousandth. A run stored again
-(a failed run retried on resume) supersedes the earlier attempt: readers keep the highest sequence number per
-run id and that attempt's steps. Results written before this layout (DIR/runs.parquet, DIR/steps.parquet, one
-file each) are read as the oldest attempt, so old directories still load and resume.
+Each stored run adds one file to each table (`<seq>.parquet`: steps first, the run last, each written to a
+temporary file and renamed), so storing a run costs the same whether it is the first or the ten-thousandth. Every
+BATCH runs the writer merges its loose files into one `<first>-<last>.parquet` per table (written, then the loose
+files removed), so that reading 10,000 runs opens 100 files, not 10,000: each run is rewritten at most once. A run
+stored again (a failed run retried on resume) supersedes the earlier attempt: readers keep the row of the latest
+file per run id, and that file's steps. Results written before this layout (DIR/runs.parquet, DIR/steps.parquet)
+are read as the oldest file, so old directories still load and resume.
 """
 
 from __future__ import annotations
@@ -23,31 +25,38 @@ TABLES = ("runs", "steps")
 LEGACY = {"runs": "runs.parquet", "steps": "steps.parquet"}  # one rewritten file per table, before the dataset
 # the columns the store itself reads: a Parquet file without them is not one of ours (another tool's file, say)
 REQUIRED = {"runs": ("run_id", "status"), "steps": ("run_id",)}
-SEQ = "_seq"  # which attempt a row belongs to, while reading
+SEQ, ORDER = "_file", "_order"  # while reading: the file a row came from, and that file's rank
 
 
 class StoreError(ValueError):
     """A results directory that cannot be used: not creatable, not writable, full, or holding someone else's files."""
 
 
-def parts(directory: Path, table: str) -> list[tuple[int, Path]]:
-    """(sequence number, path) of every stored part of a table, oldest first."""
+BATCH = 100  # loose per-run files merged into one batch file
+
+
+def parts(directory: Path, table: str) -> list[tuple[int, int, Path]]:
+    """(first seq, last seq, path) of every stored file of a table, in the order attempts supersede: by last
+    sequence number, a batch after a loose file with the same last number (a merge the writer did not finish
+    cleaning up holds the same rows, latest attempts only)."""
     folder = directory / table
     if not folder.is_dir():
         return []
     found = []
     for path in folder.iterdir():
-        if path.suffix == ".parquet" and path.stem.isdigit():
-            found.append((int(path.stem), path))
-    return sorted(found)
+        first, _, last = path.stem.partition("-")
+        if path.suffix == ".parquet" and first.isdigit() and (last.isdigit() or not last):
+            found.append((int(first), int(last or first), path))
+    return sorted(found, key=lambda f: (f[1], f[1] != f[0]))
 
 
 def next_seq(directory: Path) -> int:
     """One past the highest sequence number of either table (a steps part whose run part never landed counts)."""
-    return max((seq for table in TABLES for seq, _ in parts(directory, table)), default=-1) + 1
+    return max((last for table in TABLES for _, last, _ in parts(directory, table)), default=-1) + 1
 
 
 def has_results(directory: Path) -> bool:
+    """Whether any run is stored, in either layout."""
     return (directory / LEGACY["runs"]).exists() or bool(parts(directory, "runs"))
 
 
@@ -95,19 +104,60 @@ def _discard(tmp: Path) -> None:
         pass
 
 
-def remove_temporaries(directory: Path) -> None:
-    """Temporary files of a writer that was killed mid-write (only the lock holder calls this)."""
+def tidy(directory: Path) -> None:
+    """What a writer killed mid-write left (only the lock holder calls this): temporary files, and loose files a
+    finished merge already holds."""
     for folder in (directory, *(directory / t for t in TABLES)):
         if folder.is_dir():
             for tmp in folder.glob("*.tmp"):
-                tmp.unlink(missing_ok=True)
+                _discard(tmp)
+    for table in TABLES:
+        found = parts(directory, table)
+        batches = [(first, last) for first, last, _ in found if first != last]
+        for first, last, path in found:
+            if first == last and any(a <= first <= b for a, b in batches):
+                path.unlink()
+
+
+def merge(directory: Path) -> None:
+    """Once BATCH loose run files have accumulated: one batch file per table holding their latest attempts,
+    then the loose files removed. Skipped (files left as they are) when their columns' types cannot be joined."""
+    loose = [(first, path) for first, last, path in parts(directory, "runs") if first == last]
+    if len(loose) < BATCH:
+        return
+    first, last = loose[0][0], loose[-1][0]
+    name = f"{first:08d}-{last:08d}.parquet"
+    try:
+        tables = [_read_arrow(path) for _, path in loose]
+        seqs = [seq for (seq, _), t in zip(loose, tables) for _ in range(t.num_rows)]
+        runs = pa.concat_tables(tables, promote_options="permissive")
+        # the last row of each run id (a retry within the batch supersedes its earlier attempt), and its steps
+        keep = pd.Series(range(len(seqs)), index=runs.column("run_id").to_pylist()).groupby(level=0).last()
+        winners = {(run_id, seqs[i]) for run_id, i in keep.items()}
+        runs = runs.take(sorted(keep.tolist()))
+        steps_loose = [(a, path) for a, b, path in parts(directory, "steps") if a == b and first <= a <= last]
+        steps = None
+        if steps_loose:
+            tables = [_read_arrow(path) for _, path in steps_loose]
+            mask = [(run_id, seq) in winners for (seq, _), t in zip(steps_loose, tables)
+                    for run_id in t.column("run_id").to_pylist()]
+            steps = pa.concat_tables(tables, promote_options="permissive").filter(pa.array(mask, pa.bool_()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # a column whose type changed
+        return
+    if steps is not None:
+        _write_atomic(steps, directory / "steps" / name)
+    _write_atomic(runs, directory / "runs" / name)
+    for table in TABLES:
+        for a, b, path in parts(directory, table):
+            if a == b and first <= a <= last:
+                path.unlink()
 
 
 def remove_all(directory: Path) -> None:
     """--overwrite: every stored run and step, in both layouts."""
     for table in TABLES:
         (directory / LEGACY[table]).unlink(missing_ok=True)
-        for _, path in parts(directory, table):
+        for _, _, path in parts(directory, table):
             path.unlink()
 
 
@@ -127,36 +177,38 @@ def read_steps(directory: str | Path) -> pd.DataFrame:
     if steps.empty:
         return schema.conform(pd.DataFrame(), schema.STEPS)
     keep = [(r, s) in winners for r, s in zip(steps["run_id"], steps[SEQ])]
-    return schema.conform(steps[keep].drop(columns=SEQ).reset_index(drop=True), schema.STEPS)
+    return schema.conform(steps[keep].drop(columns=[SEQ, ORDER]).reset_index(drop=True), schema.STEPS)
 
 
 def _latest_runs(directory: Path) -> pd.DataFrame:
-    """The runs table with its SEQ column, one row per run id: the highest sequence number wins."""
+    """The runs table with its SEQ column (the file a row came from), one row per run id: the latest file wins."""
     runs = _read_table(directory, "runs")
     if runs.empty:
         return schema.conform(pd.DataFrame({SEQ: []}), schema.RUNS)
-    runs = runs.sort_values(SEQ, kind="stable").drop_duplicates("run_id", keep="last")
+    runs = runs.sort_values(ORDER, kind="stable").drop_duplicates("run_id", keep="last").drop(columns=ORDER)
     return schema.conform(runs.reset_index(drop=True), schema.RUNS)
 
 
 def _read_table(directory: Path, table: str) -> pd.DataFrame:
-    """Both layouts of one table as one frame with a SEQ column (-1: the single file written before parts)."""
+    """Both layouts of one table as one frame with SEQ (the file's name: a run's steps are in the file of the same
+    name) and ORDER (later files supersede earlier ones; -1: the single file written before the dataset)."""
     frames = []
     legacy = directory / LEGACY[table]
     if legacy.exists():
         frame = _checked(_read_file(legacy), legacy, table)
         if table == "runs":
             frame = _legacy_params(frame)
-        frames.append(frame.assign(**{SEQ: -1}))
+        frames.append(frame.assign(**{SEQ: "legacy", ORDER: -1}))
     found = parts(directory, table)
     if found:
-        tables = [_checked_arrow(_read_arrow(path), path, table) for _, path in found]
-        seqs = [seq for (seq, _), t in zip(found, tables) for _ in range(t.num_rows)]
+        tables = [_checked_arrow(_read_arrow(path), path, table) for _, _, path in found]
+        names = [path.stem for (_, _, path), t in zip(found, tables) for _ in range(t.num_rows)]
+        order = [i for i, t in enumerate(tables) for _ in range(t.num_rows)]
         try:
             frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # a column whose type changed
             frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
-        frames.append(frame.assign(**{SEQ: seqs}))
+        frames.append(frame.assign(**{SEQ: names, ORDER: order}))
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame()

@@ -113,11 +113,36 @@ def test_a_retried_run_supersedes_its_earlier_attempt_and_its_steps(tmp_path):
     assert runs.set_index("run_id").loc["b", "param_servers"] is None  # ring has no servers parameter
 
 
+def test_batches_keep_the_latest_attempt_and_a_merge_cut_short_is_tidied(tmp_path, monkeypatch):
+    """Every BATCH runs the loose files become one file per table; a run retried within a batch or across
+    batches reads as its latest attempt with that attempt's steps; loose files a finished merge holds (a writer
+    killed before removing them) are removed by the next writer and never read twice."""
+    monkeypatch.setattr(dataset, "BATCH", 3)
+    store = Store(tmp_path)
+    store.start(resume=False, overwrite=False)
+    store.append(_run("a", status="failed"), _steps("a", 1, loss=9.0))
+    store.append(_run("b"), _steps("b", 1))
+    store.append(_run("a"), _steps("a", 2, loss=1.0))  # third: merged with the two before
+    store.append(_run("b", status="failed"), [])  # a later attempt in a loose file supersedes the batch's
+    assert [p.name for _, _, p in dataset.parts(tmp_path, "runs")] == ["00000000-00000002.parquet", "00000003.parquet"]
+    runs, steps = store.runs().set_index("run_id"), store.steps()
+    assert runs.loc["a", "status"] == "ok" and runs.loc["b", "status"] == "failed"
+    assert list(steps["run_id"]) == ["a", "a"] and set(steps["loss"]) == {1.0}
+    store.close()
+    for table in dataset.TABLES:  # as if the merge's loose files had not been removed
+        pq.write_table(schema.to_arrow([_run("a", status="failed")] if table == "runs" else _steps("a", 5),
+                                       schema.RUNS if table == "runs" else schema.STEPS),
+                       tmp_path / table / "00000001.parquet")
+    Store(tmp_path).start(resume=True, overwrite=False)
+    assert not (tmp_path / "runs" / "00000001.parquet").exists() and len(Store(tmp_path).steps()) == 2
+
+
 @pytest.mark.slow
 def test_writing_2000_runs_costs_less_than_3x_writing_1000(tmp_path):
     """The store appends a file per run: the second thousand costs what the first did (the store that rewrote
     both Parquet files for every run made 2,000 runs cost 4x 1,000)."""
     store = Store(tmp_path)
+    store.start(resume=False, overwrite=False)  # the writer: it merges every dataset.BATCH runs into one file
     row, steps = _run("x"), _steps("x", 4)
 
     def write(first: int) -> float:
@@ -130,7 +155,10 @@ def test_writing_2000_runs_costs_less_than_3x_writing_1000(tmp_path):
     print(f"store: 1,000 runs in {first:.1f} s, 2,000 runs in {first + second:.1f} s "
           f"({(first + second) / first:.2f}x)")
     assert first + second < 3 * first
+    start = time.perf_counter()
     assert len(store.runs()) == 2000 and len(store.steps()) == 8000
+    print(f"store: 2,000 runs and their steps read in {time.perf_counter() - start:.1f} s")
+    assert len(dataset.parts(tmp_path, "runs")) == 2000 // dataset.BATCH
 
 
 # ---- results written before the typed, append-only store -----------------------------------------------------
