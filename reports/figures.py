@@ -71,7 +71,7 @@ def shaped(ok: pd.DataFrame) -> pd.DataFrame:
 def throughput_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     """Throughput vs workers, one line per strategy plus ideal linear scaling, faceted by workload and link."""
     colors, ok = palette(ok), shaped(ok)
-    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
+    agg = mean_per_config(ok, ["workload", "link", "series", "workers"])
     ideal = []
     base = per_worker_baseline(ok).dropna(subset=["per_worker"])
     several = base.groupby(["workload", "link"])["compute"].transform("nunique") > 1
@@ -98,7 +98,7 @@ def loopback_figure(ok: pd.DataFrame) -> go.Figure | None:
     colors, ok = palette(ok), ok[ok["bypasses_link"]]
     if ok.empty:
         return None
-    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
+    agg = mean_per_config(ok, ["workload", "link", "series", "workers"])
     fig = px.line(for_plot(agg), x="workers", y="throughput", color="label", color_discrete_map=colors,
                   facet_row="workload", facet_col="link", markers=True,
                   labels={"workers": "workers (n)", "throughput": "throughput (samples/s, unshaped loopback)",
@@ -129,7 +129,7 @@ def scaling_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure | None:
 def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     """Mean step time per strategy and n, stacked into compute and communication."""
     ok = shaped(ok)
-    agg = mean_per_config(ok, ["workload", "link", "config", "workers"])
+    agg = mean_per_config(ok, ["workload", "link", "series", "workers"])
     agg["group"] = agg["workload"] + " · " + agg["link"]
     long = agg.melt(id_vars=["group", "label", "workers", "workload", "link"], value_vars=["compute_s", "comm_s"],
                     var_name="part", value_name="seconds")
@@ -148,7 +148,7 @@ def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
 
 def traffic_figure(ok: pd.DataFrame) -> go.Figure:
     """Bytes per worker (and per server) per step: measured sent/received vs the strategy's analytic bytes."""
-    agg = mean_per_config(ok[ok["workers"] > 1], ["workload", "config", "workers"])
+    agg = mean_per_config(ok[ok["workers"] > 1], ["workload", "series", "workers"])
     measures = {"bytes_sent_per_worker": "worker sent (measured)",
                 "bytes_recv_per_worker": "worker received (measured)",
                 "analytic_bytes_sent_per_worker": "worker sent (analytic)",

@@ -25,8 +25,8 @@ CONDITION_COLUMNS = ("link_bandwidth", "link_latency_s", "link_emulation", "link
 
 
 def load_runs(results_dir: Path) -> pd.DataFrame:
-    """runs.parquet in the schema's types, plus: ok, distorted, bypasses_link, the group keys strategy_key, config
-    and condition, and their display labels label and condition_label."""
+    """runs.parquet in the schema's types, plus: ok, distorted, bypasses_link, the group keys strategy_key, config,
+    condition and series, and the display labels config_label, label (the series') and condition_label."""
     if not has_results(results_dir):
         raise FileNotFoundError(f"no runs.parquet in {str(results_dir)!r} and no runs/ dataset: run a sweep there "
                                 f"first (syncbench run SWEEP.toml)")
@@ -43,7 +43,11 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     runs["config"] = [key + _key(row) for key, row in zip(runs["strategy_key"],
                                                            runs[list(MACHINE_COLUMNS)].itertuples(index=False))]
     runs["condition"] = [_key(row) for row in runs[list(CONDITION_COLUMNS)].itertuples(index=False)]
-    runs["label"] = _labels(runs)
+    # a figure's series: one configuration under one straggler setting (the figure's facets give the link)
+    runs["series"] = [key + (tuple(ranks), slowdown) for key, ranks, slowdown
+                      in zip(runs["config"], runs["straggler_ranks"], runs["straggler_slowdown"])]
+    runs["config_label"] = _config_labels(runs)  # the straggler figure shows the straggler on its x axis instead
+    runs["label"] = runs["config_label"] + _straggler_suffixes(runs)
     runs["condition_label"] = [condition_label(run) for _, run in runs.iterrows()]
     return runs
 
@@ -53,9 +57,9 @@ def _key(values) -> tuple:
     return tuple(None if isinstance(v, float) and math.isnan(v) else v for v in values)
 
 
-def _labels(runs: pd.DataFrame) -> pd.Series:
-    """The strategy's display label: its name and parameters, and what else varies in this sweep (bucket size,
-    overlap, compute mode, simulated), so that every configuration has its own legend entry."""
+def _config_labels(runs: pd.DataFrame) -> pd.Series:
+    """The configuration's display label: the strategy with its parameters, and what else varies in this sweep
+    (bucket size, overlap, compute mode, simulated), so that every configuration has its own legend entry."""
     label = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
     if runs["bucket_mb"].nunique(dropna=False) > 1:
         label += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")
@@ -64,6 +68,12 @@ def _labels(runs: pd.DataFrame) -> pd.Series:
     if runs["compute"].nunique() > 1:
         label += runs["compute"].map(lambda mode: " [profile]" if mode == "profile" else "")
     return label + runs["substrate"].map(lambda s: " [simulated]" if s == "simgrid" else "")
+
+
+def _straggler_suffixes(runs: pd.DataFrame) -> list[str]:
+    """' [rank 1 2x slower]' for a run with a straggler, so that a figure's series never mixes it with balanced runs."""
+    return [f" [rank {','.join(map(str, ranks))} {slowdown:g}x slower]" if len(ranks) and slowdown != 1.0 else ""
+            for ranks, slowdown in zip(runs["straggler_ranks"], runs["straggler_slowdown"])]
 
 
 def condition_label(run) -> str:
@@ -119,7 +129,8 @@ def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Mean metrics over the repeats (seeds) of each group, with the spread of throughput between them and
     whether any run was distorted. `by` names typed keys ("config", "condition", "workers", ...); the
     display columns that go with them (label, link) are carried along."""
-    carried = [c for c in ("label", "link", "condition_label", "strategy", "compute") if c not in by and c in ok]
+    carried = [c for c in ("label", "config_label", "link", "condition_label", "strategy", "compute")
+               if c not in by and c in ok]
     groups = ok.groupby(by, sort=False, dropna=False)
     agg = groups[[c for c in METRICS if c in ok]].mean(numeric_only=True)
     agg[carried] = groups[carried].first()

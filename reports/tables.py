@@ -45,7 +45,7 @@ def per_worker_baseline(ok: pd.DataFrame) -> pd.DataFrame:
 def scaling_efficiency(ok: pd.DataFrame) -> pd.DataFrame:
     """efficiency(n) = throughput(n) / (n x throughput(1)) per workload, link, compute mode, configuration and n
     (1.0 at n = 1 by definition); NaN where per_worker_baseline has no baseline."""
-    agg = mean_per_config(ok, ["workload", "link", "compute", "config", "workers"])
+    agg = mean_per_config(ok, ["workload", "link", "compute", "series", "workers"])
     agg = agg.merge(per_worker_baseline(ok), on=["workload", "link", "compute"])
     agg["efficiency"] = agg["throughput"] / (agg["workers"] * agg["per_worker"])
     agg.loc[(agg["workers"] == 1) & agg["per_worker"].notna(), "efficiency"] = 1.0
@@ -155,7 +155,7 @@ def has_imbalance(ok: pd.DataFrame) -> bool:
 def stragglers_frame(ok: pd.DataFrame) -> pd.DataFrame:
     """Throughput of each unbalanced run relative to the same strategy's balanced run (same workers, same
     default link bandwidth and latency)."""
-    df = ok.copy()
+    df = ok.assign(label=ok["config_label"])  # the imbalance is on the x axis, not in the legend
     keys = [imbalance(run) for _, run in df.iterrows()]
     df["order"] = [k for k, _ in keys]
     df["imbalance"] = [label for _, label in keys]
@@ -203,7 +203,7 @@ def overlap_frame(ok: pd.DataFrame, target: float = 0.9) -> pd.DataFrame:
     if multi.empty or "exposed_comm_s" not in multi:
         return pd.DataFrame()
     multi = multi.assign(buckets_of=multi["bucket_mb"].map(lambda mb: "flat" if mb != mb else f"{mb:g}"))
-    agg = mean_per_config(multi, ["workload", "link", "workers", "config", "buckets_of"])
+    agg = mean_per_config(multi, ["workload", "link", "workers", "series", "buckets_of"])
     budget = (1 - target) / target * agg["compute_s"]
     hidden = (agg["comm_busy_s"] - agg["exposed_comm_s"]).clip(lower=0)
     path = agg["analytic_path_bytes"]
@@ -228,8 +228,8 @@ def emulations_frame(ok: pd.DataFrame) -> pd.DataFrame:
     if both.empty or both["link_emulation"].nunique() < 2:
         return pd.DataFrame()
     both["_bandwidth"] = both["link_bandwidth"]  # the pair is the same NIC (bandwidth, latency), shaped two ways
-    agg = mean_per_config(both, ["workload", "workers", "config", "_bandwidth", "link_latency_s", "link_emulation"])
-    wide = agg.pivot_table(index=["workload", "workers", "config", "_bandwidth", "link_latency_s"],
+    agg = mean_per_config(both, ["workload", "workers", "series", "_bandwidth", "link_latency_s", "link_emulation"])
+    wide = agg.pivot_table(index=["workload", "workers", "series", "_bandwidth", "link_latency_s"],
                            columns="link_emulation", values="comm_s").dropna()
     if wide.empty:
         return pd.DataFrame()

@@ -31,12 +31,12 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
         tied = others[(others["runs"] < 2) | (best["runs"] < 2) | (others["throughput_max"] >= best["throughput_min"])]
         runner_up = others.iloc[0] if len(others) else None
         rows.append({"workload": best["workload"], "condition": best["condition_label"], "link": best["link"],
-                     "workers": int(best["workers"]), "best strategy": best["label"],
+                     "workers": int(best["workers"]), "best strategy": best["config_label"],
                      "samples/s": best["throughput"], "spread samples/s": spread(best), "runs": int(best["runs"]),
                      "step time s": best["step_time_s"], "comm share %": best["comm_fraction"] * 100,
                      "lead over next %": (best["throughput"] / runner_up["throughput"] - 1) * 100
                      if runner_up is not None else math.nan,
-                     "next": runner_up["label"] if runner_up is not None else "",
+                     "next": runner_up["config_label"] if runner_up is not None else "",
                      "verdict": "only one" if runner_up is None else ("tie" if len(tied) else "clear"),
                      "distorted": "yes" if best["distorted"] else "",
                      "_best": best, "_next": runner_up, "_tied": tied})
@@ -67,7 +67,7 @@ def verdicts(best: pd.DataFrame) -> list[str]:
         where = f"{row['workload']} on {row['condition']}, {row['workers']} workers"
         distorted = " Distorted by contention for the machine: see the note below." if row["distorted"] else ""
         if runner_up is None:
-            out.append(f"{where}: {winner['label']} is the only strategy measured.{distorted}")
+            out.append(f"{where}: {winner['config_label']} is the only strategy measured.{distorted}")
         elif row["verdict"] == "tie":
             names = [winner, *(r for _, r in tied.iterrows())]
             why = ("one run each, so there is no spread between repeats to measure a lead against; repeat the "
@@ -78,7 +78,7 @@ def verdicts(best: pd.DataFrame) -> list[str]:
             out.append(f"{where}: tie, not distinguishable: {shown}{more} ({why}).{distorted}")
         else:
             why = _why(winner, runner_up)
-            out.append(f"{where}: use {winner['label']}, {_measured(winner)} against {_measured(runner_up)} "
+            out.append(f"{where}: use {winner['config_label']}, {_measured(winner)} against {_measured(runner_up)} "
                        f"for the next best, {winner['throughput'] / runner_up['throughput']:.2f}x"
                        + (f": {why}." if why else ".") + distorted)
     return out
@@ -87,7 +87,7 @@ def verdicts(best: pd.DataFrame) -> list[str]:
 def _measured(row) -> str:
     """'ring 102.3 samples/s (98.0-105.1 over 3 runs)' or '... (one run)'."""
     runs = "one run" if row["runs"] < 2 else f"{spread(row)} over {int(row['runs'])} runs"
-    return f"{row['label']} {row['throughput']:,.1f} samples/s ({runs})"
+    return f"{row['config_label']} {row['throughput']:,.1f} samples/s ({runs})"
 
 
 def _why(winner, runner_up) -> str:

@@ -9,7 +9,7 @@ import re
 import pandas as pd
 import pytest
 
-from reports import calibration, load, tables, verdicts
+from reports import calibration, figures, load, tables, verdicts
 from reports.page import build
 
 
@@ -202,6 +202,12 @@ def test_straggler_and_balanced_runs_get_one_verdict_each(results_dir):
     ring = ok_runs(results_dir).query("strategy == 'ring' and workers == 4 and link == '1Gbit'")
     alone = ring[ring["straggler_slowdown"] == 1.0]["throughput"].iloc[0]
     assert f"ring {alone:,.1f} samples/s" in balanced
+    # and the figures draw the straggler runs as their own series, named in the legend
+    fig = figures.throughput_figure(ok_runs(results_dir), ["1Gbit", "full speed"])
+    ring_1gbit = [t for t in fig.data if t.name in ("ring", "ring [rank 1 2x slower]") and 4 in list(t.x)
+                  and t.xaxis == "x"]  # the 1Gbit facet
+    assert {t.name: t.y[list(t.x).index(4)] for t in ring_1gbit} == pytest.approx(
+        {"ring": alone, "ring [rank 1 2x slower]": alone / 1.5})
 
 
 # ---- scaling efficiency needs a baseline ---------------------------------------------------------------------
