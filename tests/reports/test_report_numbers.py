@@ -1,0 +1,197 @@
+"""The report's numbers against hand-computed answers, on small results written in the results schema: scaling
+efficiency at n > 1, the verdict's winner, ratio and tie rule, the bandwidth requirement, the calibration's fitted
+link speed and alpha, and the traffic agreement flags. Every expected value below is worked out in its comment.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments.results import schema
+from reports import calibration, load, tables, verdicts
+
+NUMEL = 1_000_000  # 4 MB of float32 gradients
+MODEL_BYTES = 4 * NUMEL
+GBIT = 125e6  # 1 Gbit/s in bytes per second
+# the ring's and halving-doubling's analytic traffic at NUMEL (strategies' traffic(); checked in a test below)
+RING = {2: (2, 4e6), 4: (6, 6e6)}  # workers -> (rounds, critical-path bytes): 2 (n-1)/n x 4 MB
+HALVING = {2: (2, 4e6), 4: (4, 6e6)}  # log2(n) rounds each way, the same bytes
+
+
+def _run(run_id: str, strategy: str, workers: int, throughput: float, *, seed: int = 0, compute_s: float = 0.2,
+         comm_s: float = 0.05, rounds: float = math.nan, path_bytes: float = math.nan, sent: float = math.nan,
+         analytic_sent: float = math.nan, bandwidth: float = math.nan, cores: int = 64, oversubscribed: bool = False,
+         **extra) -> dict:
+    batch = 32
+    return schema.row(
+        schema.RUNS, run_id=run_id, sweep="numbers", substrate="ray", workload="tiny", image_size=32,
+        batch_size=batch, steps=10, warmup_steps=2, device="cpu", seed=seed, lr=0.1, strategy=strategy,
+        workers=workers, servers=0, bytes_counted=True, link_bandwidth=bandwidth, link_latency_s=0.0,
+        link_emulation="python" if bandwidth == bandwidth else "", straggler_slowdown=1.0, compute="real",
+        status="ok", throughput=throughput, step_time_s=workers * batch / throughput, compute_s=compute_s,
+        comm_s=comm_s, comm_fraction=comm_s / (compute_s + comm_s), exposed_comm_s=comm_s,
+        bytes_sent_per_worker=sent, bytes_recv_per_worker=sent, analytic_bytes_sent_per_worker=analytic_sent,
+        analytic_rounds=rounds, analytic_path_bytes=path_bytes, numel=NUMEL, model_bytes=MODEL_BYTES,
+        final_loss=1.0, param_norm=1.0, transport="gloo", cores=cores, gpu="", cores_oversubscribed=oversubscribed,
+        host="h", started_at="2026-01-01T00:00:00", duration_s=1.0, **extra)
+
+
+def _load(tmp_path, rows: list[dict]) -> pd.DataFrame:
+    schema.conform(pd.DataFrame(rows), schema.RUNS).to_parquet(tmp_path / "runs.parquet")
+    runs = load.load_runs(tmp_path)
+    return runs[runs["ok"]]
+
+
+def test_the_fixture_traffic_is_the_strategies_own():
+    from reports.model import critical_path
+
+    for workers in (2, 4):
+        assert critical_path("ring", workers, NUMEL)[:2] == RING[workers]
+        assert critical_path("halving_doubling", workers, NUMEL)[:2] == HALVING[workers]
+
+
+# -- scaling efficiency ------------------------------------------------------------------------------------------
+
+
+def test_scaling_efficiency_at_n_workers_is_throughput_over_n_times_one_worker(tmp_path):
+    """One worker: 100 samples/s. Two: 160 -> 160 / (2 x 100) = 0.8. Four: 280 -> 280 / (4 x 100) = 0.7.
+    Halving-doubling's 1-worker run (120) averages into the baseline: (100 + 120) / 2 = 110 per worker, so
+    ring at 4 is 280 / 440 = 0.63636..., halving-doubling at 4 (330) is 330 / 440 = 0.75."""
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0), _run("r2", "ring", 2, 160.0), _run("r4", "ring", 4, 280.0)])
+    eff = tables.scaling_efficiency(ok).set_index("workers")["efficiency"]
+    assert eff[2] == pytest.approx(0.8, abs=1e-12)
+    assert eff[4] == pytest.approx(0.7, abs=1e-12)
+
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0), _run("r4", "ring", 4, 280.0),
+                          _run("h1", "halving_doubling", 1, 120.0), _run("h4", "halving_doubling", 4, 330.0)])
+    eff = tables.scaling_efficiency(ok).set_index(["strategy", "workers"])["efficiency"]
+    assert eff["ring", 4] == pytest.approx(280 / 440, abs=1e-12)
+    assert eff["halving_doubling", 4] == pytest.approx(0.75, abs=1e-12)
+
+
+# -- verdicts ---------------------------------------------------------------------------------------------------
+
+
+def _repeats(strategy: str, workers: int, throughputs: list[float], **kw) -> list[dict]:
+    return [_run(f"{strategy}-{workers}-{seed}", strategy, workers, t, seed=seed, **kw)
+            for seed, t in enumerate(throughputs)]
+
+
+def test_verdict_names_the_winner_and_its_ratio_when_the_lead_is_outside_the_spread(tmp_path):
+    """ring 275/280/285 (mean 280, range 275-285) against halving-doubling 195/200/205 (mean 200, range 195-205):
+    the ranges do not overlap, so the verdict is clear: use ring, 280 / 200 = 1.40x, a lead of 40%."""
+    ok = _load(tmp_path, _repeats("ring", 4, [275.0, 280.0, 285.0], **_traffic(RING, 4))
+               + _repeats("halving_doubling", 4, [195.0, 200.0, 205.0], **_traffic(HALVING, 4)))
+    best = verdicts.best_strategies(ok, load.link_order(ok))
+    assert len(best) == 1
+    row = best.iloc[0]
+    assert row["best strategy"] == "ring" and row["next"] == "halving_doubling" and row["verdict"] == "clear"
+    assert row["samples/s"] == pytest.approx(280.0)
+    assert row["lead over next %"] == pytest.approx(40.0)
+    assert row["spread samples/s"] == "275.0-285.0"
+    [sentence] = verdicts.verdicts(best)
+    assert ": use ring, ring 280.0 samples/s (275.0-285.0 over 3 runs) against halving_doubling 200.0 samples/s " \
+           "(195.0-205.0 over 3 runs) for the next best, 1.40x" in sentence, sentence
+
+
+def test_verdict_is_a_tie_when_the_ranges_overlap_or_there_is_one_run_each(tmp_path):
+    """ring 250-290 (mean 270) against halving-doubling 240-260 (mean 250): ring's lowest (250) is not above
+    the other's highest (260): tie. One run each (280 against 200): no spread to measure a lead against: tie."""
+    ok = _load(tmp_path, _repeats("ring", 4, [250.0, 270.0, 290.0]) + _repeats("halving_doubling", 4,
+                                                                             [240.0, 250.0, 260.0]))
+    best = verdicts.best_strategies(ok, load.link_order(ok))
+    assert best.iloc[0]["verdict"] == "tie" and best.iloc[0]["best strategy"] == "ring"
+    assert best.iloc[0]["lead over next %"] == pytest.approx(8.0)  # 270 / 250 - 1
+    [sentence] = verdicts.verdicts(best)
+    assert "tie, not distinguishable" in sentence and "inside the spread between repeats" in sentence, sentence
+
+    ok = _load(tmp_path, [_run("r", "ring", 4, 280.0), _run("h", "halving_doubling", 4, 200.0)])
+    best = verdicts.best_strategies(ok, load.link_order(ok))
+    assert best.iloc[0]["verdict"] == "tie"
+    [sentence] = verdicts.verdicts(best)
+    assert "one run each" in sentence, sentence
+
+
+def test_a_clear_lead_just_outside_the_spread_is_clear_and_touching_ranges_tie(tmp_path):
+    """Boundary of the tie rule: ring's lowest repeat 261 against halving-doubling's highest 260 is clear; ring's
+    lowest equal to the other's highest (260 = 260) is a tie."""
+    for ring_low, verdict in ((261.0, "clear"), (260.0, "tie")):
+        ok = _load(tmp_path, _repeats("ring", 4, [ring_low, 300.0]) + _repeats("halving_doubling", 4,
+                                                                             [240.0, 260.0]))
+        assert verdicts.best_strategies(ok, load.link_order(ok)).iloc[0]["verdict"] == verdict, ring_low
+
+
+# -- bandwidth requirement ----------------------------------------------------------------------------------------
+
+
+def _traffic(table: dict, workers: int) -> dict:
+    rounds, path = table[workers]
+    return {"rounds": float(rounds), "path_bytes": path}
+
+
+def test_bandwidth_requirement_is_path_bytes_times_p_over_one_minus_p_times_ts(tmp_path):
+    """Ts = 0.2 s (the median compute time of the fewest-worker runs). Ring at 4 workers carries 6 MB on its
+    critical path: S = 6e6 x P / ((1 - P) x 0.2): P = 0.5 -> 30 MB/s, P = 0.8 -> 120 MB/s, P = 0.9 -> 270 MB/s.
+    At 2 workers (4 MB): P = 0.9 -> 4e6 x 0.9 / 0.02 = 180 MB/s."""
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0, compute_s=0.2), _run("r2", "ring", 2, 160.0, compute_s=0.25),
+                          _run("r4", "ring", 4, 280.0, compute_s=0.3)])
+    req = tables.requirement_frame(ok).set_index(["workers", "target"])["MB/s"]
+    assert req[4, "P = 0.5"] == pytest.approx(30.0)
+    assert req[4, "P = 0.8"] == pytest.approx(120.0)
+    assert req[4, "P = 0.9"] == pytest.approx(270.0)
+    assert req[2, "P = 0.9"] == pytest.approx(180.0)
+
+
+# -- calibration -------------------------------------------------------------------------------------------------
+
+
+def test_calibration_fits_the_emulated_link_speed_and_alpha_exactly(tmp_path):
+    """comm_s = rounds x 100 us + path bytes / 125 MB/s on a 1 Gbit link, for ring and halving-doubling at 2 and
+    4 workers: the least-squares fit gives back 125 MB/s and alpha = 100 us, plausible."""
+    alpha = 100e-6
+    rows = []
+    for strategy, table in (("ring", RING), ("halving_doubling", HALVING)):
+        for workers in (2, 4):
+            rounds, path = table[workers]
+            rows.append(_run(f"{strategy}{workers}", strategy, workers, 100.0, bandwidth=GBIT, rounds=float(rounds),
+                             path_bytes=path, comm_s=rounds * alpha + path / GBIT))
+    ok = _load(tmp_path, rows)
+    fits, predicted = calibration.calibration(ok)
+    [fit] = fits.to_dict("records")
+    assert fit["runs"] == 4
+    assert fit["fitted MB/s"] == pytest.approx(125.0, rel=1e-9)
+    assert fit["link MB/s"] == pytest.approx(125.0)
+    assert fit["alpha us"] == pytest.approx(100.0, rel=1e-6)
+    assert fit["plausible"] == "yes", fit["why not"]
+    assert predicted["predicted_s"].to_numpy() == pytest.approx(predicted["comm_s"].to_numpy(), rel=1e-9)
+
+
+def test_calibration_leaves_out_runs_the_model_does_not_describe(tmp_path):
+    """An oversubscribed run (distorted) and a 1-worker run do not enter the fit: with them in, the fit would
+    not be 125 MB/s."""
+    rows = [_run(f"r{w}", "ring", w, 100.0, bandwidth=GBIT, rounds=float(RING[w][0]), path_bytes=RING[w][1],
+                 comm_s=RING[w][1] / GBIT) for w in (2, 4)]
+    rows.append(_run("h4", "halving_doubling", 4, 100.0, bandwidth=GBIT, rounds=4.0, path_bytes=6e6,
+                     comm_s=6e6 / GBIT))
+    rows.append(_run("slow", "halving_doubling", 2, 100.0, bandwidth=GBIT, rounds=2.0, path_bytes=4e6, comm_s=1.0,
+                     cores=1, oversubscribed=True))
+    fits, _ = calibration.calibration(_load(tmp_path, rows))
+    assert fits.iloc[0]["runs"] == 3
+    assert fits.iloc[0]["fitted MB/s"] == pytest.approx(125.0, rel=1e-9)
+
+
+# -- traffic agreement -------------------------------------------------------------------------------------------
+
+
+def test_traffic_agreement_counts_equal_runs_and_names_the_one_that_differs(tmp_path):
+    """Three multi-worker runs: ring at 2 and 4 sent exactly their analytic bytes; halving-doubling at 4 sent one
+    byte more than declared: 2 of 3 agree, halving_doubling named. The 1-worker run is not compared."""
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0, sent=0.0, analytic_sent=0.0),
+                          _run("r2", "ring", 2, 160.0, sent=4e6, analytic_sent=4e6),
+                          _run("r4", "ring", 4, 280.0, sent=6e6, analytic_sent=6e6),
+                          _run("h4", "halving_doubling", 4, 280.0, sent=6e6 + 1, analytic_sent=6e6)])
+    same, compared, differ, hidden = tables.traffic_agreement(ok)
+    assert (same, compared, differ, hidden) == (2, 3, ["halving_doubling"], [])
