@@ -29,6 +29,7 @@ import torch
 
 from strategies.base import GRADIENTS, SERVER, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
 from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
+from strategies.parameter_server_async import ShardServer, push_pull
 from strategies.primitives import Scratch
 
 PLACEMENTS = ("dedicated", "colocated")
@@ -71,6 +72,9 @@ class ParameterServer(Strategy):
     # -- worker ranks (colocated: worker and server) -----------------------------------------------------
 
     def _sync(self, flat, op):
+        if self.config.asynchronous:  # SSP, async or backups: one push/pull per server, no global barrier
+            push_pull(self.comm, flat, self.workers, self.servers)
+            return
         parts = partitions(flat.numel(), self.servers, flat.element_size(), self.config.partition_mb)
         order = push_order(self.rank, parts)
         # 1. every push at once: the transmit side streams them back to back
@@ -91,8 +95,19 @@ class ParameterServer(Strategy):
 
     # -- server ranks ----------------------------------------------------------------------------------
 
+    def serve_run(self, steps, numel, dtype, update, device="cpu"):
+        """Without a barrier (staleness s, "async" or backups): serve every worker for the whole run, each from a
+        thread of its own; returns the PushRecords (strategies/parameter_server_async.py)."""
+        self._check_size(numel)  # the workers' first sync() checks the same size on the control plane
+        server = ShardServer(self.comm, self.workers, self.servers, numel, wire_dtype(dtype), update,
+                             self.config.staleness, self.config.backups, device)
+        return server.run(steps)
+
     def serve(self, numel, dtype, op="mean", update=None, device="cpu"):
         """Dedicated server: take every partition of this server's shard from every worker, reduce it, answer it."""
+        if self.config.asynchronous:
+            raise RuntimeError(f"parameter_server with staleness={self.config.staleness!r}, "
+                               f"backups={self.config.backups}: servers run serve_run(steps, ...), not serve()")
         check_op(op, dtype, self.config.ops)
         self._check_size(numel)
         dtype = wire_dtype(dtype)  # as the workers send it (see Strategy.sync)
@@ -177,8 +192,17 @@ class ParameterServerConfig(StrategyConfig):
         if self.backups and self.staleness != 0:
             raise ValueError(f"parameter_server: backups={self.backups} needs staleness=0 (backup workers are a "
                              f"synchronous scheme), got staleness={self.staleness!r}")
+        if self.asynchronous and (self.mode, self.placement) != ("update", "dedicated"):
+            raise ValueError(f"parameter_server: staleness={self.staleness!r}, backups={self.backups} need "
+                             f"mode='update' and placement='dedicated' (servers that own the optimizer and "
+                             f"apply pushes as they come), got mode={self.mode!r}, placement={self.placement!r}")
         # the role follows the mode: summation servers return gradients, update servers return parameters
         object.__setattr__(self, "role", SERVER if self.mode == "update" else GRADIENTS)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Servers without a global barrier: stale-synchronous, asynchronous, or synchronous with backups."""
+        return self.staleness != 0 or self.backups > 0
 
     def check_workers(self, workers: int) -> None:
         """What depends on the number of workers: colocated servers need as many workers, backups fewer."""
@@ -201,6 +225,10 @@ class ParameterServerConfig(StrategyConfig):
         shard = [sum(hi - lo for lo, hi in p) * itemsize for p in parts]
         count = [len(p) for p in parts]
         largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
+        if self.asynchronous:  # one push and one pull per server and step, as strategies/parameter_server_async.py
+            shard = [(hi - lo) * itemsize for lo, hi in chunk_bounds(numel, k)]
+            count = [1 if b else 0 for b in shard]
+            largest = max(shard)
         if self.placement == "dedicated":
             # a worker pushes every partition and pulls it back; server s takes and answers n copies of its shard
             worker = RankTraffic("worker", sum(shard), sum(shard), sum(count), sum(count))
