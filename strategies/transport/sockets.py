@@ -76,7 +76,7 @@ _UNIX_SOCKET_BUFFER_BYTES = 1 << 20
 _CONNECT_RETRY_S = 0.01
 # how long an accepted connection has to say which rank it is; several run at once, so a silent one delays no rank
 _HANDSHAKE_S = 5.0
-_MAX_HANDSHAKES = 64  # in flight at once: a flood of strangers is dropped, not kept open
+_MAX_HANDSHAKES = 64  # in flight at once: past it the oldest is dropped, so a flood holds no more file descriptors
 _STRANGERS_NAMED = 8  # in an error message, the rest counted
 _BACKLOG_EXTRA = 64
 _UNIX_PATH_MAX = 100  # bytes of a Unix socket's path (the kernel's sun_path holds 108 with its NUL)
@@ -181,12 +181,13 @@ class _Handshakes:
         who = _who(sock, addr)
         if sock.family == socket.AF_UNIX and _peer_credentials(sock)[0] not in self.pids:
             self.drop(sock, who, "not a process of this group")
-        elif len(self.pending) >= _MAX_HANDSHAKES:
-            self.drop(sock, who, f"over {_MAX_HANDSHAKES} handshakes in flight")
-        else:
-            sock.setblocking(False)
-            self.pending[sock] = [b"", now + self.handshake_s, who]
-            self.selector.register(sock, selectors.EVENT_READ, who)
+            return
+        if len(self.pending) >= _MAX_HANDSHAKES:  # a flood: the oldest silent one makes room (ranks say hello at once)
+            oldest = min(self.pending, key=lambda s: self.pending[s][1])
+            self.drop(oldest, self.pending[oldest][2], f"silent while {_MAX_HANDSHAKES} more handshakes waited")
+        sock.setblocking(False)
+        self.pending[sock] = [b"", now + self.handshake_s, who]
+        self.selector.register(sock, selectors.EVENT_READ, who)
 
     def _read(self, sock: socket.socket) -> tuple[int, socket.socket, str] | None:
         got, _, who = entry = self.pending[sock]

@@ -293,6 +293,33 @@ def test_silent_strangers_on_every_listener_do_not_stall_the_group(p2p, monkeypa
     assert elapsed < _HANDSHAKE_S, f"the group took {elapsed:.1f} s to form"
 
 
+def test_a_flood_of_silent_strangers_holds_a_bounded_number_of_handshakes_and_the_group_still_forms(monkeypatch):
+    """More silent connections than handshakes may be in flight (4 here, 64 by default): the oldest make room, so
+    the ranks' own connections, queued behind all of them, still get in at once."""
+    from strategies.transport import sockets as sockets_module
+
+    monkeypatch.setattr(sockets_module, "_MAX_HANDSHAKES", 4)
+    silent = []
+
+    def knock(rank, listeners):
+        for family, addr in listeners:
+            for _ in range(20):
+                silent.append(socket.socket(family, socket.SOCK_STREAM))
+                silent[-1].connect(addr)
+
+    _with_strangers(monkeypatch, "sockets-tcp", knock)
+    start = time.monotonic()
+    try:
+        strangers = run_threads(3, lambda comm: comm.strangers, timeout=20, p2p="sockets-tcp")
+    finally:
+        for sock in silent:
+            sock.close()
+    assert time.monotonic() - start < _HANDSHAKE_S
+    # ranks 0 and 1 accept (2 ranks and 1): at least the 20 - 4 oldest strangers made room, at most one more per rank
+    assert 16 <= len(strangers[0]) <= 18 and 16 <= len(strangers[1]) <= 17, strangers
+    assert all("silent while 4 more handshakes waited" in line for s in strangers for line in s)
+
+
 @pytest.mark.parametrize("p2p", ["sockets-unix", "sockets-tcp"])
 def test_a_rank_that_never_connects_is_named_and_so_are_the_strangers(p2p, monkeypatch, strangers):
     """The error names the rank that is missing and every stranger that connected instead (not innocent ranks)."""
