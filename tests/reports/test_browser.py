@@ -1,5 +1,8 @@
-"""The report in a real headless Chromium, offline: no console errors, every plot rendered, a screenshot."""
+"""The report in a real headless Chromium, offline: no console errors, every plot rendered, a screenshot; the
+verdict on the first screen and no empty section."""
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -35,3 +38,32 @@ def test_report_renders_in_headless_chromium(built_report, evil_sweep, tmp_path)
 
     assert screenshot.exists() and screenshot.stat().st_size > 50_000
     shutil.copy(screenshot, tmp_path / "report.png")  # kept with the test's own files
+
+
+# Measures the laid-out page in the browser and writes what it found into the DOM, which --dump-dom returns.
+MEASURE = """<script>window.addEventListener("load", function () {
+  var answer = document.querySelector(".answer"), out = document.createElement("pre");
+  var empty = Array.prototype.filter.call(document.querySelectorAll("section"), function (s) {
+    return s.innerText.replace(s.querySelector("h2").innerText, "").trim() === "";
+  }).map(function (s) { return s.id; });
+  out.id = "measured";
+  out.textContent = JSON.stringify({answer_bottom: answer.getBoundingClientRect().bottom + window.scrollY,
+                                    answer: answer.innerText, empty: empty});
+  document.body.appendChild(out);
+});</script>"""
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                   "(apt-get install -y chromium; .ci/run installs it)")
+def test_the_first_screen_states_the_verdict_and_no_section_is_empty(built_report, tmp_path):
+    """In a 1400 x 900 window the verdict with its uncertainty is on the first screen; no heading stands alone."""
+    measured_page = tmp_path / "measured.html"
+    measured_page.write_text(built_report.read_text().replace("</body>", MEASURE + "</body>"))
+    flags = [f for f in FLAGS if not f.startswith("--window-size")] + ["--window-size=1400,900"]
+    done = subprocess.run([str(CHROMIUM), *flags, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                           measured_page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(html.unescape(re.search(r'<pre id="measured">(.*?)</pre>', done.stdout, re.S).group(1)))
+    assert found["answer_bottom"] <= 900, found
+    assert "tie, not distinguishable" in found["answer"] and "(one run)" in found["answer"]
+    assert found["empty"] == []
