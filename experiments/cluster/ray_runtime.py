@@ -8,10 +8,14 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import ray
 
@@ -40,11 +44,17 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
         if not _OWN_TEMP_DIRS:
             atexit.register(stop_ray)  # registered after ray's own exit hook, so it runs first
         _OWN_TEMP_DIRS.append(temp_dir)
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
              include_dashboard=False,
              _temp_dir=temp_dir,
              logging_level=logging.WARNING,
              configure_logging=True)
+    _start_reaper(temp_dir)
+    if threading.current_thread() is threading.main_thread():
+        # ray.init's SIGTERM handler drains the node for up to 30 s before exiting; SIGTERM raises KeyboardInterrupt
+        # naming it instead (finished runs are saved, Ray is shut down on the way out), or keeps the caller's handler
+        signal.signal(signal.SIGTERM, _raise_interrupt if sigterm in (signal.SIG_DFL, None) else sigterm)
     return True
 
 
@@ -61,9 +71,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
 
 
 def stop_ray() -> None:
-    """ray.shutdown(), then remove the temp dirs of the embedded sessions this process started."""
+    """ray.shutdown(), then stop what is left of the embedded sessions this process started (their reapers end
+    every Ray process the session started) and remove their temp dirs."""
     if ray.is_initialized():
         ray.shutdown()
+    _stop_reapers()
     while _OWN_TEMP_DIRS:
         path = _OWN_TEMP_DIRS.pop()
         for _ in range(20):  # a Ray process that is still exiting may write one more log line
@@ -71,6 +83,48 @@ def stop_ray() -> None:
             if not os.path.exists(path):
                 break
             time.sleep(0.1)
+
+
+# -- an embedded Ray stops with its driver, however the driver ends --------------------------------------------
+
+_REAPERS: list[subprocess.Popen] = []
+
+
+def _start_reaper(temp_dir: str) -> None:
+    """experiments/cluster/ray_reaper.py beside this embedded Ray: it outlives this process (its own session) and
+    ends the session's Ray processes and temp dir when this process stops Ray, exits or is killed (SIGKILL too).
+
+    Ray's own fate-sharing (PR_SET_PDEATHSIG on the processes ray.init starts) ends GCS and raylet with their
+    driver, but not the raylet's children (agents, workers): after a SIGKILL two agents ran on as orphans."""
+    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_reaper.py")), str(os.getpid()),
+                               temp_dir], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              start_new_session=True, close_fds=True)
+    _REAPERS.append(reaper)
+
+
+def _stop_reapers(timeout: float = 10.0) -> None:
+    """Close each reaper's pipe (it ends the session's remaining Ray processes, removes the temp dir), wait."""
+    while _REAPERS:
+        reaper = _REAPERS.pop()
+        with contextlib.suppress(OSError):
+            reaper.stdin.close()
+        try:
+            reaper.wait(timeout)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+            reaper.wait()
+
+
+def force_stop() -> None:
+    """Without asking Ray: end every process of the embedded sessions this process started (their reapers) and
+    remove their temp dirs. For a process about to exit that cannot wait for ray.shutdown() (a signal's deadline)."""
+    _stop_reapers(timeout=3.0)
+    for path in _OWN_TEMP_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _connect(address: str, timeout: float) -> None:
