@@ -83,6 +83,7 @@ def test_summary_row_is_complete_and_plausible():
     assert math.isclose(row["step_time_s"], sum(step_s) / 3, rel_tol=1e-9)
     assert math.isclose(row["throughput"], sum(s["samples"] for s in timed) / sum(step_s), rel_tol=1e-9)
     assert math.isclose(row["comm_s"], sum(s["comm_s"] for s in slowest) / 3, rel_tol=1e-9) and row["comm_s"] > 0
+    assert math.isclose(row["comm_fraction"], sum(s["comm_s"] for s in slowest) / sum(step_s), rel_tol=1e-9)
     assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"]
     config = strategies.make("parameter_server", servers=1)
     traffic = config.traffic(2, row["numel"], 4)
