@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from reports.load import is_server
 from reports.model import MB, calibrate
-from strategies import get as strategy_class
-from strategies.base import SERVER
 
 # A fit is implausible when its bandwidth is this far from the emulated link's, or its residuals this large.
 PLAUSIBLE_BANDWIDTH_RATIO = 2.0
@@ -32,16 +31,9 @@ def describes(ok: pd.DataFrame) -> pd.Series:
     """Runs the alpha-beta model describes: several workers, analytic rounds and bytes, no overlap, no servers,
     not distorted, bytes through the emulated link."""
     has_analytic = ok[["analytic_rounds", "analytic_path_bytes", "comm_s"]].notna().all(axis=1)
-    servers = ok["strategy"].map(_is_server)
+    servers = ok["strategy"].map(is_server)
     return (has_analytic & (ok["workers"] > 1) & ~ok["overlap"] & ~servers & ~ok["distorted"]
             & ~ok["bypasses_link"])
-
-
-def _is_server(name: str) -> bool:
-    try:
-        return strategy_class(name).role == SERVER
-    except ValueError:
-        return False
 
 
 def calibration(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

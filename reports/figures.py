@@ -261,7 +261,8 @@ def consensus_figure(df: pd.DataFrame, ok: pd.DataFrame) -> go.Figure:
 
 def spectral_gap_figure(ok: pd.DataFrame) -> go.Figure:
     """Decentralized runs: the spectral gap of the topology's mixing matrix vs workers."""
-    df = ok.dropna(subset=["spectral_gap"]).groupby(["label", "workers"], as_index=False)["spectral_gap"].mean()
+    df = ok.dropna(subset=["spectral_gap"]).groupby(["series", "workers"], sort=False).agg(
+        label=("label", "first"), spectral_gap=("spectral_gap", "mean")).reset_index()
     fig = px.line(for_plot(df), x="workers", y="spectral_gap", color="label", color_discrete_map=palette(ok),
                   markers=True,
                   labels={"workers": "workers (n)", "spectral_gap": "spectral gap (1 - |lambda_2|, unitless)",

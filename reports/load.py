@@ -13,6 +13,7 @@ import pandas as pd
 
 from experiments.results.dataset import has_results, read_runs, read_steps
 from strategies import get as strategy_class
+from strategies.base import SERVER
 
 # What makes two runs the same strategy configuration (repeats differ only by seed): the strategy with its
 # param_* columns and these; and where it ran (a profile and real compute, or a simulation, are other machines).
@@ -112,6 +113,15 @@ def strategy_params(run) -> dict:
         return {}
     return {k: (v.item() if hasattr(v, "item") else v)
             for k in accepted if (v := run.get(f"param_{k}")) is not None and not _missing(v)}
+
+
+def is_server(strategy: str) -> bool:
+    """The strategy keeps the parameters on server ranks (a parameter server): its critical path is a server's
+    NIC, which every worker's push arrives at (the incast)."""
+    try:
+        return strategy_class(strategy).role == SERVER
+    except ValueError:
+        return False
 
 
 def _missing(value) -> bool:

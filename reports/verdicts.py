@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from reports.load import mean_per_config
+from reports.load import is_server, mean_per_config
 from reports.model import MB
 
 SHOWN_IN_A_TIE = 3  # a tie names its fastest few; the best-strategy table has the rest
@@ -99,7 +99,8 @@ def _why(winner, runner_up) -> str:
     if not (math.isfinite(w_bytes) and math.isfinite(r_bytes)):
         return ""
     if w_bytes < r_bytes:
-        parts.append(f"{w_bytes / MB:,.1f} MB on its critical path against {r_bytes / MB:,.1f} MB")
+        incast = " into the parameter server's NIC (its incast)" if is_server(runner_up["strategy"]) else ""
+        parts.append(f"{w_bytes / MB:,.1f} MB on its critical path against {r_bytes / MB:,.1f} MB{incast}")
     if w_rounds < r_rounds:
         parts.append(f"{w_rounds:.0f} message rounds against {r_rounds:.0f}")
     if not parts:

@@ -176,6 +176,14 @@ def test_a_lead_outside_the_spread_between_repeats_is_a_verdict_with_its_spread(
         assert re.search(r"ring [\d,.]+ samples/s \([\d,.]+-[\d,.]+ over 3 runs\)", sentence)
 
 
+def test_a_win_over_the_parameter_server_names_its_incast(tmp_path, fake_results):
+    with_repeats(tmp_path, fake_results, spread=0.01)
+    edit_runs(tmp_path, lambda runs: runs[runs["strategy"] != "decentralized"])
+    one_gbit = [s for s in answers(tmp_path) if s.startswith("resnet18 on 1Gbit")]
+    assert len(one_gbit) == 1 and "use ring" in one_gbit[0]
+    assert "MB on its critical path against" in one_gbit[0] and "the parameter server's NIC (its incast)" in one_gbit[0]
+
+
 def test_a_lead_inside_the_spread_between_repeats_is_a_tie(tmp_path, fake_results):
     with_repeats(tmp_path, fake_results, spread=0.05, decentralized_share=0.99)
     for sentence in answers(tmp_path):
