@@ -128,6 +128,24 @@ def state_dir() -> Path:
     return Path.home() / ".local" / "state" / "syncbench"
 
 
+@contextlib.contextmanager
+def using_state_dir(path: str | None):
+    """Within the block, state lives in `path` (--state-dir; None: unchanged). Set in the environment, so that
+    the recovery commands printed and the processes started (ray, runs) use it too; restored afterwards."""
+    if not path:
+        yield
+        return
+    saved = os.environ.get(STATE_ENV)
+    os.environ[STATE_ENV] = os.path.abspath(path)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(STATE_ENV, None)
+        else:
+            os.environ[STATE_ENV] = saved
+
+
 def _cli(command: str) -> str:
     """`syncbench <command>` as a user must type it to reach this state directory."""
     override = os.environ.get(STATE_ENV)
@@ -217,7 +235,8 @@ def _write_state(name: str, text: str, new: bool = False) -> None:
         raise StateError(f"cluster state file {state_path(name)} appeared while this `up` ran (another `up` of "
                          f"{name!r}?): `{_cli(f'cluster status --name {name}')}` shows it") from None
     except OSError as e:
-        raise StateError(f"cluster state file {state_path(name)}: cannot write it ({e.strerror})") from None
+        raise StateError(f"cluster state file {state_path(name)}: cannot write it ({e.strerror}); free space there "
+                         f"or choose another state directory with {STATE_ENV}=DIR or --state-dir DIR") from None
     finally:
         os.close(dir_fd)
 
