@@ -170,18 +170,21 @@ def stragglers_frame(ok: pd.DataFrame) -> pd.DataFrame:
 # ---- the runs table -------------------------------------------------------------------------------------
 
 RUN_COLUMNS = {  # runs.parquet column -> runs-table heading
-    "run_id": "run", "workload": "workload", "label": "strategy", "workers": "workers", "servers": "servers",
-    "link": "link", "compute": "compute", "status": "status", "throughput": "samples/s", "step_time_s": "step s",
+    "label": "strategy", "workers": "workers", "workload": "workload", "link": "link", "compute": "compute",
+    "servers": "servers", "seed": "seed", "status": "status", "throughput": "samples/s", "step_time_s": "step s",
     "compute_s": "compute s", "comm_s": "comm s", "comm_fraction": "comm share",
     "bytes_sent_per_worker": "sent MB/worker", "bytes_recv_per_worker": "recv MB/worker",
-    "final_loss": "final loss", "accuracy": "test accuracy", "distorted": "distorted", "seed": "seed",
-    "error": "error",
+    "final_loss": "final loss", "accuracy": "test accuracy", "distorted": "distorted", "error": "error",
+    "run_id": "run id",
 }
+AXES = ("workload", "link", "compute", "servers", "seed")  # shown only when they vary (the summary names the rest)
 
 
 def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """Every run, failed ones included, with the runs table's headings and units (MB = 10^6 bytes)."""
-    df = runs[[c for c in RUN_COLUMNS if c in runs]].copy()
+    """Every run, failed ones included: labelled by strategy and the axes that vary, then its numbers (MB = 10^6
+    bytes), its id last in its own column."""
+    same = [c for c in AXES if runs[c].nunique(dropna=False) == 1]
+    df = runs[[c for c in RUN_COLUMNS if c in runs and c not in same]].copy()
     for col in ("bytes_sent_per_worker", "bytes_recv_per_worker"):
         df[col] = df[col] / MB
     df["distorted"] = np.where(runs["cores_oversubscribed"], "cores",

@@ -249,3 +249,12 @@ def test_profile_mode_has_no_convergence_curves(tmp_path, fake_results):
     assert html.count("Replayed compute:") == 1
     headings = re.findall(r"<h2>([^<]*)</h2>", html)
     assert len(headings) == len(set(headings)) and headings[-1] == "Not in this sweep"
+
+
+def test_the_runs_table_comes_last_labelled_by_strategy_and_the_axes_that_vary(built_report):
+    html = built_report.read_text()
+    headings = re.findall(r"<h2>([^<]*)</h2>", html)
+    assert headings[-2:] == [f"{len(headings) - 1}. All runs", "Not in this sweep"]
+    head = re.findall(r"<th>([^<]*)</th>", section(html, "runs"))
+    assert head[:3] == ["strategy", "workers", "link"] and head[-1] == "run id"
+    assert "workload" not in head and "seed" not in head  # one workload, one seed: the summary says them
