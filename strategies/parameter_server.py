@@ -95,6 +95,10 @@ class ParameterServer(Strategy):
 
     # -- server ranks ----------------------------------------------------------------------------------
 
+    def serve_bounds(self, numel):
+        """(lo, hi): this server rank's shard of a buffer of numel elements (barrier-free servers: one message)."""
+        return chunk_bounds(numel, self.servers)[self.server]
+
     def serve_run(self, steps, numel, dtype, update, device="cpu"):
         """Without a barrier (staleness s, "async" or backups): serve every worker for the whole run, each from a
         thread of its own; returns the PushRecords (strategies/parameter_server_async.py)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +168,9 @@ def _row(spec, step: int, rank: int, role: str, compute_s: float, comm_s: float,
             "bytes_recv": int(counters.bytes_recv), "loss": float(loss), "samples": int(samples),
             "consensus_distance": math.nan, "wall_s": float(wall_s), "backward_end_s": float(backward_end_s),
             "exposed_comm_s": float(comm_s), "comm_busy_s": float(comm_busy_s),
-            "overlap_fraction": float(overlap_fraction)}
+            "overlap_fraction": float(overlap_fraction),
+            # a parameter server without a barrier fills these on its server rows (serve_without_barrier)
+            "staleness": [], "bound_wait_s": math.nan, "dropped_pushes": 0}
 
 
 def _overlap_fraction(busy_s: float, exposed_s: float) -> float:
@@ -268,11 +271,44 @@ def worker_role(config):
     return WORKER_ROLES[config.role]()
 
 
+def serve_without_barrier(comm, spec, config, buckets, update) -> dict:
+    """A parameter server without a global barrier (staleness s, "async", backups): it serves every worker for
+    the whole run, each from a thread of its own (strategies/parameter_server_async.py); the workers' PushPull
+    role is unchanged. One row per step: the staleness of every gradient it applied, the time its replies waited
+    at the bound, the late pushes it dropped; its bytes from the pushes it took (a push and a reply each)."""
+    if len(buckets) != 1 or spec.overlap:
+        raise ValueError(f"parameter_server with staleness={config.staleness!r}, backups={config.backups} runs "
+                         f"one flat bucket without overlap: got bucket_mb={spec.bucket_mb!r}, "
+                         f"overlap={spec.overlap!r} (accepted: leave bucket_mb unset, overlap = false)")
+    bucket, clock = buckets[0], update.clock
+    runtime = config.bind(comm, spec.workers)
+    start = clock()
+    records = runtime.serve_run(spec.steps, bucket.numel, update.dtype,
+                                lambda gradient, where: update(bucket, gradient, where), device=update.device)
+    per_step = (clock() - start) / max(spec.steps, 1)
+    lo, hi = runtime.serve_bounds(bucket.numel)
+    shard_bytes = (hi - lo) * torch.empty(0, dtype=update.dtype).element_size()
+    rows = []
+    for step in range(spec.steps):
+        pushes = [r for r in records if r.step == step]
+        moved = shard_bytes * len(pushes)  # each push taken was answered: as many bytes out as in
+        counters = SimpleNamespace(bytes_sent=moved, bytes_recv=moved)
+        row = _row(spec, step, comm.rank, "server", update.busy_s / max(spec.steps, 1), per_step, counters,
+                   per_step * (step + 1), comm_busy_s=per_step)
+        row |= {"staleness": [r.staleness for r in pushes if not r.dropped],
+                "bound_wait_s": sum(r.bound_wait_s for r in pushes),
+                "dropped_pushes": sum(r.dropped for r in pushes)}
+        rows.append(row)
+    return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
+                                     "consensus_distance": math.nan, "buckets": 1, "bucket_numels": [bucket.numel],
+                                     "trained": False}}
+
+
 def server_loop(config):
     """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, which
-    serves update and summation servers alike (a summation server ignores `update`). An asynchronous server
-    (staleness > 0, backups) attaches here, beside a worker role that pushes and pulls without a barrier."""
-    return serve_steps
+    serves update and summation servers alike (a summation server ignores `update`), or the one without a
+    global barrier (a parameter server with staleness s, "async" or backups)."""
+    return serve_without_barrier if getattr(config, "asynchronous", False) else serve_steps
 
 
 # -- measured compute: the model, or a profile's timeline, on the wall clock ----------------------------------

@@ -154,6 +154,12 @@ STEPS: tuple[Column, ...] = (
     Column("comm_busy_s", FLOAT, "time spent inside synchronization, seconds"),
     Column("exposed_comm_s", FLOAT, "communication after backward ended, seconds (= comm_s)"),
     Column("overlap_fraction", FLOAT, "share of this step's communication hidden behind backward"),
+    # a parameter server without a global barrier (staleness s, "async", backups): on its server rows
+    Column("staleness", INTS, "parameter server, staleness s or async: the staleness of every gradient this server "
+                              "applied in the step (updates between the pusher's read and its push)"),
+    Column("bound_wait_s", FLOAT, "parameter server, staleness s: seconds this server held the step's replies at "
+                                  "the staleness bound, summed over workers"),
+    Column("dropped_pushes", INT, "parameter server with backups: late pushes of the step this server dropped"),
 )
 
 # Not stored: display labels built on read from the typed columns (results written before the typed schema

@@ -130,3 +130,31 @@ def test_traffic_counts_dropped_pushes_too():
 
     measured = run_threads(6, body, timeout=10)
     check_traffic(config, 4, 6, 8, measured, "backups=1")
+
+
+@pytest.mark.parametrize("params", [{"staleness": 2}, {"staleness": "async"}, {"backups": 1}])
+def test_training_without_a_barrier_records_staleness_and_outruns_a_straggler(params):
+    """Real training (tiny model) on 4 thread workers, worker 3 three times slower: the barrier-free server runs,
+    its rows carry the staleness of every gradient it applied (bounded by SSP), the bound waits and the drops;
+    the fast workers finish more steps per second than the straggler allows a synchronous server."""
+    from experiments.config.sweep import RunSpec
+    from experiments.pipeline.summary import summarize
+    from tests.experiments.test_train import train_on_threads
+
+    torch.set_num_threads(1)
+    spec = RunSpec(workload="tiny", image_size=16, batch_size=8, steps=6, warmup_steps=1, workers=4,
+                   strategy="parameter_server", strategy_params={"servers": 2, **params},
+                   straggler={"ranks": [3], "slowdown": 3.0})
+    results = train_on_threads(spec)
+    server_rows = [row for r in results[4:] for row in r["steps"]]
+    applied = [s for row in server_rows for s in row["staleness"]]
+    if "backups" in params:
+        assert sum(row["dropped_pushes"] for row in server_rows) > 0 and set(applied) == {0}
+    else:
+        assert len(applied) == 2 * 4 * 6 and max(applied) > 0
+    if params.get("staleness") == 2:
+        assert max(row["bound_wait_s"] for row in server_rows) > 0
+    row, _ = summarize(spec, results, "", {"started_at": "t", "duration_s": 1.0, "transport": "threads",
+                                           "gpu": "", "cores": 2, "host": "h"})
+    assert row["status"] == "ok", row["error"]
+    assert all(np.isfinite(r["final"]["loss"]) for r in results[:4])
