@@ -62,21 +62,7 @@ def _parameter_server_settings() -> list[dict]:
     return out
 
 
-# Combinations the strategy accepts but the pipeline does not yet apply in training (found by this file; issue 28):
-# summation with dedicated servers (train() looks up a server loop for role "gradients": KeyError) and update mode
-# colocated (the worker's ParameterServer.update hook is never set, so the workers copy the mean gradient in as
-# their parameters). Strict: once the pipeline applies them, the xfail fails and must be removed.
-PIPELINE_GAPS = {("summation", "dedicated"): "pipeline has no server loop for summation-mode dedicated servers",
-                 ("update", "colocated"): "pipeline never sets the colocated server's update hook"}
-
-
-def _marked(params: dict):
-    gap = PIPELINE_GAPS.get((params.get("mode"), params.get("placement")))
-    marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
-    return pytest.param("parameter_server", params, marks=marks)
-
-
-PARAMETER_SERVER = [_marked(p) for p in _parameter_server_settings()]
+PARAMETER_SERVER = [("parameter_server", p) for p in _parameter_server_settings()]
 
 
 def _train_on_threads(spec: RunSpec) -> list[torch.Tensor]:
