@@ -46,3 +46,12 @@ def test_every_varying_run_setting_is_an_axis():
 def test_bad_values_are_refused_when_the_sweep_is_read(params, pattern):
     with pytest.raises((SweepError, ValueError), match=pattern):
         sweep(params)
+
+
+def test_barrier_free_servers_with_buckets_or_overlap_are_refused_when_the_sweep_is_read():
+    with pytest.raises(SweepError, match=r"staleness=2, backups=0 run one flat bucket without overlap: got "
+                                         r"bucket_mb = 4.0"):
+        sweep({"staleness": 2}, grid={"strategy": ["parameter_server"], "bucket_mb": [4.0]})
+    with pytest.raises(SweepError, match=r"overlap = True"):
+        sweep({"backups": 1}, grid={"strategy": ["parameter_server"], "overlap": [True]})
+    assert len(sweep({"staleness": [0, 2, "async"]}).runs) == 4
