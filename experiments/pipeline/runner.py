@@ -23,6 +23,7 @@ from experiments.config.sweep import Sweep
 from experiments.pipeline.store import Store, StoreError
 from experiments.pipeline.substrate import Run
 from experiments.pipeline.train import train
+from workloads.files import check_text
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
@@ -95,7 +96,9 @@ def check_same_sweep(store: Store, sweep: Sweep, runs: list | None = None) -> No
     path = store.dir / "sweep.resolved.json"
     if path.exists():
         try:
-            recorded = json.loads(path.read_text())
+            text = path.read_text()
+            check_text(text, str(path), json=True)  # nesting and digits bounded before the parser recurses
+            recorded = json.loads(text)
             old = {run["run_id"]: {k: v for k, v in run.items() if k != "run_id"} for run in recorded["runs"]}
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{path} is not a syncbench sweep record ({e}): choose another --out") from None

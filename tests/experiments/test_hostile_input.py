@@ -594,3 +594,14 @@ def test_profile_out_an_existing_directory_is_refused_before_measuring(tmp_path,
     err = cli_error(capsys, ["profile", "--workload", "tiny", "--batch-size", "2", "--out", str(blocker / "p.json")])
     assert "is a file, not a directory" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no <dir>.tmp, nothing written
+
+
+def test_resume_into_results_whose_record_is_nested_thousands_deep_is_one_line(tmp_path):
+    sweep = load(tmp_path, BASE)
+    store = Store(tmp_path / "out")
+    (store.dir / "sweep.resolved.json").write_text('{"runs": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(StoreError) as info:
+        runner.check_same_sweep(store, sweep)
+    message = str(info.value)
+    assert "is not a syncbench sweep record" in message and "nested more than 32 deep" in message, message
+    assert "field runs" in message and "\n" not in message
