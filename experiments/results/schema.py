@@ -470,17 +470,34 @@ def platform_label(run) -> str:
 
 # ---- `syncbench schema` ---------------------------------------------------------------------------------------
 
+def type_name(type_) -> str:
+    """int64, double, string, bool, list<int64>, timestamp[ms, UTC], or 'int64 | string' for a union's struct."""
+    if isinstance(type_, str):
+        return type_
+    if pa.types.is_struct(type_):
+        return " | ".join(str(member.type) for member in type_) + " (struct)"
+    if pa.types.is_list(type_):
+        return f"list<{type_.value_type}>"
+    if pa.types.is_timestamp(type_):
+        return f"timestamp[{type_.unit}, {type_.tz}]"
+    return str(type_)
+
+
 def describe() -> str:
     """Every column as a plain table: the stored columns of both tables, the strategy parameter columns of the
     registered strategies, and the display labels derived on read."""
     import strategies
 
     def line(name, type_, meaning):
-        return f"{name:32s} {str(type_):22s} {meaning}"
+        return f"{name:32s} {type_name(type_):24s} {meaning}"
 
-    out = []
+    out = ["# Parquet under a results directory DIR: a file per run (DIR/runs/<n>.parquet, DIR/steps/<n>.parquet),",
+           "# merged per 100 runs (<first>-<last>.parquet); DIR/runs.parquet and DIR/steps.parquet from before.",
+           "# Units are in the names (_s seconds, _bytes bytes, bandwidth bytes/s). A value not given is null on disk;",
+           "# read through experiments.results it is '' (text), 0 (counts), NaN (measures), False, () or NaT.",
+           ""]
     for title, table in TABLES.items():
-        out.append(f"# {title} (DIR/{title}/*.parquet, one file per run; DIR/{title}.parquet from before)")
+        out.append(f"# {title}: one row per {'run' if title == 'runs' else 'step and rank'}")
         out += [line(c.name, c.type, c.meaning) for c in table]
         out.append("")
     out.append("# runs: strategy parameters (null for runs of strategies without that parameter)")
@@ -494,9 +511,9 @@ def describe() -> str:
         for param, (type_, default) in declared.items():
             by_param.setdefault(param, []).append((name, type_, default))
     for param, uses in sorted(by_param.items()):
-        types = sorted({str(t) for _, t, _ in uses})
+        types = sorted({type_name(t) for _, t, _ in uses})
         meaning = "; ".join(f"{s} (default {d!r})" for s, _, d in uses)
-        out.append(line(PARAM + param, " | ".join(types), meaning))
+        out.append(f"{PARAM + param:32s} {' or '.join(types):24s} {meaning}")
     out.append("")
     out.append("# runs: derived on read (not stored)")
     out += [line(c.name, c.type, c.meaning) for c in DERIVED]
