@@ -322,6 +322,10 @@ class SimulatedCompute:
     def take_parameters(self) -> None:
         """The servers' parameters arrived in the (meta) buffer: nothing to copy."""
 
+    def server_update(self):
+        """The optimizer time of servers colocated with this worker (PushPull.serve_beside)."""
+        return SimulatedUpdate(self.comm, self.timeline)
+
     def straggle(self, compute_s: float) -> None:
         """The timeline is already scaled by the slowdown."""
 

@@ -179,6 +179,17 @@ def test_every_strategy_runs_unchanged_with_exact_bytes(strategy):
     assert overlapped["step_time_s"] <= plain["step_time_s"] + 1e-9
 
 
+@pytest.mark.parametrize("params", strategies.get("parameter_server").variants)
+def test_every_parameter_server_variant_simulates_with_exact_bytes(params):
+    """Dedicated and colocated, update and summation: the step loop's roles on simulated ranks, bytes as declared."""
+    platform = Platform.parse({"bandwidth": "10Gbit", "latency": "20us"})
+    compute = Timeline.fixed(0.002, 0.004, 0.001, (4097, 1, 300_001, 77))
+    params = {**params, "partition_mb": 0.25}  # the variants' tiny partitions would mean thousands of messages
+    row, _ = _simulate("parameter_server", 4, 0, platform, params=params, bucket_mb=0.5, overlap=True,
+                       compute=compute, steps=2)
+    assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"] > 0
+
+
 @pytest.mark.parametrize("strategy", SIMULABLE)
 def test_real_payloads_give_the_reference_result(strategy):
     """With CPU tensors instead of meta ones the values move: every strategy's sum is the reference."""
