@@ -99,6 +99,9 @@ def _check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool,
     return not problems, error, "; ".join(problems)
 
 
+MAX_VERIFY_NUMEL = 2**32  # elements of verify's message (docs/settings.md); the memory check follows
+
+
 def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = None,
            address: str | None = None, out=print, oversubscribe: bool = False, dtype: str = "float32",
            p2p: str = "gloo") -> bool:
@@ -127,8 +130,10 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
                          f"{', '.join(strategies.get(unsupported[0]).ops)})")
     names = [n for n in names if n not in unsupported]
     settings = [(n, p) for n, p in strategies.registry.settings() if n in names]
-    if workers < 1 or numel < 0:
-        raise ValueError(f"--workers {workers} / --numel {numel}: need workers >= 1 and numel >= 0")
+    if workers < 1 or not 0 <= numel <= MAX_VERIFY_NUMEL:
+        shown = str(numel) if len(str(numel)) <= 40 else str(numel)[:40] + "..."
+        raise ValueError(f"--workers {workers} / --numel {shown}: accepted are workers >= 1 and numel from 0 to "
+                         f"{MAX_VERIFY_NUMEL:,}")
     # each rank holds its input and, for the reference, every rank's input in float64
     check_ranks(max(world for world, _ in _groups(settings, workers)), RANK_BASE_BYTES + numel * (8 * workers + 16),
                 capacity_for(address), f"verify --workers {workers} --numel {numel:,}", oversubscribe)

@@ -544,6 +544,10 @@ def test_a_string_false_and_out_of_range_simulate_settings_are_refused(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_string_false_for_overlap_in_a_sweep_is_refused(tmp_path):
+    assert "overlap = 'false': expected true or false" in refused(tmp_path, BASE + 'overlap = "false"\n')
+
+
 def test_simulate_ranges_are_documented():
     section = (REPO / "docs" / "settings.md").read_text()
     for key, accepted in sweep_mod.SIMULATE_RANGES.items():
@@ -560,6 +564,7 @@ def test_simulate_ranges_are_documented():
      ["--model-bytes '" + "9" * 40 + "...'", "1,000,000,000,000,000 bytes"]),
     (["model", "--model", "resnet18", "--workers", "4", "--bandwidth", "1bit", "--step-time", "0.1"],
      ["--bandwidth '1bit'", "1Mbit to 100Tbit"]),
+    (["verify", "--numel", "9" * 400], ["--numel " + "9" * 40 + "...", "numel from 0 to 4,294,967,296"]),
 ])
 def test_bench_bandwidth_1bit_and_400_digit_sizes_are_one_line(capsys, monkeypatch, argv, fragments):
     import experiments.cluster.ray_runtime as ray_runtime
