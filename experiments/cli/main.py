@@ -179,7 +179,9 @@ def _bounded_by_signals(command: str):
         signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGTERM, previous)
         with contextlib.suppress(OSError):
-            reader.shutdown(socket.SHUT_RDWR)
+            reader.shutdown(socket.SHUT_RDWR)  # the watcher sees the end and returns
+        watcher.join(1.0)
+        reader.close()
         writer.close()
 
 

@@ -5,10 +5,11 @@ process group does not reach it), with a pipe from the driver on its stdin. Twic
 processes of the session: the driver's children whose command line names the session's temp dir (GCS, raylet,
 monitors, dashboard) and all their descendants (workers, agents), each by pid and start time. When the pipe
 closes (the driver stopped Ray, exited, or was killed with SIGKILL), every noted process still running with the
-same start time is sent SIGTERM, then SIGKILL a second later, and the temp dir is removed. Only processes it saw
-descend from its driver are touched (a pid reused by another process has another start time).
+same start time is sent SIGTERM, then SIGKILL a second later, and the temp dir is removed (`remove`: a temp dir
+ensure_ray made; one its caller chose is kept). Only processes it saw descend from its driver are touched (a pid
+reused by another process has another start time).
 
-    python ray_reaper.py DRIVER_PID TEMP_DIR
+    python ray_reaper.py DRIVER_PID TEMP_DIR remove|keep
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def reap(noted: dict[int, int]) -> list[int]:
     return sorted(targets)
 
 
-def main(driver: int, temp_dir: str) -> None:
+def main(driver: int, temp_dir: str, remove: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopped by its pipe only
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     noted: dict[int, int] = {}
@@ -105,7 +106,7 @@ def main(driver: int, temp_dir: str) -> None:
             break
         noted.update(ray_processes(driver, temp_dir, _processes()))
     reap(noted)
-    for _ in range(20):  # a process that was exiting may write one more log line
+    for _ in range(20 if remove else 0):  # a process that was exiting may write one more log line
         shutil.rmtree(temp_dir, ignore_errors=True)
         if not os.path.exists(temp_dir):
             break
@@ -113,4 +114,4 @@ def main(driver: int, temp_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3] == "remove")

@@ -39,6 +39,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
     if address:
         _connect(address, connect_timeout)
         return False
+    own_temp_dir = temp_dir is None
     if temp_dir is None:
         temp_dir = tempfile.mkdtemp(prefix="syncbench-ray-")
         if not _OWN_TEMP_DIRS:
@@ -50,7 +51,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
              _temp_dir=temp_dir,
              logging_level=logging.WARNING,
              configure_logging=True)
-    _start_reaper(temp_dir)
+    _start_reaper(temp_dir, remove=own_temp_dir)
     if threading.current_thread() is threading.main_thread():
         # ray.init's SIGTERM handler drains the node for up to 30 s before exiting; SIGTERM raises KeyboardInterrupt
         # naming it instead (finished runs are saved, Ray is shut down on the way out), or keeps the caller's handler
@@ -90,15 +91,16 @@ def stop_ray() -> None:
 _REAPERS: list[subprocess.Popen] = []
 
 
-def _start_reaper(temp_dir: str) -> None:
+def _start_reaper(temp_dir: str, remove: bool) -> None:
     """experiments/cluster/ray_reaper.py beside this embedded Ray: it outlives this process (its own session) and
-    ends the session's Ray processes and temp dir when this process stops Ray, exits or is killed (SIGKILL too).
+    ends the session's Ray processes (and the temp dir, if `remove`: one ensure_ray made) when this process stops
+    Ray, exits or is killed (SIGKILL too).
 
     Ray's own fate-sharing (PR_SET_PDEATHSIG on the processes ray.init starts) ends GCS and raylet with their
     driver, but not the raylet's children (agents, workers): after a SIGKILL two agents ran on as orphans."""
     reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_reaper.py")), str(os.getpid()),
-                               temp_dir], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                              start_new_session=True, close_fds=True)
+                               temp_dir, "remove" if remove else "keep"], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     _REAPERS.append(reaper)
 
 
