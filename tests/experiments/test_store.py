@@ -195,6 +195,7 @@ def _old_results(out: Path, sweep: sweep_mod.Sweep, ok: set[str]) -> dict[str, s
     return {spec.run_id: spec.strategy for spec in sweep.runs}
 
 
+@pytest.mark.slow  # a sweep through the runner or the command line: left out of make test-fast
 def test_old_results_load_and_resume(tmp_path):
     """A directory the old store wrote loads typed (its labels kept, its parameters from the JSON), and --resume
     runs only what failed there, appending beside the old files without rewriting them."""
@@ -226,17 +227,21 @@ def test_old_results_load_and_resume(tmp_path):
 
 # ---- one writer per results directory --------------------------------------------------------------------------
 
-def test_two_writers_on_one_out(tmp_path, capsys):
-    """A second writer, in this process or another, is refused with one line naming the holder; a holder killed
-    with SIGKILL leaves no stale lock."""
+def test_two_writers_on_one_out_in_one_process(tmp_path):
     out = tmp_path / "out"
     first = Store(out)
     first.start(resume=False, overwrite=False)
-    with pytest.raises(StoreError, match=f"being written by pid {os.getpid()} on "):
+    with pytest.raises(StoreError, match=f"being written by pid {os.getpid()} on {platform.node()} since "):
         Store(out).start(resume=True, overwrite=False)
     first.close()
-    Store(out).start(resume=True, overwrite=False)  # released: the next writer may start (and closes on GC)
+    with Store(out) as second:  # released: the next writer may start
+        second.start(resume=True, overwrite=False)
 
+
+def test_two_writers_on_one_out(tmp_path, capsys):
+    """A second `run --resume` or `simulate --resume` while another process writes the directory is refused with
+    one line naming the holder; a holder killed with SIGKILL leaves no stale lock."""
+    out = tmp_path / "out"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from experiments.pipeline.store import Store; "
          "s = Store(sys.argv[1]); s.lock(); print('locked', flush=True); time.sleep(120)", str(out)],
@@ -259,6 +264,7 @@ def test_two_writers_on_one_out(tmp_path, capsys):
         assert (store.dir / LOCK).exists()
 
 
+@pytest.mark.slow  # a sweep through the runner or the command line: left out of make test-fast
 def test_simulate_resume_into_another_sweep(tmp_path, capsys):
     """`simulate B --resume` into A's directory is refused before anything is written: A's sweep.toml, record and
     runs stay as they were (it used to mix the sweeps and overwrite A's sweep.toml)."""
@@ -310,6 +316,7 @@ def _fill(path: Path, leave_bytes: int) -> None:
         f.truncate(max(0, path.stat().st_size - leave_bytes))
 
 
+@pytest.mark.slow  # a sweep through the runner or the command line: left out of make test-fast
 def test_2mb_tmpfs_as_out(tmpfs_2mb, tmp_path, capsys):
     """Runs fill the disk: the run that does not fit is one line naming the cause, no temporary file is left,
     every run stored before reads back; with space again, --resume goes on."""
