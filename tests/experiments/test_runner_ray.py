@@ -80,7 +80,8 @@ def test_every_strategy_trains_through_ray(ray_session, tmp_path):
     assert (runs["status"] == "ok").all(), runs[["strategy", "error"]]
     for column in ("throughput", "step_time_s", "compute_s", "comm_s", "final_loss", "param_norm"):
         assert (runs[column] > 0).all(), column
-    assert (runs["step_time_s"] >= runs["comm_s"]).all()
+    # every step moves workers x batch samples: throughput = 3 x 8 / the mean step time (not step >= comm, a given)
+    assert ((runs["throughput"] * runs["step_time_s"] - 3 * 8).abs() < 1e-9).all(), runs["throughput"]
     counted = runs[runs["bytes_counted"]]  # native and ddp move their bytes inside the backend
     assert (counted["bytes_sent_per_worker"] == counted["analytic_bytes_sent_per_worker"]).all()
     ps = runs[runs["strategy"] == "parameter_server"].iloc[0]
@@ -95,7 +96,7 @@ def test_every_strategy_trains_through_ray(ray_session, tmp_path):
     assert len(steps) == sum(3 * strategies.make(n, **({"servers": 1} if n == "parameter_server" else {}))
                              .world_size(3) for n in names)
     dec = runs[runs["strategy"] == "decentralized"].iloc[0]
-    assert dec["consensus_distance"] >= 0 and 0 < dec["spectral_gap"] <= 1
+    assert dec["consensus_distance"] > 0 and 0 < dec["spectral_gap"] <= 1  # neighbours only: never agree
 
 
 def test_a_failed_run_is_recorded_and_resume_completes_it(ray_session, tmp_path):
