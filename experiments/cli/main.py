@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.cluster.netns import ClusterError
 
     try:
-        with _bounded_by_signals(args.command):
+        # `cluster` is left to finish its own way out: a forced exit could strand half-removed namespaces
+        with _bounded_by_signals(args.command, deadline=args.command != "cluster"):
             return COMMANDS[args.command](args) or 0
     except (ValueError, FileExistsError, FileNotFoundError, ClusterError, ConnectionError) as e:
         print(f"syncbench {args.command}: error: {e}", file=sys.stderr)
@@ -157,16 +158,23 @@ INTERRUPT_DEADLINE_S = 5.0  # after SIGTERM or SIGINT, how long the orderly way 
 
 
 @contextlib.contextmanager
-def _bounded_by_signals(command: str):
+def _bounded_by_signals(command: str, deadline: bool = True):
     """SIGTERM and SIGINT end the command like Ctrl-C (KeyboardInterrupt naming the signal: finished runs saved, Ray
     shut down on the way out), and within INTERRUPT_DEADLINE_S whatever the way out waits on: a watcher sees the
     signal through signal.set_wakeup_fd (whichever Python handler is installed: the runner has its own), and at
     the deadline ends this command's embedded Ray (its reapers), removes its temp dir and exits with 128 + the
-    signal. Only while the command runs: main() called in-process (tests) leaves nothing armed."""
+    signal. Only while the command runs: main() called in-process (tests) leaves nothing armed. Without
+    `deadline`, only the first part: SIGTERM raises KeyboardInterrupt naming it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    if not deadline:
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
