@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-REPORT_TESTS = ("tests/reports", "--ignore=tests/reports/test_browser.py")
+REPORT_TESTS = ("tests/reports/test_report_numbers.py", "tests/reports/test_model.py")
 SUMMARY_TESTS = ("tests/experiments/test_run_metrics.py", "tests/experiments/test_train.py::"
                  "test_summary_row_is_complete_and_plausible")
 TRAINING_TESTS = ("tests/experiments/test_training_reference.py",)
@@ -99,7 +99,8 @@ MUTATIONS = (
     Mutation("decentralized-graph-loses-a-hop", "control", "strategies/decentralized.py",
              "hops = [1 << k for k in range((n - 1).bit_length()) if 1 << k < n]",
              "hops = [1 << k for k in range((n - 1).bit_length() - 1) if 1 << k < n]",
-             ("tests/strategies/test_strategy_details.py", "tests/strategies/test_strategy_matrix.py")),
+             ("tests/strategies/test_strategy_details.py", "tests/strategies/test_strategy_matrix.py",
+              "-kdecentralized")),
 )
 
 
