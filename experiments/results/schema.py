@@ -342,7 +342,7 @@ def conform(frame: pd.DataFrame, table: tuple[Column, ...], *, extra_ok: bool = 
         elif c.type == TIME:  # ISO text (results written before the typed schema) or timestamps
             frame[c.name] = pd.to_datetime(frame[c.name], utc=True, errors="coerce", format="ISO8601")
         else:  # list of ints
-            frame[c.name] = [tuple(int(x) for x in v) if v is not None and len(v) else () for v in frame[c.name]]
+            frame[c.name] = [tuple(int(x) for x in v) if hasattr(v, "__len__") else () for v in frame[c.name]]
     for name in params:  # Python values in the declared type, None where the run's strategy has no such parameter
         values = [_param_value(s, name[len(PARAM):], v) for s, v in zip(frame["strategy"], frame[name])]
         frame[name] = pd.Series(values, index=frame.index, dtype=object)
