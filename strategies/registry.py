@@ -130,11 +130,30 @@ def get(name: str) -> type[StrategyConfig]:
 
 
 def make(name: str, **params) -> StrategyConfig:
-    """Build a strategy's settings; an unknown parameter names the accepted ones."""
+    """Build a strategy's settings; an unknown parameter names the accepted ones. The run settings of
+    compression (strategies/compression.py) and local SGD (strategies/local_sgd.py) wrap it, applied here once
+    for every strategy: at their defaults the strategy is returned as it is."""
+    from strategies.compression import Compression, compress
+    from strategies.local_sgd import LocalSgd, local_sgd
+
     cls = get(name)
+    wrappers = {k: params.pop(k) for k in list(params) if k in WRAPPER_SETTINGS}
     accepted = cls.parameters()
     unknown = set(params) - set(accepted)
     if unknown:
         listed = ", ".join(f"{k} (default {v!r})" for k, v in accepted.items()) or "none"
-        raise ValueError(f"unknown parameter(s) {sorted(unknown)} for strategy {name!r}: accepted are {listed}")
-    return cls(**params)
+        raise ValueError(f"unknown parameter(s) {sorted(unknown)} for strategy {name!r}: accepted are {listed} "
+                         f"(and the run settings {', '.join(WRAPPER_SETTINGS)})")
+    config = cls(**params)
+    compression = Compression(**{k: v for k, v in wrappers.items() if k in COMPRESSION_SETTINGS})
+    local = LocalSgd(**{k: v for k, v in wrappers.items() if k in LOCAL_SGD_SETTINGS})
+    if compression.compression != "none" and local.sync_every != 1:
+        raise ValueError(f"compression = {compression.compression!r} with sync_every = {local.sync_every}: "
+                         f"compression applies to gradients, local SGD averages parameters (accepted: one of them)")
+    return local_sgd(compress(config, compression), local)
+
+
+COMPRESSION_SETTINGS = ("compression", "powersgd_rank", "powersgd_start", "powersgd_warm_start", "topk_ratio",
+                        "error_feedback")
+LOCAL_SGD_SETTINGS = ("sync_every", "outer_optimizer", "outer_lr", "outer_momentum")
+WRAPPER_SETTINGS = COMPRESSION_SETTINGS + LOCAL_SGD_SETTINGS
