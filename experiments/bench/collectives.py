@@ -19,7 +19,7 @@ from experiments.cluster import placement
 from experiments.cluster.group import P2P, WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
 from experiments.cluster.ray_runtime import ray_session
-from reports.model import comm_time, critical_path
+from strategies.cost import comm_time, critical_path
 from strategies.ops import BITWISE, LOGICAL, OPS, check_op
 from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
 from strategies.transport.link import Network
@@ -266,7 +266,7 @@ def _check_duration(names: list[str], workers: int, sizes: list[int], iters: int
 
 
 def _predicted(name: str, workers: int, nbytes: int, network: Network | None) -> float:
-    """The alpha-beta model (reports.model) on the emulated links: rounds x latency + critical-path bytes /
+    """The alpha-beta model (strategies.cost) on the emulated links: rounds x latency + critical-path bytes /
     bandwidth. NaN without emulation, or for a backend's own bytes that python emulation does not slow."""
     counted = strategies.get(name).counted
     if network is None or (not counted and network.emulation != "kernel"):

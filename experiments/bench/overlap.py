@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 import strategies
-from reports.model import Timeline, comm_time, critical_path, overlap_timeline
 from strategies.base import PARAMETERS, SERVER
+from strategies.cost import Timeline, comm_time, critical_path, overlap_timeline
 from strategies.transport.link import Network
 from workloads.buckets import make_buckets
 from workloads.profile import Profile, load_profile, measure_profile, save_profile

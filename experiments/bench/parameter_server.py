@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 import strategies
-from reports.model import byteps_optimum, comm_time
+from strategies.cost import byteps_optimum, comm_time
 from strategies.transport.link import parse_bandwidth, parse_latency
 
 SERVERS = (1, 2, 4)
