@@ -16,6 +16,9 @@ A worker's NIC sends pushes and receives replies of earlier partitions at the sa
 k = n dedicated servers a step costs about M/B plus one partition's fan-out (BytePS's optimum, 2 - 2/n times
 faster than a ring); a server's link carries n/k times a worker's bytes.
 
+Without a global barrier (`staleness` s or "async", `backups` b; update mode, dedicated servers) a step is one
+push/pull per server and a server serves each worker from a thread of its own: strategies/parameter_server_async.py.
+
 Receives from one peer are waited for in the order that peer sent them (the thread transport matches a message
 at wait time), which is why a colocated rank first serves all its partitions and then takes its replies.
 """
