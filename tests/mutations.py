@@ -99,8 +99,7 @@ MUTATIONS = (
     Mutation("decentralized-graph-loses-a-hop", "control", "strategies/decentralized.py",
              "hops = [1 << k for k in range((n - 1).bit_length()) if 1 << k < n]",
              "hops = [1 << k for k in range((n - 1).bit_length() - 1) if 1 << k < n]",
-             ("tests/strategies/test_strategy_details.py", "tests/strategies/test_strategy_matrix.py",
-              "-kdecentralized")),
+             ("tests/strategies/test_strategy_details.py", "tests/strategies/test_strategy_matrix.py")),
 )
 
 
