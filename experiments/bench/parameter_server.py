@@ -114,5 +114,60 @@ def format_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+
+
+STRAGGLER_SETTINGS = ({"staleness": 0}, {"staleness": 2}, {"staleness": 8}, {"staleness": "async"}, {"backups": 1})
+
+
+def straggler_bench(workers: int = 4, slowdowns=(2.0, 3.0), servers: int = 4, bandwidth: str = "1Gbit",
+                    latency: str = "50us", steps: int = 10, warmup_steps: int = 2, batch_size: int = 16,
+                    model: str = "resnet18", out: str | Path | None = None, log=None) -> pd.DataFrame:
+    """One of the workers `slowdown` times slower (profile mode): samples/s of the synchronous parameter server,
+    SSP s = 2 and 8, async and 1 backup worker (update mode, dedicated servers), beside ring; one sweep per PS
+    setting (staleness and backups do not combine), all on thread ranks over python-emulated links."""
+    from experiments.config.sweep import parse
+    from experiments.pipeline.runner import run_sweep
+    from experiments.pipeline.substrate import ThreadSubstrate
+    from workloads.profile import measure_profile, save_profile
+
+    out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="syncbench-ps-straggler-"))
+    profile = measure_profile(model, batch_size, 32)
+    path = save_profile(profile, out_dir / "profiles" / f"{profile.id}.json")
+    defaults = {"workload": model, "batch_size": batch_size, "image_size": 32, "steps": steps,
+                "warmup_steps": warmup_steps, "workers": workers, "compute": "profile", "profile": str(path),
+                "link": {"bandwidth": bandwidth, "latency": latency}, "timeout": 300.0}
+    grid = {"straggler": [{"ranks": [workers - 1], "slowdown": float(s)} for s in slowdowns]}
+    kwargs = {"log": log} if log else {}
+    frames = []
+    for i, setting in enumerate(({"strategy": "ring"},) + tuple({"strategy": "parameter_server", **p}
+                                                                for p in STRAGGLER_SETTINGS)):
+        name = setting.pop("strategy")
+        sweep = parse({"name": f"ps-straggler-{i}", "defaults": {**defaults, "strategy": name}, "grid": grid,
+                       "strategy_params": {name: {"servers": servers, **setting}} if setting else {}})
+        runs = run_sweep(sweep, out_dir / f"results-{i}", overwrite=True, substrate=ThreadSubstrate(), **kwargs)
+        frames.append(runs.assign(setting=name if not setting else ", ".join(f"{k}={v}" for k, v in setting.items())))
+    runs = pd.concat(frames, ignore_index=True)
+    runs["slowdown"] = runs["straggler_slowdown"]
+    sync = runs[runs["setting"] == "staleness=0"].set_index("slowdown")["throughput"]
+    runs["vs_sync_ps"] = runs["throughput"] / runs["slowdown"].map(sync)
+    return runs[["slowdown", "setting", "status", "throughput", "step_time_s", "comm_s", "vs_sync_ps"]]
+
+
+def format_straggler(df: pd.DataFrame) -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    lines = [f"# one worker slower (profile mode), samples/s of the whole group; PS: 4 dedicated servers, update "
+             f"mode; thread ranks on {os.cpu_count()} cores (load average {load:.1f}: shared machine); target: at 3x, "
+             f"SSP s = 8, async and backups >= 1.3x the synchronous PS",
+             f"{'slowdown':>8} {'setting':>16} {'samples/s':>9} {'step s':>7} {'comm s':>7} {'vs sync PS':>10}"]
+    for r in df.sort_values(["slowdown", "setting"]).itertuples():
+        if r.status != "ok":
+            lines.append(f"{r.slowdown:>8g} {r.setting:>16} failed")
+            continue
+        lines.append(f"{r.slowdown:>8g} {r.setting:>16} {r.throughput:>9.1f} {r.step_time_s:>7.3f} {r.comm_s:>7.3f} "
+                     f"{r.vs_sync_ps:>10.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(format_table(ps_bench()))
+    print(format_straggler(straggler_bench()))

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                         "link, measured beside the timeline prediction")
     p.add_argument("--ps", action="store_true",
                    help="instead: the parameter server's communication time (k = 1, 2, 4 x dedicated, colocated x "
-                        "summation, update) beside ring and BytePS's optimum; 4 workers, resnet18 profile, 1 Gbit")
+                        "summation, update) beside ring and BytePS's optimum, then samples/s with one worker 2x and 3x "
+                        "slower (synchronous, SSP 2 and 8, async, 1 backup); 4 workers, resnet18 profile, 1 Gbit")
     p.add_argument("--partition-mb", default="4,1", help="with --ps: partition sizes in MiB (default 4,1)")
     p.add_argument("--models", default="resnet18,resnet50", help="with --overlap: models to profile")
     p.add_argument("--links", default="1Gbit,10Gbit", help="with --overlap: emulated links ('none': full speed)")
@@ -368,12 +369,14 @@ def _verify(args) -> int:
 
 def _bench(args) -> int:
     if args.ps:
-        from experiments.bench.parameter_server import format_table, ps_bench
+        from experiments.bench.parameter_server import format_straggler, format_table, ps_bench, straggler_bench
 
         parts = [float(p) for p in args.partition_mb.split(",") if p]
-        print(format_table(ps_bench(workers=args.workers, bandwidth=args.bandwidth or "1Gbit",
-                                    latency=args.latency if args.latency != "0s" else "50us", partition_mb=parts,
-                                    steps=args.steps, out=args.out)))
+        link = {"bandwidth": args.bandwidth or "1Gbit", "latency": args.latency if args.latency != "0s" else "50us"}
+        print(format_table(ps_bench(workers=args.workers, partition_mb=parts, steps=args.steps, out=args.out, **link)),
+              flush=True)
+        print(format_straggler(straggler_bench(workers=args.workers, out=args.out and f"{args.out}/straggler",
+                                               **link)))
         return 0
     if args.overlap:
         from experiments.bench.overlap import DEFAULT_STRATEGIES, format_overlap, overlap_bench
