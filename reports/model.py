@@ -13,6 +13,7 @@ import pandas as pd
 
 from strategies import make as make_strategy
 from strategies import names as strategy_names
+from strategies.base import PARAMETERS
 from strategies.cost import (  # noqa: F401 - re-exported: the report's modules price communication through here
     GBIT,
     MB,
@@ -28,8 +29,9 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     parallel_efficiency,
     parse_strategy,
 )
+from workloads.buckets import make_buckets
 from workloads.models import MODELS as WORKLOAD_MODELS
-from workloads.models import param_count
+from workloads.models import default_num_classes, describe_size, param_count
 
 MODELS = tuple(m for m in WORKLOAD_MODELS if m != "tiny")  # the torchvision models `syncbench model` knows
 EXTRAPOLATION_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -41,28 +43,67 @@ MAX_MODEL_WORKERS = 1024
 
 
 @functools.cache
-def model_numel(model: str) -> int:
-    """Parameter count of a model with 1,000 classes (vgg16 -> 138,357,544), counted by workloads; cached."""
+def model_numel(model: str, num_classes: int | None = None) -> int:
+    """Parameter count of a model with `num_classes` outputs (default: the workload's, as sweeps size it; vgg16
+    with 1,000 -> 138,357,544), counted by workloads; cached."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: known are {', '.join(MODELS)} (or give model bytes)")
-    return param_count(model, num_classes=1000, image_size=224)
+    num_classes = default_num_classes(model) if num_classes is None else num_classes
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= 100_000:
+        raise ValueError(f"bad num_classes {num_classes!r}: expected a whole number from 2 to 100,000")
+    return param_count(model, num_classes=num_classes, image_size=224)
+
+
+def inexact_note(config) -> str:
+    """'' for an exact reduction; otherwise why the strategy is not an allreduce (it is compared by time to a
+    target accuracy, not by step time alone)."""
+    if not config.exact:
+        return "NOT an allreduce: neighbour averaging (inexact)"
+    if getattr(config, "staleness", 0) != 0 or getattr(config, "backups", 0):
+        return "NOT exact: stale or dropped gradients"
+    return ""
+
+
+def _bandwidth_for(efficiency_at, target: float) -> float:
+    """The smallest bandwidth (bytes/s) whose efficiency reaches `target` (efficiency_at(bandwidth) rises with
+    bandwidth): bisection in log space; inf when even an infinite link falls short (latency alone)."""
+    if efficiency_at(math.inf) < target:
+        return math.inf
+    low, high = 1.0, 1e18
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if efficiency_at(mid) >= target else (mid, high)
+        if high / low < 1 + 1e-9:
+            break
+    return high
 
 
 # ---- the `syncbench model` table --------------------------------------------------------------------------
 
 def model_table(model: str | None, model_bytes: float | None, workers: int, bandwidth: float,
-                step_time: float, latency: float = 0.0, target_efficiency: float = 0.9,
-                strategies: list[str] | None = None) -> pd.DataFrame:
+                step_time: float | None, latency: float = 0.0, target_efficiency: float = 0.9,
+                strategies: list[str] | None = None, num_classes: int | None = None, profile=None,
+                bucket_mb: float | None = 25.0) -> pd.DataFrame:
     """One row per strategy: communication time, efficiency P, step time Tp and bandwidth for the target P.
 
     Give `model` (a torchvision name) or `model_bytes` (fp32 gradient bytes), not both. bandwidth in bytes/s,
-    step_time (the compute time Ts) and latency in seconds.
+    step_time (the compute time Ts) and latency in seconds. With a `profile` (workloads.profile.Profile, measured
+    or synthetic) the model, its classes and Ts come from it, and gradients are synchronized in `bucket_mb`
+    buckets overlapped with backward as each bucket's gradients become ready: comm s is the busy time, exposed s
+    what the step waits for, P = Ts / (Ts + exposed).
     """
+    if profile is not None:
+        if model is not None or model_bytes is not None or step_time is not None:
+            raise ValueError("a profile names the model and its step time: give it without model, model bytes or "
+                             "step time")
+        model, num_classes, step_time = profile.model, profile.num_classes, profile.step_s
     if (model is None) == (model_bytes is None):
         raise ValueError(f"give a model name or model bytes, not {'both' if model else 'neither'} "
                          f"(model={model!r}, model_bytes={model_bytes!r})")
     if model is not None:
-        numel = model_numel(model)
+        numel = profile.numel if profile is not None else model_numel(model, num_classes)
+        num_classes = profile.num_classes if profile is not None else (
+            default_num_classes(model) if num_classes is None else num_classes)
     else:
         if not model_bytes > 0:
             raise ValueError(f"bad model bytes {model_bytes!r}: expected a size > 0, e.g. 553.36MB")
@@ -71,7 +112,7 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         raise ValueError(f"bad workers {workers!r}: expected a whole number from 1 to {MAX_MODEL_WORKERS:,}")
     if not 0 < bandwidth < math.inf:
         raise ValueError(f"bad bandwidth {bandwidth!r}: expected bytes/s greater than zero")
-    if not 0 < step_time < math.inf:
+    if step_time is None or not 0 < step_time < math.inf:
         raise ValueError(f"bad step time {step_time!r}: expected the compute time per step in seconds, > 0")
     if not 0 <= latency < math.inf:
         raise ValueError(f"bad latency {latency!r}: expected seconds >= 0")
@@ -90,9 +131,10 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         except TypeError as e:
             raise ValueError(f"strategy {label!r}: {e}") from None
 
+    buckets = make_buckets(profile.numels, bucket_mb, profile.itemsize) if profile is not None else ()
     rows = []
     for label, (name, params), config in zip(labels, specs, configs):
-        row = {"strategy": label, "workers": int(workers), "model_bytes": numel * 4}
+        row = {"strategy": label, "workers": int(workers), "model_bytes": numel * 4, "exact": inexact_note(config)}
         try:
             rounds, path_bytes, note = critical_path(name, int(workers), numel, params)
             optimum = optimum_comm_s(config, int(workers), numel * 4, bandwidth)
@@ -100,6 +142,15 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
             rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
                                "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
                                "bandwidth_needed": math.nan, "note": str(e)})
+            continue
+        if profile is not None:
+            try:
+                rows.append(row | _overlapped_row(profile, buckets, name, params, config, int(workers), bandwidth,
+                                                  latency, target_efficiency, optimum, note))
+            except (ValueError, NotImplementedError) as e:
+                rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
+                                   "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
+                                   "bandwidth_needed": math.nan, "note": str(e)})
             continue
         tt = comm_time(rounds, path_bytes, bandwidth, latency)
         rows.append(row | {
@@ -114,36 +165,76 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         })
     df = pd.DataFrame(rows)
     df.attrs.update(model=model or "", bandwidth=bandwidth, step_time=step_time, latency=latency,
-                    target_efficiency=target_efficiency, numel=numel)
+                    target_efficiency=target_efficiency, numel=numel, num_classes=num_classes,
+                    profile=profile, bucket_mb=bucket_mb, buckets=len(buckets))
     return df
+
+
+def _overlapped_row(profile, buckets, name, params, config, workers, bandwidth, latency, target, optimum,
+                    note) -> dict:
+    """One strategy's row with buckets overlapped with backward (strategies.cost.overlap_timeline): each bucket
+    starts when its last gradient is ready and the one before it is done; parameter averaging follows the step."""
+    ready = [max(profile.params[i].ready_s for i in b.params) for b in buckets]
+    paths = [critical_path(name, workers, b.numel, params, profile.itemsize)[:2] for b in buckets]
+    after_step = config.role == PARAMETERS
+
+    def timeline(bw: float):
+        timed = [(r, 0.0 if workers == 1 else comm_time(rounds, path, bw, latency))
+                 for r, (rounds, path) in zip(ready, paths)]
+        return overlap_timeline(profile.forward_s, profile.backward_s, profile.optimizer_s, timed,
+                                overlap=not after_step, after_step=after_step)
+
+    t = timeline(bandwidth)
+    ts = profile.step_s
+    return {"rounds": sum(r for r, _ in paths), "path_bytes": sum(p for _, p in paths), "comm_s": t.busy_s,
+            "exposed_s": t.exposed_s, "optimum_s": optimum, "efficiency": parallel_efficiency(ts, t.exposed_s),
+            "step_s": t.step_s, "note": note,
+            "bandwidth_needed": _bandwidth_for(lambda bw: parallel_efficiency(ts, timeline(bw).exposed_s), target)}
 
 
 def format_model_table(df: pd.DataFrame) -> str:
     """A plain table of model_table()'s rows, to paste into an issue."""
     a = df.attrs
     target = a.get("target_efficiency", 0.9)
+    profile = a.get("profile")
     head = []
     if a:
-        what = a["model"] or "model"
-        head = [f"# {what}: {a['numel']:,} parameters, {a['numel'] * 4 / MB:,.2f} MB fp32; "
-                f"link {a['bandwidth'] / MB:,.2f} MB/s ({a['bandwidth'] / GBIT:g} Gbit/s), "
-                f"latency {a['latency'] * 1e6:g} us; compute time Ts {a['step_time']:g} s",
-                "# MB = 10^6 bytes; S = bandwidth needed for the target efficiency; optimum = BytePS's bound "
-                "2n(n-1)M/((n^2+kn-2k)B) with the strategy's k extra server NICs (k = 0: an allreduce's)"]
-    columns = ["strategy", "workers", "rounds", "path MB", "comm s", "optimum s", "P", "step s",
-               f"S for P={target:g} MB/s", "note"]
+        if a["model"]:
+            what = describe_size(a["model"], a["num_classes"]) if profile is None else (
+                f"{a['model']}, {a['num_classes']:,} classes: {a['numel']:,} parameters, "
+                f"{a['numel'] * 4 / MB:,.2f} MB fp32")
+        else:
+            what = f"model: {a['numel']:,} parameters, {a['numel'] * 4 / MB:,.2f} MB fp32"
+        head = [f"# {what}; link {a['bandwidth'] / MB:,.2f} MB/s ({a['bandwidth'] / GBIT:g} Gbit/s), "
+                f"latency {a['latency'] * 1e6:g} us; compute time Ts {a['step_time']:g} s"]
+        if profile is not None:
+            label = "SYNTHETIC profile (described, not measured)" if profile.synthetic else "measured profile"
+            buckets = "one flat bucket" if a["bucket_mb"] is None else f"{a['bucket_mb']:g} MiB buckets"
+            head.append(f"# {label} {profile.id}: {profile.device_name}; {a['buckets']} x {buckets} overlapped "
+                        f"with backward; comm s = busy, exposed s = what the step waits for, P = Ts/(Ts+exposed)")
+        head.append("# MB = 10^6 bytes, Gbit = 10^9 bits; S = bandwidth needed for the target efficiency; optimum = "
+                    "BytePS's bound 2n(n-1)M/((n^2+kn-2k)B) with the strategy's k extra server NICs (k = 0: an "
+                    "allreduce's); exact: blank for an exact reduction")
+    overlapped = "exposed_s" in df
+    columns = ["strategy", "workers", "rounds", "path MB", "comm s"] + (["exposed s"] if overlapped else []) + [
+        "optimum s", "P", "step s", f"S for P={target:g} MB/s", "Gbit/s", "exact", "note"]
     lines = []
     for r in df.itertuples():
+        exact = getattr(r, "exact", "")
         if math.isnan(r.comm_s):
-            cells = [r.strategy, str(r.workers), "-", "-", "-", "-", "-", "-", "-", r.note]
+            cells = [r.strategy, str(r.workers)] + ["-"] * (len(columns) - 4) + [exact, r.note]
         else:
-            s = "unreachable" if math.isinf(r.bandwidth_needed) else f"{r.bandwidth_needed / MB:,.0f}"
+            if math.isinf(r.bandwidth_needed):
+                s = gbit = "unreachable"
+            else:
+                s, gbit = f"{r.bandwidth_needed / MB:,.0f}", f"{r.bandwidth_needed / GBIT:,.1f}"
             optimum = "-" if math.isnan(r.optimum_s) else f"{r.optimum_s:.3f}"
-            cells = [r.strategy, str(r.workers), f"{r.rounds:,}", f"{r.path_bytes / MB:,.2f}",
-                     f"{r.comm_s:.3f}", optimum, f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, r.note]
+            cells = [r.strategy, str(r.workers), f"{r.rounds:,}", f"{r.path_bytes / MB:,.2f}", f"{r.comm_s:.3f}"]
+            cells += [f"{r.exposed_s:.3f}"] if overlapped else []
+            cells += [optimum, f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, gbit, exact, r.note]
         lines.append(cells)
     widths = [max([len(c)] + [len(cells[i]) for cells in lines]) for i, c in enumerate(columns)]
-    left = (0, len(columns) - 1)  # strategy and note read left-aligned, numbers right-aligned
+    left = (0, len(columns) - 2, len(columns) - 1)  # strategy, exact and note left-aligned, numbers right
     fmt = "  ".join(f"{{:<{w}}}" if i in left else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = head + [fmt.format(*columns).rstrip()] + [fmt.format(*cells).rstrip() for cells in lines]
     return "\n".join(out)

@@ -13,6 +13,11 @@ from torch import nn
 
 MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
 
+# Classifier outputs when a sweep, `syncbench model` or `syncbench profile` does not say: one default per workload,
+# in one place, so that a model's size is the same everywhere (10: CIFAR-sized heads, as the sweeps' 32x32 inputs;
+# ImageNet's head is num_classes = 1000, e.g. VGG-16 138.4M parameters instead of 134.3M).
+DEFAULT_NUM_CLASSES = dict.fromkeys(MODELS, 10)
+
 # Smallest input side each model accepts: ResNet and VGG halve the image five times (32 -> 1x1 at the last
 # stage; a VGG max pool on 1x1 fails), tiny halves it twice before a 2x2 adaptive pool.
 MIN_IMAGE_SIZE = {"resnet18": 32, "resnet50": 32, "vgg11": 32, "vgg16": 32, "tiny": 8}
@@ -67,6 +72,20 @@ def build_model(name, num_classes=10, image_size=32, seed=0) -> nn.Module:
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _construct(name, num_classes)
+
+
+def default_num_classes(name: str) -> int:
+    """The classifier outputs `name` gets when nothing says otherwise (DEFAULT_NUM_CLASSES)."""
+    if name not in DEFAULT_NUM_CLASSES:
+        raise ValueError(f"unknown model {name!r}: accepted are {', '.join(MODELS)}")
+    return DEFAULT_NUM_CLASSES[name]
+
+
+def describe_size(name: str, num_classes: int, image_size: int = 32) -> str:
+    """One line for the start of a run and the model table, e.g. 'vgg16, 10 classes: 134,301,514 parameters,
+    537.21 MB fp32' (MB = 10^6 bytes)."""
+    numel = param_count(name, num_classes, image_size)
+    return f"{name}, {num_classes:,} classes: {numel:,} parameters, {numel * 4 / 1e6:,.2f} MB fp32"
 
 
 def param_count(name, num_classes=10, image_size=32) -> int:

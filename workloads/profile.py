@@ -88,6 +88,7 @@ class Profile:
     optimizer_s: float   # one SGD (momentum) step on all parameters
     params: tuple[ParamTiming, ...]
     format: int = FORMAT
+    synthetic: bool = False  # True: described by a user (synthetic_profile), not measured; labelled in its id
 
     @property
     def step_s(self) -> float:
@@ -114,10 +115,15 @@ class Profile:
     def id(self) -> str:
         """Short and stable: model, batch, image size, device and a digest of the whole file's content."""
         digest = hashlib.sha1(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
-        return f"{self.model}-b{self.batch_size}-s{self.image_size}-{self.device}-{digest}"
+        source = "synthetic" if self.synthetic else self.device
+        return f"{self.model}-b{self.batch_size}-s{self.image_size}-{source}-{digest}"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The file's fields; `synthetic` only when true, so measured profiles keep their files and ids."""
+        data = dataclasses.asdict(self)
+        if not self.synthetic:
+            del data["synthetic"]
+        return data
 
     def check_run(self, workload: str, batch_size: int, image_size: int, num_classes: int,
                   where: str = "profile") -> None:
@@ -262,6 +268,103 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# -- synthetic profiles ----------------------------------------------------------------------------------
+
+SYNTHETIC_SPLIT = (1.0, 2.0, 0.0)  # forward : backward : optimizer when not given (backward costs ~2x forward)
+
+
+def layer_work(model: str, num_classes: int, image_size: int) -> list[tuple[tuple[int, ...], float]]:
+    """Each layer that owns parameters, in forward order: (its parameters' registration indices, its backward
+    work in multiply-accumulates per sample). Counted on the meta device (no memory, no init).
+
+    Convolutions and linear layers: 2 x their forward MACs (the input's and the weights' gradients); other layers
+    with parameters (batch norm): 2 x their output elements. Layers without parameters are left out."""
+    from workloads.models import _construct
+
+    check_model_args(model, num_classes, image_size)
+    with torch.device("meta"):
+        net = _construct(model, num_classes)
+    index = {id(p): i for i, p in enumerate(p for p in net.parameters() if p.requires_grad)}
+    order: list[tuple[tuple[int, ...], float]] = []
+
+    def hook(module, inputs, output):
+        owned = tuple(index[id(p)] for p in module.parameters(recurse=False) if id(p) in index)
+        if not owned:
+            return
+        if isinstance(module, torch.nn.Conv2d):
+            kh, kw = module.kernel_size
+            macs = output.numel() * (module.in_channels // module.groups) * kh * kw
+        elif isinstance(module, torch.nn.Linear):
+            macs = output.numel() * module.in_features
+        else:
+            macs = output.numel()
+        order.append((owned, 2.0 * macs))
+
+    handles = [m.register_forward_hook(hook) for m in net.modules()]
+    try:
+        with torch.device("meta"), torch.no_grad():
+            net(torch.empty(1, 3, image_size, image_size))
+    finally:
+        for h in handles:
+            h.remove()
+    seen = {i for owned, _ in order for i in owned}
+    if seen != set(index.values()):
+        raise ProfileError(f"{model}: {len(index) - len(seen)} parameter(s) belong to no layer the forward pass "
+                           f"ran: cannot spread their readiness")
+    return order
+
+
+def synthetic_profile(model: str, step_s: float, batch_size: int = 32, image_size: int = 224,
+                      num_classes: int | None = None, split: tuple[float, float, float] = SYNTHETIC_SPLIT,
+                      device: str = "cuda", describe: str = "") -> Profile:
+    """A profile for hardware a user describes ("compute is 0.25 s per step on our GPUs"): forward, backward and
+    optimizer are `step_s` cut by `split`, and each parameter's gradient is ready when backward has done the work
+    of every layer after its own (layer_work(): backward visits layers in reverse), so VGG-16's fully connected
+    layers (89% of its bytes, ~1% of its work at 224x224) are ready at once. Labelled synthetic everywhere."""
+    from workloads.models import default_num_classes
+
+    num_classes = default_num_classes(model) if num_classes is None else num_classes
+    _check_measure_args(model, batch_size, image_size, "cpu", num_classes, 1, 0)
+    if device not in DEVICES:
+        raise ProfileError(f"device {device!r}: accepted are {', '.join(DEVICES)}")
+    if not _seconds(step_s) or step_s <= 0:
+        raise ProfileError(f"step time {step_s!r}: accepted are seconds > 0 and <= {MAX_SECONDS:,}")
+    if (len(split) != 3 or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf")
+                               for x in split) or split[1] <= 0):
+        raise ProfileError(f"split {split!r}: accepted are three shares forward, backward, optimizer, each >= 0, "
+                           f"backward > 0 (e.g. 1,2,0)")
+    total = float(sum(split))
+    forward_s, backward_s = step_s * split[0] / total, step_s * split[1] / total
+    optimizer_s = step_s * split[2] / total
+    layers = layer_work(model, num_classes, image_size)
+    work = sum(w for _, w in layers)
+    ready = {}
+    done = 0.0
+    for owned, w in reversed(layers):  # backward: the last layer of the forward pass first
+        done += w
+        for i in owned:
+            ready[i] = min(backward_s, backward_s * done / work)
+    names = [name for name, p in _named_meta_params(model, num_classes)]
+    sizes = param_sizes(model, num_classes, image_size)
+    params = tuple(ParamTiming(name, numel, ready[i]) for i, (name, numel) in enumerate(zip(names, sizes)))
+    shares = f"{forward_s:g} + {backward_s:g} + {optimizer_s:g} s"
+    return Profile(model=model, batch_size=batch_size, image_size=image_size, num_classes=num_classes,
+                   dtype="float32", device=device,
+                   device_name=f"synthetic: {describe or 'described hardware'}, step {step_s:g} s = {shares}",
+                   host="synthetic", torch_version=torch.__version__, threads=1,
+                   measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), steps=1, warmup_steps=0,
+                   forward_s=forward_s, backward_s=backward_s, optimizer_s=optimizer_s, params=params,
+                   synthetic=True)
+
+
+def _named_meta_params(model: str, num_classes: int):
+    from workloads.models import _construct
+
+    with torch.device("meta"):
+        net = _construct(model, num_classes)
+    return [(name, p) for name, p in net.named_parameters() if p.requires_grad]
+
+
 # -- files ------------------------------------------------------------------------------------------------
 
 def check_profile_path(path: str | Path) -> Path:
@@ -321,7 +424,7 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
         raise ProfileError(f"{where}: format {data.get('format')!r}; accepted is format {FORMAT} "
                            f"(measure it again with `syncbench profile`)")
     fields = {f.name: f for f in dataclasses.fields(Profile)}
-    missing = sorted(set(fields) - set(data) - {"format"})
+    missing = sorted(set(fields) - set(data) - {"format", "synthetic"})
     unknown = sorted(set(data) - set(fields))
     if missing or unknown:
         raise ProfileError(f"{where}: missing field(s) {missing}, unknown field(s) {unknown}; accepted are "
@@ -359,7 +462,9 @@ def profile_from_dict(data, where: str = "profile") -> Profile:
             raise ProfileError(f"{where}: params[{i}] = {shown}: expected {{name: str, numel: int from 1 to "
                                f"{MAX_NUMEL:,}, ready_s: seconds <= backward_s ({data['backward_s']!r})}}")
         timings.append(ParamTiming(p["name"], p["numel"], float(p["ready_s"])))
-    values = {k: data[k] for k in fields if k not in ("params", "format")}
+    if not isinstance(data.get("synthetic", False), bool):
+        raise ProfileError(f"{where}: synthetic = {data['synthetic']!r}: expected true or false")
+    values = {k: data[k] for k in fields if k not in ("params", "format") and k in data}
     values.update({k: float(values[k]) for k in seconds})
     return Profile(**values, params=tuple(timings))
 

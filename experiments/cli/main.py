@@ -46,9 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
     what.add_argument("--model-bytes", help="message size instead of a model, e.g. 553.36MB")
+    what.add_argument("--profile", help="a profile JSON (`syncbench profile`, measured or --synthetic): its model "
+                                        "and step time, buckets overlapped with backward as its gradients are ready")
+    p.add_argument("--num-classes", type=int,
+                   help="with --model: classifier outputs (default: the workload's, as sweeps; ImageNet: 1000)")
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--bandwidth", required=True, help="per-worker link, e.g. 125MB/s, 1Gbit, 25Gbit")
-    p.add_argument("--step-time", type=float, required=True, help="compute time per step Ts, seconds")
+    p.add_argument("--step-time", type=float, help="compute time per step Ts, seconds (not with --profile)")
+    p.add_argument("--overlap", action="store_true",
+                   help="with --model: overlap buckets with backward on a synthetic profile of --step-time "
+                        "(forward:backward 1:2, 224x224, readiness by each layer's backward FLOPs)")
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="with --profile or --overlap: MiB per bucket (default 25, DDP's)")
     p.add_argument("--latency", default="0s", help="per-message latency, e.g. 50us (default 0s)")
     p.add_argument("--target-efficiency", type=float, default=0.9)
     p.add_argument("--strategy", action="append",
@@ -59,12 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
 
     p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
-                                       "optimizer (one rank alone)")
+                                       "optimizer (one rank alone); or describe one (--synthetic)")
     p.add_argument("--workload", required=True, help="resnet18 | resnet50 | vgg11 | vgg16 | tiny")
-    p.add_argument("--batch-size", type=int, required=True, help="per-worker batch size")
-    p.add_argument("--image-size", type=int, default=32, help="input side in pixels (default 32)")
-    p.add_argument("--num-classes", type=int, default=10, help="classifier outputs (default 10)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--batch-size", type=int, help="per-worker batch size (required to measure; synthetic: 32)")
+    p.add_argument("--image-size", type=int, help="input side in pixels (default 32; synthetic: 224)")
+    p.add_argument("--num-classes", type=int, help="classifier outputs (default: the workload's, 10)")
+    p.add_argument("--device", help="cpu or cuda (default cpu; synthetic: cuda)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="describe hardware instead of measuring: --step-time split by --split, each gradient ready "
+                        "by its layer's share of backward work (FLOPs from the layer shapes); labelled synthetic")
+    p.add_argument("--step-time", type=float, help="with --synthetic: seconds per step on the described hardware")
+    p.add_argument("--split", default="1,2,0",
+                   help="with --synthetic: forward,backward,optimizer shares of the step (default 1,2,0)")
+    p.add_argument("--describe", default="", help="with --synthetic: the hardware, e.g. 'A100, bf16 AMP'")
     p.add_argument("--steps", type=int, default=10, help="timed steps behind each median (default 10)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--out", help="JSON file to write (default: profiles/<profile id>.json)")
@@ -298,10 +314,30 @@ def _model(args) -> int:
 
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
-    table = model_table(model=args.model, model_bytes=model_bytes, workers=args.workers,
-                        bandwidth=parse_bandwidth(args.bandwidth), step_time=args.step_time,
+    profile, model, step_time = None, args.model, args.step_time
+    if args.profile is not None:
+        if args.step_time is not None or args.num_classes is not None or args.overlap:
+            raise ValueError("--profile gives the model, its classes and Ts: accepted without --step-time, "
+                             "--num-classes and --overlap")
+        from workloads.profile import load_profile
+
+        profile = load_profile(args.profile)
+    elif args.step_time is None:
+        raise ValueError("--step-time is required with --model or --model-bytes (compute seconds per step, e.g. 0.25)")
+    elif args.overlap:
+        if args.model is None:
+            raise ValueError("--overlap needs --model (a synthetic profile spreads readiness over its layers)")
+        from workloads.profile import synthetic_profile
+
+        profile = synthetic_profile(args.model, args.step_time, num_classes=args.num_classes,
+                                    describe="model --overlap")
+    if profile is not None:
+        model = step_time = None
+    table = model_table(model=model, model_bytes=model_bytes, workers=args.workers,
+                        bandwidth=parse_bandwidth(args.bandwidth), step_time=step_time,
                         latency=parse_latency(args.latency), target_efficiency=args.target_efficiency,
-                        strategies=args.strategy)
+                        strategies=args.strategy, num_classes=None if profile is not None else args.num_classes,
+                        profile=profile, bucket_mb=args.bucket_mb)
     print(format_model_table(table))
     return 0
 
@@ -327,18 +363,38 @@ def _schema(args) -> int:
 
 
 def _profile(args) -> int:
-    from workloads.profile import check_profile_path, measure_profile, save_profile
+    from workloads.models import default_num_classes, describe_size
+    from workloads.profile import ProfileError, check_profile_path, measure_profile, save_profile, synthetic_profile
 
     if args.out:  # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp)
         check_profile_path(args.out)
-    profile = measure_profile(args.workload, batch_size=args.batch_size, image_size=args.image_size,
-                              device=args.device, num_classes=args.num_classes, steps=args.steps,
-                              warmup_steps=args.warmup_steps)
+    num_classes = default_num_classes(args.workload) if args.num_classes is None else args.num_classes
+    if args.synthetic:
+        if args.step_time is None:
+            raise ProfileError("--synthetic needs --step-time: the described hardware's seconds per step, e.g. 0.25")
+        profile = synthetic_profile(args.workload, args.step_time, batch_size=args.batch_size or 32,
+                                    image_size=args.image_size or 224, num_classes=num_classes,
+                                    split=_split(args.split), device=args.device or "cuda", describe=args.describe)
+    else:
+        given = [f"--{k.replace('_', '-')}" for k in ("step_time", "describe") if getattr(args, k)]
+        if given or args.split != "1,2,0":
+            raise ProfileError(f"{', '.join(given) or '--split'}: only with --synthetic (a measured profile times "
+                               f"the model on this machine)")
+        if args.batch_size is None:
+            raise ProfileError("--batch-size is required to measure a profile (the per-worker batch, e.g. 16)")
+        profile = measure_profile(args.workload, batch_size=args.batch_size, image_size=args.image_size or 32,
+                                  device=args.device or "cpu", num_classes=num_classes, steps=args.steps,
+                                  warmup_steps=args.warmup_steps)
     path = save_profile(profile, args.out or Path("profiles") / f"{profile.id}.json")
     half = _half_ready(profile)
-    print(f"# {profile.model} batch {profile.batch_size} {profile.image_size}x{profile.image_size} on "
-          f"{profile.device_name} ({profile.device}, {profile.threads} thread(s)), torch {profile.torch_version}; "
-          f"medians of {profile.steps} steps")
+    print(f"# {describe_size(profile.model, profile.num_classes, profile.image_size)}")
+    if profile.synthetic:
+        print(f"# SYNTHETIC (not measured): batch {profile.batch_size} {profile.image_size}x{profile.image_size}, "
+              f"{profile.device_name}; readiness spread by each layer's share of backward FLOPs")
+    else:
+        print(f"# {profile.model} batch {profile.batch_size} {profile.image_size}x{profile.image_size} on "
+              f"{profile.device_name} ({profile.device}, {profile.threads} thread(s)), torch "
+              f"{profile.torch_version}; medians of {profile.steps} steps")
     print(f"forward    {profile.forward_s * 1e3:9.2f} ms")
     print(f"backward   {profile.backward_s * 1e3:9.2f} ms  ({len(profile.params)} parameters, "
           f"{profile.numel * profile.itemsize / 1e6:.2f} MB of {profile.dtype} gradients; half of the bytes "
@@ -347,6 +403,19 @@ def _profile(args) -> int:
     print(f"step       {profile.step_s * 1e3:9.2f} ms")
     print(f"profile {profile.id}: {path}")
     return 0
+
+
+def _split(text: str) -> tuple[float, ...]:
+    """--split 'F,B,O': three shares of the step; ProfileError naming the text otherwise."""
+    from workloads.profile import ProfileError
+
+    try:
+        shares = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        shares = ()
+    if len(shares) != 3:
+        raise ProfileError(f"--split {text!r}: accepted are three numbers forward,backward,optimizer, e.g. 1,2,0")
+    return shares
 
 
 def _half_ready(profile) -> float:

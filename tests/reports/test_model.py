@@ -33,8 +33,8 @@ def test_worked_case_with_model_bytes():
 
 
 def test_worked_case_with_torchvision_vgg16():
-    assert model_numel("vgg16") == pytest.approx(138.36e6, rel=1e-4)
-    row = model_table("vgg16", None, **WORKED).iloc[0]
+    assert model_numel("vgg16", 1000) == pytest.approx(138.36e6, rel=1e-4)  # ImageNet's head
+    row = model_table("vgg16", None, num_classes=1000, **WORKED).iloc[0]
     assert round(row["efficiency"], 4) == 0.0765
     assert round(row["step_s"], 2) == 7.19
     assert row["bandwidth_needed"] / MB == pytest.approx(13582, rel=1e-3)
