@@ -88,6 +88,8 @@ class Communicator(ABC):
         self.network = network
         # a kernel-shaped network is slow by itself: the communicator only sleeps for a python-emulated one
         self._clock = LinkClock(network, rank) if network and network.emulation == "python" else None
+        # nodes of ranks_per_node consecutive ranks (the network's, else one rank per node; set_nodes changes it)
+        self.ranks_per_node = network.ranks_per_node if network else 1
         self._peers = [PeerCounters() for _ in range(world_size)]
 
     # -- the three raw operations a transport supplies -------------------------------------------
@@ -125,7 +127,7 @@ class Communicator(ABC):
         if nbytes == 0:
             return DONE
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
-        stamp = self._clock.transmit(nbytes) if self._clock else None
+        stamp = self._clock.transmit(nbytes, dst) if self._clock else None
         raw = self._guard(lambda: self._raw_isend(tensor, dst, stamp), "send to", dst)
         peer = self._peers[dst]
         peer.bytes_sent += nbytes
@@ -154,9 +156,24 @@ class Communicator(ABC):
             peer.bytes_recv += nbytes
             peer.msgs_recv += 1
             if self._clock:
-                sleep_until(self._clock.receive(nbytes, *stamp))
+                sleep_until(self._clock.receive(nbytes, *stamp, src))
 
         return Handle(finish)
+
+    # -- nodes ------------------------------------------------------------------------------------
+
+    def node_of(self, rank: int) -> int:
+        """The node of `rank`: ranks k*j .. k*j+k-1 are node j (k = ranks_per_node; the last node may be short)."""
+        return rank // self.ranks_per_node
+
+    def set_nodes(self, ranks_per_node: int) -> None:
+        """Group ranks into nodes of `ranks_per_node` (runs without an emulated network); must match the network's."""
+        if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node = {ranks_per_node!r}: expected an integer >= 1")
+        if self.network is not None and self.network.ranks_per_node != ranks_per_node:
+            raise ValueError(f"ranks_per_node = {ranks_per_node}, but the emulated network has nodes of "
+                             f"{self.network.ranks_per_node} ranks: give one value")
+        self.ranks_per_node = ranks_per_node
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not (0 <= peer < self.world_size) or peer == self.rank:

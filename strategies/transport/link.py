@@ -2,6 +2,9 @@
 
 A message of m bytes occupies the sender's transmit side for latency + m / bandwidth and the receiver's
 receive side for m / bandwidth, so n senders into one receiver take about n times as long (incast).
+With ranks_per_node = k > 1, ranks k*j .. k*j+k-1 form node j: a message between two nodes books the sending
+node's NIC (transmit) and the receiving node's NIC (receive), shared by the node's ranks; a message inside a
+node books the two ranks' intra-node ports (the `intra` link: NVLink, PCIe). k = 1 is the per-rank NIC above.
 Units: MB = 10^6 bytes, Gbit = 10^9 bits.
 """
 
@@ -9,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _BANDWIDTH_UNITS = {  # bytes per second for one unit
     "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
@@ -87,19 +91,68 @@ class Link:
     def parse(cls, bandwidth: str | float, latency: str | float = 0.0) -> Link:
         return cls(parse_bandwidth(bandwidth), parse_latency(latency))
 
+UNLIMITED = Link(math.inf)  # the intra-node link when none is given: latency-free, no bandwidth limit
+
+
+class Port:
+    """One side pair of a NIC (transmit, receive): when each is next free. Locked: a node's ranks share it."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.tx_free = 0.0
+        self.rx_free = 0.0
+        self.lock = threading.Lock()
+
+    def __getstate__(self):  # a Network travels to Ray actors by pickle: the lock does not
+        return {"link": self.link, "tx_free": 0.0, "rx_free": 0.0}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class Network:
-    """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC), and who emulates it."""
+    """Every rank's link: one default plus per-rank overrides (a slow rank, a fat server NIC), and who emulates it.
+
+    ranks_per_node = k groups ranks into nodes of k (the last one may be shorter); the default link is then each
+    node's NIC, shared by its ranks, and `intra` the link between two ranks of one node. A node's NIC is shared
+    only by ranks holding this same Network object (thread ranks; one process).
+    """
 
     default: Link
     overrides: tuple[tuple[int, Link], ...] = ()
     emulation: str = "python"  # one of EMULATIONS
+    ranks_per_node: int = 1
+    intra: Link = UNLIMITED
+    _nics: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self):
+        k = self.ranks_per_node
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"ranks_per_node = {k!r}: expected an integer >= 1")
+        if k > 1 and self.overrides:
+            raise ValueError(f"link ranks (per-rank links) with ranks_per_node = {k}: a node's ranks share one "
+                             f"NIC; give per-rank links with ranks_per_node = 1 only")
+        if k > 1 and self.emulation != "python":
+            raise ValueError(f"ranks_per_node = {k} with link emulation {self.emulation!r}: nodes of several ranks "
+                             f"are emulated in python only (emulation = \"python\")")
 
     def link(self, rank: int) -> Link:
         for r, link in self.overrides:
             if r == rank:
                 return link
         return self.default
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def nic(self, node: int) -> Port:
+        """Node `node`'s NIC, one object for every rank of the node that holds this Network."""
+        with _NICS_LOCK:
+            if node not in self._nics:
+                self._nics[node] = Port(self.default)
+            return self._nics[node]
 
     @classmethod
     def from_spec(cls, spec: dict | None) -> Network | None:
@@ -139,9 +192,17 @@ class Network:
                                                     sub.get("latency", default.latency))))
         return cls(default, tuple(overrides), emulation)
 
+    def with_nodes(self, ranks_per_node: int, intra: Link | None = None) -> Network:
+        """This network with ranks grouped into nodes of `ranks_per_node` (intra: the intra-node link)."""
+        return Network(self.default, self.overrides, self.emulation, ranks_per_node, intra or UNLIMITED)
+
+
+_NICS_LOCK = threading.Lock()
+
 
 class LinkClock:
-    """This rank's NIC state: when its transmit and receive sides are next free (wall-clock seconds).
+    """This rank's view of the network: when its NIC's (or its node's NIC's and its intra-node port's) transmit and
+    receive sides are next free (wall-clock seconds).
 
     time.time() is used because sender and receiver stamps are compared: exact between processes of one
     machine, as good as the clock sync (NTP/PTP) between machines.
@@ -149,22 +210,35 @@ class LinkClock:
 
     def __init__(self, network: Network, rank: int):
         self.network = network
-        self.link = network.link(rank)
-        self.tx_free = 0.0
-        self.rx_free = 0.0
+        self.node = network.node_of(rank)
+        # k = 1: the rank's own NIC (its override, if any); k > 1: the node's NIC, shared, and an intra-node port
+        self.nic = Port(network.link(rank)) if network.ranks_per_node == 1 else network.nic(self.node)
+        self.intra = Port(network.intra)
 
-    def transmit(self, nbytes: int) -> tuple[float, float]:
-        """Book the transmit side for one message; returns (first byte on the wire, last byte delivered)."""
-        start = max(time.time(), self.tx_free)
-        end = start + self.link.latency + nbytes / self.link.bandwidth
-        self.tx_free = end
-        return start + self.link.latency, end
+    @property
+    def link(self) -> Link:
+        return self.nic.link
 
-    def receive(self, nbytes: int, first_byte: float, sender_done: float) -> float:
-        """Book the receive side for a message whose sender stamped it; returns when it is fully received."""
-        start = max(first_byte, self.rx_free)
-        done = max(sender_done, start + nbytes / self.link.bandwidth)
-        self.rx_free = done
+    def _port(self, peer: int | None) -> Port:
+        return self.intra if peer is not None and self.network.node_of(peer) == self.node and \
+            self.network.ranks_per_node > 1 else self.nic
+
+    def transmit(self, nbytes: int, peer: int | None = None) -> tuple[float, float]:
+        """Book the transmit side for one message to `peer`; returns (first byte on the wire, last byte delivered)."""
+        port = self._port(peer)
+        with port.lock:
+            start = max(time.time(), port.tx_free)
+            end = start + port.link.latency + nbytes / port.link.bandwidth
+            port.tx_free = end
+        return start + port.link.latency, end
+
+    def receive(self, nbytes: int, first_byte: float, sender_done: float, peer: int | None = None) -> float:
+        """Book the receive side for a message `peer` stamped; returns when it is fully received."""
+        port = self._port(peer)
+        with port.lock:
+            start = max(first_byte, port.rx_free)
+            done = max(sender_done, start + nbytes / port.link.bandwidth)
+            port.rx_free = done
         return done
 
 

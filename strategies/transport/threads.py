@@ -102,19 +102,22 @@ def build(name: str, control: Communicator, *, timeout: float, network: Network 
 
 
 def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None,
-                p2p: str = "threads"):
+                p2p: str = "threads", ranks_per_node: int | None = None):
     """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the root cause of a failure.
 
     `p2p`: any transport of strategies.transport.factory that works over thread ranks: "threads" (the queues),
     "sockets[-unix|-tcp]" (strategies.transport.sockets on loopback), a registered plug-in; the fabric's queues
-    are its control plane.
+    are its control plane. `ranks_per_node`: nodes of that many ranks (comm.node_of); the network's by default.
     """
     factory.check(p2p)
     fabric = Fabric(world_size)
 
     def start(rank: int) -> Communicator:
         control = ThreadCommunicator(fabric, rank, timeout)
-        return factory.build(p2p, control, timeout=timeout, network=network)
+        comm = factory.build(p2p, control, timeout=timeout, network=network)
+        if ranks_per_node is not None:
+            comm.set_nodes(ranks_per_node)
+        return comm
 
     run = RankRun(world_size, fn, start, on_error=lambda rank, e: fabric.abort(f"rank {rank} failed: {e}"))
     threads = [threading.Thread(target=run.rank, args=(r,), name=f"rank{r}", daemon=True) for r in range(world_size)]

@@ -1,0 +1,98 @@
+"""Nodes of several ranks (ranks_per_node = k): ranks know their node, a message inside a node takes the
+intra-node link, the ranks of a node share its NIC (two of them sending out at once take about twice one's
+time), and k = 1 books exactly what the per-rank NIC booked before.
+
+Emulation only ever sleeps, so a time below the model's is a real failure (asserted always); one far above it
+may be a loaded machine (marked `timing`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from strategies.transport.link import Link, LinkClock, Network
+from strategies.transport.threads import run_threads
+
+MB = 10**6
+NIC, INTRA = 20 * MB, 1000 * MB  # bytes/s
+NODES = Network.from_spec({"bandwidth": "20MB/s"}).with_nodes(2, Link(INTRA, 0.0))
+
+
+def test_ranks_know_their_node():
+    def body(comm):
+        return [comm.node_of(r) for r in range(comm.world_size)]
+
+    assert run_threads(5, body, network=NODES)[0] == [0, 0, 1, 1, 2]  # the last node is short
+    assert run_threads(3, body)[0] == [0, 1, 2]  # default: one rank per node
+    assert run_threads(4, body, ranks_per_node=3)[0] == [0, 0, 0, 1]
+
+
+def test_bad_node_settings_are_refused_by_value():
+    with pytest.raises(ValueError, match="ranks_per_node = 0"):
+        NODES.with_nodes(0)
+    with pytest.raises(ValueError, match="per-rank links"):
+        Network.from_spec({"bandwidth": "1Gbit", "ranks": {1: {"bandwidth": "1Mbit"}}}).with_nodes(2)
+    with pytest.raises(ValueError, match="emulation 'kernel'"):
+        Network.from_spec({"bandwidth": "1Gbit", "emulation": "kernel"}).with_nodes(2)
+    with pytest.raises(ValueError, match="nodes of 2 ranks"):
+        run_threads(2, lambda comm: None, network=NODES, ranks_per_node=3)
+
+
+def _times(pairs_per_phase, nbytes, network, world=4):
+    """Per phase: the seconds until every pair (src, dst) of the phase has sent nbytes at once."""
+
+    def body(comm):
+        out = []
+        for pairs in pairs_per_phase:
+            comm.barrier()
+            start = time.time()
+            handles = [comm.isend(torch.zeros(nbytes, dtype=torch.uint8), d) for s, d in pairs if s == comm.rank]
+            handles += [comm.irecv(torch.zeros(nbytes, dtype=torch.uint8), s) for s, d in pairs if d == comm.rank]
+            for h in handles:
+                h.wait()
+            comm.barrier()
+            out.append(time.time() - start)
+        return out
+
+    return run_threads(world, body, timeout=30, network=network)[0]
+
+
+def test_inside_a_node_takes_the_intra_node_link_and_a_node_shares_its_nic():
+    """2 MB: 0->1 (one node) at 1000 MB/s is ~2 ms; 0->2 alone crosses the NIC in 100 ms; 0->2 and 1->3 at once
+    share node 0's transmit and node 1's receive side: 200 ms; 0->1 and 2->3 at once stay inside their nodes."""
+    nbytes = 2 * MB
+    one, two, inside = _times([[(0, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]], nbytes, NODES)
+    nic = nbytes / NIC
+    assert one >= 0.95 * nic, (one, two, inside)
+    assert two >= 0.95 * 2 * nic, (one, two, inside)
+    assert inside < 0.5 * nic, (one, two, inside)  # 2 ms by the model: far below the 100 ms of a NIC
+
+
+@pytest.mark.timing
+def test_shared_nic_times_are_near_the_model():
+    nbytes = 1 * MB
+    one, two, inside = _times([[(0, 2)], [(0, 2), (1, 3)], [(0, 1)]], nbytes, NODES)
+    assert one < 1.5 * nbytes / NIC and two < 1.5 * 2 * nbytes / NIC, (one, two)
+    assert inside < 0.2 * nbytes / NIC, inside
+
+
+def test_one_rank_per_node_books_what_a_per_rank_nic_books():
+    """k = 1 is today's per-rank NIC: the same stamps for the same messages (a slow rank's override included)."""
+    network = Network.from_spec({"bandwidth": "1Gbit", "latency": "1ms", "ranks": {1: {"bandwidth": "1Mbit"}}})
+    assert network.with_nodes(1) == network
+    for rank in (0, 1):
+        clock, link = LinkClock(network, rank), network.link(rank)
+        assert clock.link == link
+        t0 = time.time()
+        first, done = clock.transmit(10_000, 3)
+        assert first - link.latency >= t0
+        assert done - first == pytest.approx(10_000 / link.bandwidth, abs=1e-6)
+        # a second message waits for the first on the same transmit side, whatever the peer
+        first2, _ = clock.transmit(10_000, 2)
+        assert first2 - link.latency == pytest.approx(done, abs=1e-6)
+        # one receive side for every peer
+        got = clock.receive(10_000, first, done, 2)
+        assert clock.receive(10_000, first, done, 3) == pytest.approx(got + 10_000 / link.bandwidth, abs=1e-6)
