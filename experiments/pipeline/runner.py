@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from experiments.pipeline.store import Store, StoreError
 from experiments.pipeline.substrate import Run
 from experiments.pipeline.train import train
 from workloads.files import check_text
+from workloads.models import describe_size
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
@@ -40,9 +42,15 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         substrate = RaySubstrate(address, train_fn, oversubscribe)
     runs = substrate.runs(sweep)
     substrate.check(runs)  # everything the substrate cannot apply, before the results directory is touched
+    created = not Path(out_dir).exists()
     store = Store(out_dir)
     try:
         return _run_all(sweep, runs, substrate, store, resume, overwrite, log)
+    except BaseException:
+        store.close()
+        if created and not any(Path(out_dir).rglob("*.parquet")):  # refused before a run was written: no trace
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     finally:
         store.close()  # this process stops being the directory's writer
 
@@ -58,6 +66,8 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
     todo = substrate.order([run for run in runs if run.run_id not in done])
     print(f"{substrate.heading} {sweep.name!r}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
           f"results in {store.dir}", file=log, flush=True)
+    for model in dict.fromkeys((r.spec.workload, r.spec.num_classes, r.spec.image_size) for r in runs):
+        print(f"  model: {describe_size(*model)}", file=log, flush=True)  # sized as `syncbench model` sizes it
     if not todo:
         return store.runs()
     with substrate.session(todo, store, log) as execute:
@@ -164,3 +174,4 @@ def _signals_held():
         _HOLD["holding"] = False
     if _HOLD["signum"] is not None:
         raise KeyboardInterrupt(signal.Signals(_HOLD["signum"]).name)
+

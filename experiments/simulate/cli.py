@@ -7,7 +7,7 @@ import sys
 
 def add_arguments(p) -> None:
     p.add_argument("sweep", nargs="?", help="a sweep TOML file with a [simulate] table, e.g. "
-                                            "experiments/config/sweeps/simulate_resnet50.toml")
+                                            "experiments/config/sweeps/simulate.toml")
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
