@@ -40,6 +40,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         from experiments.pipeline.ray_substrate import RaySubstrate
 
         substrate = RaySubstrate(address, train_fn, oversubscribe)
+    if resume and not overwrite:
+        sweep = keep_recorded_p2p(sweep, Path(out_dir), log)
     runs = substrate.runs(sweep)
     substrate.check(runs)  # everything the substrate cannot apply, before the results directory is touched
     created = not Path(out_dir).exists()
@@ -53,6 +55,33 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite
         raise
     finally:
         store.close()  # this process stops being the directory's writer
+
+
+def keep_recorded_p2p(sweep: Sweep, out_dir: Path, log) -> Sweep:
+    """Resuming results measured before the sockets became the default: a sweep that does not set p2p keeps gloo,
+    the transport its finished runs used, so that the runs still to do are comparable with them (said on the log).
+    Anything else is left to check_same_sweep, which names what differs."""
+    from experiments.config import sweep as sweep_mod
+
+    path = out_dir / "sweep.resolved.json"
+    if not sweep.source or not path.is_file():
+        return sweep
+    try:
+        text = path.read_text()
+        check_text(text, str(path), json=True)
+        recorded = {run.get("p2p", "gloo") for run in json.loads(text)["runs"]}
+        data = sweep_mod.loads_toml(sweep.source, "sweep.toml")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, sweep_mod.SweepError):
+        return sweep  # check_same_sweep reports an unreadable record
+    tables = [data.get("defaults"), data.get("grid")]
+    if recorded != {"gloo"} or any(isinstance(t, dict) and "p2p" in t for t in tables) \
+            or not isinstance(data.get("defaults", {}), dict):
+        return sweep
+    data["defaults"] = {**data.get("defaults", {}), "p2p": "gloo"}
+    kept = sweep_mod.parse(data, source=sweep.source, where="sweep")
+    print(f"resume: {out_dir} holds runs measured over gloo, the default before the sockets: this sweep sets no "
+          f"p2p, so its remaining runs take gloo too (set p2p to choose)", file=log, flush=True)
+    return kept
 
 
 def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: bool, overwrite: bool,

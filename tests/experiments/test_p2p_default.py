@@ -63,3 +63,22 @@ def test_resuming_old_gloo_results_under_the_new_default_is_refused_naming_p2p(t
     store = _old_results(tmp_path)
     with pytest.raises(StoreError, match=r'p2p: \(not set\) there, "sockets" in this sweep'):
         runner.check_same_sweep(store, parse())
+
+
+def test_resuming_old_gloo_results_with_the_unchanged_sweep_file_keeps_gloo(tmp_path):
+    """The same sweep file, written before p2p existed, resumes its directory: the remaining runs take gloo, as the
+    finished ones did, and nothing already measured runs again."""
+    import io
+
+    from experiments.pipeline.substrate import ThreadSubstrate
+
+    store = _old_results(tmp_path)
+    text = 'name = "p2p"\n[defaults]\nstrategy = "ring"\nworkers = 2\nsteps = 3\nwarmup_steps = 1\n'
+    sweep = sweep_mod.parse(sweep_mod.loads_toml(text, "t"), source=text)
+    assert [run.p2p for run in sweep.runs] == ["sockets"]
+    log = io.StringIO()
+    rows = runner.run_sweep(sweep, store.dir, resume=True, log=log, substrate=ThreadSubstrate())
+    assert list(rows["run_id"]) == [GLOO_RUN_ID] and "0 runs" not in log.getvalue()
+    assert "take gloo too" in log.getvalue() and "1 already done" in log.getvalue()
+    recorded = json.loads((store.dir / "sweep.resolved.json").read_text())
+    assert [run["p2p"] for run in recorded["runs"]] == ["gloo"]
