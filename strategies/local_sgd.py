@@ -67,16 +67,23 @@ class PeriodicAverage(Strategy):
         self.anchor: torch.nn.Parameter | None = None
         self.outer: torch.optim.Optimizer | None = None
 
+    def start(self, params: torch.Tensor) -> None:
+        """The parameters every worker starts from (seeded, identical), before any local step: DiLoCo's first
+        anchor. Training calls it once; a caller that does not (sync() alone) starts from the first synced tensor."""
+        settings = self.config.local
+        if settings.outer_optimizer == "nesterov":
+            self.anchor = torch.nn.Parameter(params.detach().clone())
+            self.outer = torch.optim.SGD([self.anchor], lr=settings.outer_lr, momentum=settings.outer_momentum,
+                                         nesterov=True)
+
     def sync(self, tensor: torch.Tensor, op: str = "mean") -> None:
         if op != "mean" or not tensor.dtype.is_floating_point:
             raise ValueError(f"sync_every = {self.config.local.sync_every} averages floating-point parameters: got "
                              f"op {op!r} on {tensor.dtype} (accepted: op 'mean' on a float tensor)")
         settings = self.config.local
         outer = settings.outer_optimizer == "nesterov"
-        if outer and self.anchor is None:  # the parameters every worker starts from (seeded, identical)
-            self.anchor = torch.nn.Parameter(tensor.detach().clone())
-            self.outer = torch.optim.SGD([self.anchor], lr=settings.outer_lr, momentum=settings.outer_momentum,
-                                         nesterov=True)
+        if outer and self.anchor is None:
+            self.start(tensor)
         self.step += 1
         if self.step % settings.sync_every:
             return  # a local step: nothing moves

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import strategies
 from strategies.base import PARAMETERS
+from strategies.registry import WRAPPER_SETTINGS
 from strategies.transport.link import Network, parse_bandwidth, parse_latency
 from strategies.transport.names import P2P, default_p2p
 from workloads.data import DATASETS
@@ -79,6 +80,13 @@ RANGES: dict[str, Range] = {
     "link.latency": Range(0, 1, text="0s to 1s"),
     "straggler.slowdown": Range(1, 100),
     "bucket_mb": Range(0, 1_000_000, low_open=True),  # MiB, as DDP's bucket_cap_mb
+    # compression and local SGD (strategies/compression.py, strategies/local_sgd.py)
+    "powersgd_rank": Range(1, 1024),
+    "powersgd_start": Range(0, 1_000_000),
+    "topk_ratio": Range(0, 1, low_open=True),
+    "sync_every": Range(1, 1_000_000),
+    "outer_lr": Range(0, 100, low_open=True),
+    "outer_momentum": Range(0, 1, high_open=True),
 }
 MAX_RANKS = 16_384  # workers + servers of one run
 MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
@@ -119,6 +127,18 @@ class RunSpec:
     # what carries the messages (strategies.transport.names.P2P); a sweep that does not say takes default_p2p(device):
     # syncbench's sockets for host tensors, gloo/NCCL for GPU ones
     p2p: str = "sockets"
+    # compression of the gradients (strategies/compression.py) and its parameters
+    compression: str = "none"
+    powersgd_rank: int = 1
+    powersgd_start: int = 10
+    powersgd_warm_start: bool = True
+    topk_ratio: float = 0.01
+    error_feedback: bool = True
+    # local SGD / DiLoCo (strategies/local_sgd.py): average parameters every sync_every steps
+    sync_every: int = 1
+    outer_optimizer: str = "none"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     @property
     def run_id(self) -> str:
@@ -150,7 +170,13 @@ class RunSpec:
         return Network.from_spec(self.link)
 
     def strategy_config(self):
-        return strategies.make(self.strategy, **self.strategy_params)
+        """The strategy with the run's compression and local-SGD settings applied (a strategy's own table may
+        also set them: [strategy_params.ring] compression = "fp16")."""
+        return strategies.make(self.strategy, **{**self.wrapper_settings(), **self.strategy_params})
+
+    def wrapper_settings(self) -> dict:
+        """The compression and local-SGD settings the run applies (the strategy's table wins over the run's)."""
+        return {k: self.strategy_params.get(k, getattr(self, k)) for k in WRAPPER_SETTINGS}
 
     def world_size(self) -> int:
         return self.strategy_config().world_size(self.workers)
@@ -159,7 +185,8 @@ class RunSpec:
 RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
-_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo"}
+_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
+                   **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
 
@@ -260,8 +287,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
         if strategy_name not in strategies.names():
             errors.append(f"strategy_params.{strategy_name}: unknown strategy; known are "
                           f"{', '.join(strategies.names())}")
-        elif not isinstance(params, dict):
-            errors.append(f"strategy_params.{strategy_name} = {params!r}: expected a table of parameters")
+        elif not isinstance(params, dict) and not (isinstance(params, list) and params
+                                                   and all(isinstance(p, dict) for p in params)):
+            errors.append(f"strategy_params.{strategy_name} = {params!r}: expected a table of parameters (or an "
+                          f"array of tables, [[strategy_params.{strategy_name}]], one variant each)")
     if errors:
         raise SweepError(_report(where, sorted(set(errors), key=errors.index)))
     if not runs:
@@ -271,7 +300,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
 
 def _strategy_param_points(params) -> list:
     """A strategy's parameter table -> one table per combination of its list values (`servers = [1, 2, 4]` gives
-    three); not a table: as it is, for _make_spec to refuse."""
+    three); an array of tables ([[strategy_params.ring]], one variant each: compression = "fp16" in one,
+    sync_every = 4 in another) -> the points of each table; not a table: as it is, for _make_spec to refuse."""
+    if isinstance(params, list) and params and all(isinstance(p, dict) for p in params):
+        return [point for table in params for point in _strategy_param_points(table)]
     if not isinstance(params, dict):
         return [params]
     keys = list(params)
@@ -297,7 +329,7 @@ def run_label(run, axes) -> str:
 def _axis_values(run) -> dict:
     values = {k: v for k, v in asdict(run).items() if k not in ("sweep", "strategy_params")}
     values["link"], values["straggler"] = run.link_label, _show(run.straggler)
-    return values | {k: v for k, v in run.strategy_params.items() if k not in values}
+    return values | run.wrapper_settings() | {k: v for k, v in run.strategy_params.items() if k not in values}
 
 
 def _show(value) -> str:
@@ -326,7 +358,10 @@ def _report(where: str, errors: list[str]) -> str:
 _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "image_size": int,
           "num_classes": int, "batch_size": int, "steps": int, "warmup_steps": int, "seed": int,
           "workers": int, "lr": float, "momentum": float, "weight_decay": float, "timeout": float,
-          "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str}
+          "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str,
+          "compression": str, "powersgd_rank": int, "powersgd_start": int, "powersgd_warm_start": bool,
+          "topk_ratio": float, "error_feedback": bool, "sync_every": int, "outer_optimizer": str, "outer_lr": float,
+          "outer_momentum": float}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
@@ -401,9 +436,15 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     strategy = point.get("strategy", "ring")
     params = dict(params_by_strategy.get(strategy, {})) if isinstance(params_by_strategy.get(strategy), dict) else {}
     try:
-        config = strategies.make(strategy, **params)
+        strategies.make(strategy, **params)
     except (ValueError, TypeError) as e:
         errors.append(f"strategy_params.{strategy}: {e}")
+        return None
+    try:  # the run's compression and local-SGD settings, applied to this strategy
+        wrappers = {k: point[k] for k in WRAPPER_SETTINGS if k in point}
+        config = strategies.make(strategy, **{**wrappers, **params})
+    except (ValueError, TypeError) as e:
+        errors.append(f"strategy {strategy!r}: {e}")
         return None
     workers = point.get("workers", 1)
     try:

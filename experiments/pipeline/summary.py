@@ -24,6 +24,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     `meta`: what the substrate knows of the run (started_at, duration_s, transport, gpu, cores, host; a
     substrate other than Ray adds `substrate` and its own columns); it overrides the row's defaults."""
     config = spec.strategy_config()
+    strategy = _innermost(config)  # the registered strategy under compression and local SGD
     servers = config.num_servers(spec.workers)
     network = spec.network()
     straggler = spec.straggler or {}
@@ -32,7 +33,8 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
            "lr": spec.lr, "strategy": spec.strategy,
            # every parameter the strategy ran with (defaults included), each a typed param_<name> column
-           **{f"param_{k}": getattr(config, k) for k in type(config).parameters()},
+           **{f"param_{k}": getattr(strategy, k) for k in type(strategy).parameters()},
+           **spec.wrapper_settings(),  # compression and local SGD, typed columns of their own
            "workers": spec.workers, "servers": servers, "bytes_counted": bool(config.counted),
            "link_bandwidth": network.default.bandwidth if network else math.nan,
            "link_latency_s": network.default.latency if network else 0.0,
@@ -67,8 +69,13 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         return schema_row(RUNS, **row), []
     steps.insert(0, "run_id", row["run_id"])
     numel = int(finals[0]["numel"])
-    traffic = analytic_traffic(config, spec.workers, finals[0].get("bucket_numels") or [numel])
-    mismatch = bytes_mismatch(steps, traffic, spec.strategy) if traffic["counted"] else ""
+    numels = finals[0].get("bucket_numels") or [numel]
+    traffic = analytic_traffic(config, spec.workers, numels)
+    per_step = None
+    if hasattr(config, "step_traffic"):  # compression's warm-up, local SGD's local steps: traffic depends on the step
+        per_step = {s: analytic_traffic(config, spec.workers, numels, s) for s in sorted(set(steps["step"]))}
+        traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
+    mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""
     if mismatch:
         row.update({"status": "failed", "error": mismatch})
         return schema_row(RUNS, **row), steps.to_dict("records")
@@ -108,24 +115,45 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     return schema_row(RUNS, **row), steps.to_dict("records")
 
 
-def analytic_traffic(config, workers: int, bucket_numels: list[int]) -> dict:
-    """One step's analytic traffic: the strategy's `traffic()` summed over the buckets it synchronized.
+def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int | None = None) -> dict:
+    """One step's analytic traffic: the strategy's `traffic()` summed over the buckets it synchronized (at
+    `step`, its `step_traffic()` when it has one: compression's warm-up, local SGD's steps between syncs).
 
     ranks: per rank (workers, then servers) (role, bytes sent, bytes received); rounds and path_bytes summed;
     counted: whether the communicator sees these bytes at all."""
     ranks, rounds, path, counted = None, 0, 0, True
     for numel in bucket_numels:
-        t = config.traffic(workers, numel, 4)
+        t = config.traffic(workers, numel, 4) if step is None else config.step_traffic(workers, numel, 4, step)
         per = [(r.role, r.bytes_sent, r.bytes_recv) for r in t.ranks]
         ranks = per if ranks is None else [(a[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(ranks, per)]
         rounds, path, counted = rounds + t.rounds, path + t.path_bytes, counted and t.counted
     return {"ranks": ranks or [], "rounds": rounds, "path_bytes": path, "counted": counted}
 
 
+def _innermost(config):
+    """The registered strategy a compression or local-SGD wrapper holds (itself when unwrapped)."""
+    while getattr(config, "inner", None) is not None:
+        config = config.inner
+    return config
+
+
+def _mean_traffic(per_step: list[dict], fallback: dict) -> dict:
+    """The average step's analytic traffic over these steps (local SGD: a sync step's bytes / H on average)."""
+    if not per_step:
+        return fallback
+    n = len(per_step)
+    ranks = [(r[0], sum(t["ranks"][i][1] for t in per_step) / n, sum(t["ranks"][i][2] for t in per_step) / n)
+             for i, r in enumerate(per_step[0]["ranks"])]
+    return {"ranks": ranks, "rounds": sum(t["rounds"] for t in per_step) / n,
+            "path_bytes": sum(t["path_bytes"] for t in per_step) / n, "counted": per_step[0]["counted"]}
+
+
 def bytes_mismatch(steps: pd.DataFrame, traffic: dict, strategy: str) -> str:
-    """'' when every rank sent and received exactly its declared bytes in every step, else the first miss."""
+    """'' when every rank sent and received exactly its declared bytes in every step, else the first miss.
+    `traffic`: one step's analytic traffic for every step, or {step: that step's} when it depends on the step."""
     for row in steps.itertuples():
-        _, sent, recv = traffic["ranks"][row.rank]
+        declared = traffic[row.step] if "ranks" not in traffic else traffic
+        _, sent, recv = declared["ranks"][row.rank]
         if (row.bytes_sent, row.bytes_recv) != (sent, recv):
             return (f"rank {row.rank} step {row.step}: measured {row.bytes_sent:,} bytes sent / {row.bytes_recv:,} "
                     f"received, strategy {strategy!r} declares {sent:,} / {recv:,} in its traffic(): its bytes "

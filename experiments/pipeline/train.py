@@ -39,7 +39,6 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-import strategies
 from experiments.pipeline.bucket_sync import BucketSync
 from strategies.base import GRADIENTS, PARAMETERS, ROLES, SERVER
 from workloads.buckets import make_buckets
@@ -58,7 +57,7 @@ def train(ctx, spec, progress=None) -> dict:
 
     `progress`: a queue rank 0 puts each finished step number on (the runner's live display), or None.
     """
-    config = strategies.make(spec.strategy, **spec.strategy_params)
+    config = spec.strategy_config()  # compression and local SGD applied (strategies/compression.py, local_sgd.py)
     config.bind(ctx.comm, spec.workers)  # checks the world size before anything is built
     device = torch.device(ctx.device)
     profile = _profile_for(ctx, spec) if spec.compute == "profile" else None
@@ -108,6 +107,9 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             compute.on_ready = syncer.grad_ready  # backward hands each gradient over as it becomes ready
         if config.role == SERVER and config.num_servers(spec.workers) == 0:
             role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
+        for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
+            if hasattr(runtime, "start"):  # DiLoCo's anchor: the parameters before the first local step
+                runtime.start(syncer.buffer[bucket.lo:bucket.hi])
     rows = []
     loss_value = math.nan
     run_start = clock()

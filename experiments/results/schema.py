@@ -65,6 +65,17 @@ RUNS: tuple[Column, ...] = (
     Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
                               "flat bucket)"),
     Column("overlap", BOOL, "buckets synchronized while backward runs"),
+    # compression and local SGD (strategies/compression.py, strategies/local_sgd.py): run settings
+    Column("compression", STR, "'none', 'fp16', 'bf16', 'powersgd' or 'topk': what the gradients travel as"),
+    Column("powersgd_rank", INT, "PowerSGD: rank of the low-rank approximation"),
+    Column("powersgd_start", INT, "PowerSGD: steps averaged uncompressed first"),
+    Column("powersgd_warm_start", BOOL, "PowerSGD: Q reused from the previous step"),
+    Column("topk_ratio", FLOAT, "top-k: share of the entries each worker sends"),
+    Column("error_feedback", BOOL, "PowerSGD and top-k: what was not sent is added to the next gradient"),
+    Column("sync_every", INT, "local SGD: parameters averaged every sync_every steps (1: every step)"),
+    Column("outer_optimizer", STR, "local SGD: 'none' (the average) or 'nesterov' (DiLoCo's outer step)"),
+    Column("outer_lr", FLOAT, "DiLoCo: the outer optimizer's learning rate"),
+    Column("outer_momentum", FLOAT, "DiLoCo: the outer optimizer's Nesterov momentum"),
     # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
     Column("sim_topology", STR, "star, fat_tree or nodes (of k GPUs)"),
     Column("sim_network_model", STR, "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
