@@ -8,6 +8,7 @@ from strategies.all_to_all import AllToAllConfig
 from strategies.ddp import DdpConfig
 from strategies.decentralized import DecentralizedConfig
 from strategies.halving_doubling import HalvingDoublingConfig
+from strategies.hierarchical import HierarchicalConfig
 from strategies.naive_ring import NaiveRingConfig
 from strategies.native import NativeConfig
 from strategies.parameter_server import ParameterServerConfig
@@ -24,5 +25,6 @@ register(NaiveRingConfig)
 register(DecentralizedConfig)
 register(NativeConfig)
 register(DdpConfig)
+register(HierarchicalConfig)
 
 __all__ = ["get", "make", "names", "register"]

@@ -48,10 +48,18 @@ def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAU
         role = "server" if runtime.is_server else "worker"
         return out, {"role": role, **counters.as_dict()}
 
-    results = run_threads(config.world_size(workers), body, timeout=timeout, network=network, p2p=p2p)
+    results = run_threads(config.world_size(workers), body, timeout=timeout, network=network, p2p=p2p,
+                          ranks_per_node=_nodes(config, network))
     outputs = [out for out, _ in results[:workers]]
     traffic = [t for _, t in results]
     return outputs, traffic
+
+
+def _nodes(config, network: Network | None) -> int | None:
+    """A node-aware strategy's ranks_per_node places the thread ranks in nodes of that many (unless the network
+    says where they are)."""
+    k = getattr(config, "ranks_per_node", None)
+    return k if network is None else None
 
 
 def run_sequence(name: str, calls, *, timeout: float = DEFAULT_TIMEOUT_S, **params):
@@ -80,7 +88,7 @@ def run_sequence(name: str, calls, *, timeout: float = DEFAULT_TIMEOUT_S, **para
             results.append((out, {"role": role, **comm.counters().as_dict()}))
         return results
 
-    per_rank = run_threads(config.world_size(workers), body, timeout=timeout)
+    per_rank = run_threads(config.world_size(workers), body, timeout=timeout, ranks_per_node=_nodes(config, None))
     return [([per_rank[r][i][0] for r in range(workers)], [rank_results[i][1] for rank_results in per_rank])
             for i in range(len(calls))]
 

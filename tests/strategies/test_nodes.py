@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
+import strategies
+from strategies.testing import make_inputs, run_collective
 from strategies.transport.link import Link, LinkClock, Network
 from strategies.transport.threads import run_threads
 
@@ -96,3 +99,85 @@ def test_one_rank_per_node_books_what_a_per_rank_nic_books():
         # one receive side for every peer
         got = clock.receive(10_000, first, done, 2)
         assert clock.receive(10_000, first, done, 3) == pytest.approx(got + 10_000 / link.bandwidth, abs=1e-6)
+
+
+# -- hierarchical ----------------------------------------------------------------------------------------------
+
+
+def _per_level(name, inputs, k, **params):
+    """Outputs and, per rank, bytes sent inside its node and to other nodes, from the per-peer counters."""
+    config = strategies.make(name, **params)
+    tensors = [torch.as_tensor(a) for a in inputs]
+
+    def body(comm):
+        out = tensors[comm.rank].clone()
+        config.bind(comm, len(inputs)).sync(out, "sum")
+        per_peer = comm.counters().per_peer
+        intra = sum(c.bytes_sent for p, c in per_peer.items() if comm.node_of(p) == comm.node_of(comm.rank))
+        nic = sum(c.bytes_sent for p, c in per_peer.items() if comm.node_of(p) != comm.node_of(comm.rank))
+        return out.numpy(), intra, nic
+
+    return run_threads(len(inputs), body, timeout=20, ranks_per_node=k)
+
+
+@pytest.mark.parametrize("workers,k", [(4, 2), (5, 2), (7, 3), (8, 4), (6, 4)])
+def test_hierarchical_bytes_per_level_equal_its_levels(workers, k):
+    config = strategies.make("hierarchical", ranks_per_node=k)
+    inputs = make_inputs(workers, 1001, "sum")
+    results = _per_level("hierarchical", inputs, k, ranks_per_node=k)
+    levels = config.levels(workers, 1001)
+    assert [intra for _, intra, _ in results] == [t.bytes_sent for t in levels["intra"]]
+    assert [nic for _, _, nic in results] == [t.bytes_sent for t in levels["nic"]]
+    assert all(nic == 0 for (_, _, nic), rank in zip(results, range(workers)) if workers <= k)
+
+
+def test_hierarchical_sends_less_through_the_nic_than_the_flat_ring():
+    """2 nodes x 2 ranks, S = 4000 bytes: the flat ring sends 2(n-1)/n S = 1.5 S from every rank, and rank 1's and
+    rank 3's all leave their node (each node's NIC carries 1.5 S); hierarchical sends S/2 per rank across nodes
+    (each node's NIC carries S) and S/2 + S/2 inside the node."""
+    levels = strategies.make("hierarchical", ranks_per_node=2).levels(4, 1000)
+    assert [t.bytes_sent for t in levels["nic"]] == [2000] * 4
+    assert [t.bytes_recv for t in levels["nic"]] == [2000] * 4
+    assert [t.bytes_sent for t in levels["intra"]] == [4000] * 4
+    ring = strategies.make("ring").traffic(4, 1000)
+    assert ring.ranks[1].bytes_sent == 6000  # what node 0's NIC sends for the flat ring (1 -> 2 leaves the node)
+
+
+@pytest.mark.parametrize("inner", ["ring", "halving_doubling", "reduce_broadcast"])
+def test_hierarchical_with_one_rank_per_node_is_its_inner_strategy(inner):
+    inputs = make_inputs(5, 1003, "mean")
+    ours, our_traffic = run_collective("hierarchical", inputs, op="mean", ranks_per_node=1, inner=inner)
+    theirs, their_traffic = run_collective(inner, inputs, op="mean")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(ours, theirs))
+    assert our_traffic == their_traffic
+
+
+def test_hierarchical_refuses_bad_values_and_a_run_placed_otherwise():
+    with pytest.raises(ValueError, match="inner = 'tree'"):
+        strategies.make("hierarchical", inner="tree")
+    with pytest.raises(ValueError, match="ranks_per_node = 0"):
+        strategies.make("hierarchical", ranks_per_node=0)
+    config = strategies.make("hierarchical", ranks_per_node=2)
+    with pytest.raises(ValueError, match="places 3 ranks per node"):
+        run_threads(3, lambda comm: config.bind(comm, 3), ranks_per_node=3)
+
+
+def _timed(name, inputs, **params):
+    start = time.time()
+    run_collective(name, inputs, op="sum", network=NODES, timeout=30, **params)
+    return time.time() - start
+
+
+def test_hierarchical_on_a_shared_nic_takes_at_least_its_nic_time():
+    """2 nodes x 2 ranks, 1 MB, 20 MB/s NICs: node 0's NIC sends S (two ranks x S/2): 50 ms at least."""
+    inputs = [np.ones(MB // 4, np.float32) for _ in range(4)]
+    assert _timed("hierarchical", inputs, ranks_per_node=2) >= 0.95 * MB / NIC
+
+
+@pytest.mark.timing
+def test_hierarchical_beats_the_flat_ring_on_a_shared_nic():
+    """The model: S / NIC = 50 ms against the flat ring's 1.5 S / NIC = 75 ms (both 2(n-1) = 6 or 4 messages)."""
+    inputs = [np.ones(MB // 4, np.float32) for _ in range(4)]
+    hier, ring = _timed("hierarchical", inputs, ranks_per_node=2), _timed("ring", inputs)
+    assert ring >= 0.95 * 1.5 * MB / NIC
+    assert hier < 0.85 * ring, (hier, ring)
