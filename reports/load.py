@@ -17,7 +17,8 @@ from strategies.base import SERVER
 
 # What makes two runs the same strategy configuration (repeats differ only by seed): the strategy with its
 # param_* columns and these; and where it ran (a profile and real compute, or a simulation, are other machines).
-STRATEGY_COLUMNS = ("strategy", "bucket_mb", "overlap")
+STRATEGY_COLUMNS = ("strategy", "bucket_mb", "overlap", "compression", "powersgd_rank", "topk_ratio", "error_feedback",
+                    "sync_every", "outer_optimizer")
 MACHINE_COLUMNS = ("compute", "substrate")
 # What a run was measured under: a verdict is given per condition, never averaged across conditions.
 CONDITION_COLUMNS = ("link_bandwidth", "link_latency_s", "link_emulation", "link_heterogeneous", "straggler_ranks",
@@ -62,6 +63,7 @@ def _config_labels(runs: pd.DataFrame) -> pd.Series:
     """The configuration's display label: the strategy with its parameters, and what else varies in this sweep
     (bucket size, overlap, compute mode, simulated), so that every configuration has its own legend entry."""
     label = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
+    label += [method_suffix(run) for run in runs.to_dict("records")]
     if runs["bucket_mb"].nunique(dropna=False) > 1:
         label += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")
     if runs["overlap"].nunique() > 1:
@@ -69,6 +71,22 @@ def _config_labels(runs: pd.DataFrame) -> pd.Series:
     if runs["compute"].nunique() > 1:
         label += runs["compute"].map(lambda mode: " [profile]" if mode == "profile" else "")
     return label + runs["substrate"].map(lambda s: " [simulated]" if s == "simgrid" else "")
+
+
+def method_suffix(run) -> str:
+    """' + fp16', ' + PowerSGD r=2', ' + top-k 1%', ' + local SGD H=4', ' + DiLoCo H=16': what the run trades for
+    bandwidth (strategies/compression.py, local_sgd.py); '' for exact training every step (and older results)."""
+    kind = run.get("compression") or "none"
+    if kind in ("fp16", "bf16"):
+        return f" + {kind}"
+    if kind == "powersgd":
+        return f" + PowerSGD r={run['powersgd_rank']}" + ("" if run["error_feedback"] else " no EF")
+    if kind == "topk":
+        return f" + top-k {run['topk_ratio'] * 100:g}%" + ("" if run["error_feedback"] else " no EF")
+    sync_every = run.get("sync_every") or 1
+    if sync_every > 1:
+        return f" + {'DiLoCo' if run.get('outer_optimizer') == 'nesterov' else 'local SGD'} H={sync_every}"
+    return ""
 
 
 def _straggler_suffixes(runs: pd.DataFrame) -> list[str]:
