@@ -22,8 +22,6 @@ ENV = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"), au
                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-# ---- the page ---------------------------------------------------------------------------------------------
-
 def render(r: Results) -> str:
     """The page's HTML: each section rendered from its template, absent ones listed once at the end."""
     shown, absent = [], []
