@@ -87,7 +87,9 @@ RANGES: dict[str, Range] = {
     "sync_every": Range(1, 1_000_000),
     "outer_lr": Range(0, 100, low_open=True),
     "outer_momentum": Range(0, 1, high_open=True),
+    "eval_every": Range(1, 1_000_000),  # steps between held-out evaluations (a run with a target)
 }
+TARGET_METRICS = ("accuracy", "loss")  # target = { metric = "accuracy", value = 0.95 }: held-out top-1 or mean loss
 MAX_RANKS = 16_384  # workers + servers of one run
 MAX_RUNS = 10_000  # grid points of one sweep; expanding them takes about 0.3 ms each
 MAX_SWEEP_BYTES = 1_000_000  # a sweep file; 10,000 grid values take about 100 KB
@@ -139,6 +141,10 @@ class RunSpec:
     outer_optimizer: str = "none"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    # time to target: {"metric": "accuracy" | "loss", "value": v}, evaluated on held-out data every eval_every steps
+    # (and after the last), outside the timed part of the step; None: no target
+    target: dict | None = None
+    eval_every: int = 10
 
     @property
     def run_id(self) -> str:
@@ -186,6 +192,7 @@ RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
+                   "target": None, "eval_every": 10,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -361,7 +368,7 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str,
           "compression": str, "powersgd_rank": int, "powersgd_start": int, "powersgd_warm_start": bool,
           "topk_ratio": float, "error_feedback": bool, "sync_every": int, "outer_optimizer": str, "outer_lr": float,
-          "outer_momentum": float}
+          "outer_momentum": float, "eval_every": int}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
@@ -431,6 +438,8 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     straggler = point.get("straggler")
     if straggler is not None:
         straggler = _check_straggler(straggler, errors)
+    if point.get("target") is not None:
+        point["target"] = _check_target(point, errors)
     if len(errors) > start:
         return None
     strategy = point.get("strategy", "ring")
@@ -477,6 +486,8 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     if link and link.get("emulation") == "python":  # the default: the same run id with or without it
         link = {k: v for k, v in link.items() if k != "emulation"}
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
+    if values.get("target") is None:
+        values.pop("target", None)
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
 
 
@@ -566,6 +577,28 @@ def _simulate_problem(key: str, typ, value) -> str | None:
     if name in SIMULATE_RANGES:
         return SIMULATE_RANGES[name].problem(name, value)
     return None
+
+
+def _check_target(point: dict, errors: list[str]) -> dict | None:
+    """target = { metric = "accuracy", value = 0.95 } (or a loss): a metric, a reachable value, held-out data to
+    evaluate on and a model that trains (compute = "real")."""
+    value = point["target"]
+    if not isinstance(value, dict) or set(value) != {"metric", "value"} or value["metric"] not in TARGET_METRICS:
+        errors.append(f"target = {value!r}: expected {{ metric = \"accuracy\", value = 0.95 }} or {{ metric = "
+                      f"\"loss\", value = 0.3 }} (metrics: {', '.join(TARGET_METRICS)})")
+        return None
+    number = value["value"]
+    high = 1.0 if value["metric"] == "accuracy" else 1e6
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= high:
+        errors.append(f"target.value = {number!r}: accepted for {value['metric']} are numbers > 0 and <= {high:g}")
+        return None
+    if point.get("dataset", "synthetic") != "digits":
+        errors.append(f"target with dataset = {point.get('dataset', 'synthetic')!r}: a target is evaluated on held-out "
+                      f"data (accepted: dataset = \"digits\")")
+    if point.get("compute", "real") != "real":
+        errors.append(f"target with compute = {point.get('compute')!r}: a replayed profile does not train "
+                      f"(accepted: compute = \"real\"; its profile twin gives the seconds per step)")
+    return {"metric": value["metric"], "value": float(number)}
 
 
 def _check_straggler(value, errors: list[str]) -> dict | None:

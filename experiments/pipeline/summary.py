@@ -109,6 +109,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
                      if "accuracy" in finals[0] else math.nan),
     })
     row.update(_overlap_columns(slowest, finals[0]))
+    row.update(time_to_target(spec, steps, row["step_time_s"]))
     if not config.exact:
         row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
         row["spectral_gap"] = float(config.spectral_gap(spec.workers))
@@ -128,6 +129,24 @@ def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int |
         ranks = per if ranks is None else [(a[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(ranks, per)]
         rounds, path, counted = rounds + t.rounds, path + t.path_bytes, counted and t.counted
     return {"ranks": ranks or [], "rounds": rounds, "path_bytes": path, "counted": counted}
+
+
+def time_to_target(spec: RunSpec, steps: pd.DataFrame, step_time_s: float) -> dict:
+    """The first evaluation (the workers' mean at a step) that meets the run's target: steps run by then, and
+    time to target = those steps x the run's seconds per step (its two factors are columns of their own)."""
+    if not spec.target:
+        return {}
+    metric, value = spec.target["metric"], spec.target["value"]
+    out = {"target_metric": metric, "target_value": value, "eval_every": spec.eval_every, "target_reached": False,
+           "steps_to_target": math.nan, "time_to_target_s": math.nan}
+    if "eval_value" not in steps:
+        return out
+    evals = steps[(steps["role"] == "worker")].groupby("step")["eval_value"].mean().dropna()
+    met = evals[evals >= value] if metric == "accuracy" else evals[evals <= value]
+    if not met.empty:
+        reached = int(met.index[0]) + 1
+        out.update(target_reached=True, steps_to_target=float(reached), time_to_target_s=reached * step_time_s)
+    return out
 
 
 def _innermost(config):

@@ -112,6 +112,9 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
                 runtime.start(syncer.buffer[bucket.lo:bucket.hi])
     rows = []
     loss_value = math.nan
+    if spec.target and not hasattr(compute, "evaluate"):
+        raise ValueError(f"target = {spec.target!r}: {type(compute).__name__} does not train a model to evaluate "
+                         f"(accepted: a measured run with compute = \"real\")")
     run_start = clock()
     try:
         for step in range(spec.steps):
@@ -148,6 +151,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
                        overlap_fraction=_overlap_fraction(busy, comm_s))
             if not config.exact:  # decentralized: how far apart the workers' parameters are (uncounted)
                 row["consensus_distance"] = compute.consensus_distance(comm)
+            if spec.target and ((step + 1) % spec.eval_every == 0 or step + 1 == spec.steps):
+                row["eval_value"] = compute.evaluate(spec.target["metric"])  # outside the timed part of the step
             rows.append(row)
             if progress is not None and comm.rank == 0:  # outside the timed part of the step
                 progress.put_nowait(step + 1)
@@ -172,7 +177,7 @@ def _row(spec, step: int, rank: int, role: str, compute_s: float, comm_s: float,
             "exposed_comm_s": float(comm_s), "comm_busy_s": float(comm_busy_s),
             "overlap_fraction": float(overlap_fraction),
             # a parameter server without a barrier fills these on its server rows (serve_without_barrier)
-            "staleness": [], "bound_wait_s": math.nan, "dropped_pushes": 0}
+            "staleness": [], "bound_wait_s": math.nan, "dropped_pushes": 0, "eval_value": math.nan}
 
 
 def _overlap_fraction(busy_s: float, exposed_s: float) -> float:
@@ -415,6 +420,10 @@ class MeasuredCompute:
     def consensus_distance(self, comm) -> float:
         return _consensus(comm, self.flat.params) if self.flat is not None else 0.0
 
+    def evaluate(self, metric: str) -> float:
+        """This worker's model on the held-out split: top-1 accuracy, or the mean cross-entropy loss."""
+        return _accuracy(self.model, self.data) if metric == "accuracy" else _eval_loss(self.model, self.data)
+
     def params(self) -> torch.Tensor:
         if self.flat is not None:
             return self.flat.params
@@ -516,6 +525,18 @@ def _consensus(comm, params: torch.Tensor) -> float:
     average = params.detach().clone()
     comm.native_allreduce(average, "mean")
     return float((params - average).norm())
+
+
+@torch.no_grad()
+def _eval_loss(model, data) -> float:
+    """Mean cross-entropy on the held-out split."""
+    model.eval()
+    total = count = 0.0
+    for x, y in data.eval_batches():
+        total += float(F.cross_entropy(model(x), y, reduction="sum"))
+        count += int(y.numel())
+    model.train()
+    return total / max(count, 1)
 
 
 @torch.no_grad()

@@ -76,6 +76,13 @@ RUNS: tuple[Column, ...] = (
     Column("outer_optimizer", STR, "local SGD: 'none' (the average) or 'nesterov' (DiLoCo's outer step)"),
     Column("outer_lr", FLOAT, "DiLoCo: the outer optimizer's learning rate"),
     Column("outer_momentum", FLOAT, "DiLoCo: the outer optimizer's Nesterov momentum"),
+    # time to target: steps to target x seconds per step (step_time_s), both measured in this run
+    Column("target_metric", STR, "'accuracy' or 'loss' on the held-out split ('' : the run has no target)"),
+    Column("target_value", FLOAT, "the accuracy to reach (>=) or the loss to get under (<=)"),
+    Column("eval_every", INT, "steps between held-out evaluations (and after the last step)"),
+    Column("target_reached", BOOL, "an evaluation met the target"),
+    Column("steps_to_target", FLOAT, "steps run when an evaluation first met the target (NaN: never)"),
+    Column("time_to_target_s", FLOAT, "steps_to_target x step_time_s, seconds (NaN: never reached)"),
     # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
     Column("sim_topology", STR, "star, fat_tree or nodes (of k GPUs)"),
     Column("sim_network_model", STR, "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
@@ -171,6 +178,8 @@ STEPS: tuple[Column, ...] = (
     Column("bound_wait_s", FLOAT, "parameter server, staleness s: seconds this server held the step's replies at "
                                   "the staleness bound, summed over workers"),
     Column("dropped_pushes", INT, "parameter server with backups: late pushes of the step this server dropped"),
+    Column("eval_value", FLOAT, "a run with a target: this worker's held-out accuracy or loss after the step "
+                                "(NaN: not evaluated)"),
 )
 
 # Not stored: display labels built on read from the typed columns (results written before the typed schema
