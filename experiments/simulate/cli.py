@@ -57,12 +57,18 @@ def format_runs(runs) -> str:
 
     if runs.empty:
         return ""
-    table = runs[["strategy", "workers", "sim_platform", "sim_network_model", "overlap", "status", "step_time_s",
-                  "compute_s", "comm_s", "model_comm_s", "bytes_sent_per_worker", "sim_wall_s"]].copy()
+    # every setting that varies between runs gets a column (as `syncbench run` prints), or rows look identical
+    candidates = ["bucket_mb", "straggler_ranks", "straggler_slowdown"] + sorted(
+        c for c in runs if c.startswith("param_") and c != "param_norm")
+    varying = [c for c in candidates  # within one strategy: another strategy's parameters are not a setting here
+               if c in runs and (runs[c].map(str).groupby(runs["strategy"]).nunique() > 1).any()]
+    table = runs[["strategy", "workers", *varying, "sim_platform", "sim_network_model", "overlap", "status",
+                  "step_time_s", "compute_s", "comm_s", "model_comm_s", "bytes_sent_per_worker", "sim_wall_s"]].copy()
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"sim_platform": "platform", "sim_network_model": "model", "step_time_s": "step s",
                                   "compute_s": "compute s", "comm_s": "comm s", "model_comm_s": "alpha-beta s",
-                                  "bytes_sent_per_worker": "MB sent/worker", "sim_wall_s": "wall s"})
+                                  "bytes_sent_per_worker": "MB sent/worker", "sim_wall_s": "wall s",
+                                  "straggler_slowdown": "slowdown", "straggler_ranks": "slow ranks"})
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60,
                            "display.float_format", "{:.3f}".format):
         return table.to_string(index=False)
