@@ -7,6 +7,7 @@ Built-in strategies register here, one line each; plug-ins register through the 
 from strategies.all_to_all import AllToAllConfig
 from strategies.ddp import DdpConfig
 from strategies.decentralized import DecentralizedConfig
+from strategies.double_binary_tree import DoubleBinaryTreeConfig
 from strategies.halving_doubling import HalvingDoublingConfig
 from strategies.hierarchical import HierarchicalConfig
 from strategies.naive_ring import NaiveRingConfig
@@ -26,5 +27,6 @@ register(DecentralizedConfig)
 register(NativeConfig)
 register(DdpConfig)
 register(HierarchicalConfig)
+register(DoubleBinaryTreeConfig)
 
 __all__ = ["get", "make", "names", "register"]

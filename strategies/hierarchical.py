@@ -2,7 +2,8 @@
 
 Horovod's NCCL torus / hierarchical allreduce: with nodes of k ranks, each rank sends only ~1/k of the array
 through the node's NIC instead of the flat ring's 2(n-1)/n of it from every rank (k ranks sharing one NIC). The
-inner strategy (`inner`: ring, halving_doubling, reduce_broadcast) runs the across-node step, one group per chunk.
+inner strategy (`inner`: ring, halving_doubling, reduce_broadcast, double_binary_tree) runs the across-node step,
+one group per chunk.
 
 Nodes are ranks k*j .. k*j+k-1 (comm.node_of); the last node may be short (r < k ranks). The array is cut into
 k chunks; in a node of r ranks the chunks are grouped into r contiguous runs ("slices", chunk_bounds(k, r)), and
@@ -19,7 +20,7 @@ from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic, chun
 from strategies.ops import finish_reduction
 from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
 
-INNER = ("ring", "halving_doubling", "reduce_broadcast")
+INNER = ("ring", "halving_doubling", "reduce_broadcast", "double_binary_tree")
 
 
 class GroupView:
