@@ -127,7 +127,7 @@ def scaling_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure | None:
 
 
 def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
-    """Mean step time per strategy and n, stacked into compute and communication."""
+    """Mean step time per strategy (x) and n (a column each), stacked into compute and communication."""
     ok = shaped(ok)
     agg = mean_per_config(ok, ["workload", "link", "series", "workers"])
     agg["group"] = agg["workload"] + " · " + agg["link"]
@@ -137,10 +137,11 @@ def step_time_figure(ok: pd.DataFrame, links: list[str]) -> go.Figure:
     long["n"] = "n=" + long["workers"].astype(str)
     order = [f"{w} · {link}" for w in ok["workload"].unique() for link in links
              if ((agg["workload"] == w) & (agg["link"] == link)).any()]
-    fig = px.bar(for_plot(long.sort_values("workers")), x="n", y="seconds", color="part", facet_row="group",
-                 facet_col="label", barmode="stack",
-                 category_orders={"group": [esc(g) for g in order], "part": ["compute", "communication"]},
-                 labels={"n": "workers (n)", "seconds": "time per step (s)", "part": ""})
+    fig = px.bar(for_plot(long.sort_values("workers")), x="label", y="seconds", color="part", facet_row="group",
+                 facet_col="n", barmode="stack",
+                 category_orders={"group": [esc(g) for g in order], "part": ["compute", "communication"],
+                                  "label": [esc(x) for x in agg["label"].unique()]},
+                 labels={"label": "strategy", "seconds": "time per step (s)", "part": ""})
     fig.update_yaxes(rangemode="tozero")  # one scale for every facet: a 0.2 s bar is lower than a 1.5 s one
     return tidy(fig, len(order), "Step time per strategy and n: compute + communication (mean over timed steps, "
                                  "one y scale for all)")
