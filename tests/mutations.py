@@ -34,7 +34,7 @@ REPORT_TESTS = ("tests/reports/test_report_numbers.py", "tests/reports/test_mode
 SUMMARY_TESTS = ("tests/experiments/test_run_metrics.py", "tests/experiments/test_train.py::"
                  "test_summary_row_is_complete_and_plausible")
 TRAINING_TESTS = ("tests/experiments/test_training_reference.py",)
-EMULATION_TESTS = ("tests/strategies/test_emulation.py", "tests/strategies/test_link_per_rank.py")
+EMULATION_TESTS = ("tests/strategies/test_link_per_rank.py",)  # lower bounds only: test_emulation.py is load-sensitive
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ MUTATIONS = (
              TRAINING_TESTS),
     # -- the emulation -------------------------------------------------------------------------------------------
     Mutation("per-rank-links-ignored", "emulation", "strategies/transport/link.py",
-             "self.link = network.link(rank)", "self.link = network.default", EMULATION_TESTS),
+             "Port(network.link(rank))", "Port(network.default)", EMULATION_TESTS),
     # -- controls: caught before issue 28 ------------------------------------------------------------------------
     Mutation("server-drops-momentum", "control", "experiments/pipeline/train.py",
              "self.shards[key] = (param, _optimizer(self.spec, [param]))",
