@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, tables, verdicts
+from reports import calibration, figures, tables, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,17 @@ def convergence(r: Results) -> dict | Absent:
             "profiled": int((r.ok["compute"] == "profile").sum())}
 
 
+def time_to_target(r: Results) -> dict | Absent:
+    """Runs with a target: time to target as steps to target x seconds per step, each with its spread."""
+    df = tta.tta_frame(r.ok)
+    if df.empty:
+        return Absent("no run names a target (target = { metric = \"accuracy\", value = 0.9 } in the sweep)")
+    shown = df[[c for c in df.columns if not c.startswith("_")]]
+    return {"table": Table(shown, {"MB sent/worker/step": ",.4f", "runs": "d", "reached": "d",
+                                   "rank by time to target": "d", "rank by throughput": "d"}),
+            "verdicts": tta.tta_verdicts(df)}
+
+
 def stragglers(r: Results) -> dict | Absent:
     if not tables.has_imbalance(r.ok):
         return Absent("no straggler and no slower link: every rank had the same compute and NIC")
@@ -289,6 +300,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),
+    Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
     Section("runs", "All runs", all_runs, needs_runs=False),

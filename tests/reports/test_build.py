@@ -77,8 +77,8 @@ def test_sections_in_order_the_absent_ones_listed_once_and_plotly_embedded_once(
         assert tag in page and section.title not in absent
         positions.append(page.index(tag))
     assert positions == sorted(positions)  # the page follows the one ordered list
-    # the fixture has no loopback, overlap, emulation, simulation or straggler runs: those sections are absent
-    assert number == len(SECTIONS) - 5 and absent.count("<li>") == 5
+    # the fixture has no loopback, overlap, emulation, simulation, straggler or target runs: those sections are absent
+    assert number == len(SECTIONS) - 6 and absent.count("<li>") == 6
     assert page.index('<section id="runs">') > page.index('<section id="convergence">')  # the long table last
     plotly_js = plotly.offline.get_plotlyjs()
     assert page.count(plotly_js) == 1

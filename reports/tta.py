@@ -1,0 +1,79 @@
+"""Time to target (issue 25): when runs name a target, the verdict is time to target = steps to target x seconds
+per step, shown as its two factors, each with its spread over the runs (seeds) of a configuration, beside the
+throughput-only ranking. Both factors come from the same real runs; the page says so."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+
+def _spread(values: pd.Series) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN with one value: no spread to give)."""
+    values = values.dropna().astype(float)
+    if values.empty:
+        return math.nan, math.nan
+    return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan
+
+
+def _pm(mean: float, sd: float, fmt: str) -> str:
+    if not math.isfinite(mean):
+        return "not reached"
+    return format(mean, fmt) + (f" ± {format(sd, fmt)}" if math.isfinite(sd) else " (1 run)")
+
+
+def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration and condition of the runs with a target: runs, how many reached it, steps to
+    target, seconds per step and time to target (mean ± sd over the runs that reached it; seconds per step over
+    all), bytes sent per worker per step, and the rank by time to target and by throughput alone."""
+    runs = ok[ok["target_metric"].fillna("") != ""] if "target_metric" in ok else ok.iloc[0:0]
+    rows = []
+    for (_, _), group in runs.groupby(["config", "condition"], sort=False, dropna=False):
+        first = group.iloc[0]
+        reached = group[group["target_reached"].astype(bool)]
+        steps_mean, steps_sd = _spread(reached["steps_to_target"])
+        step_mean, step_sd = _spread(group["step_time_s"])
+        time_mean, time_sd = _spread(reached["time_to_target_s"])
+        thr_mean, _ = _spread(group["throughput"])
+        rows.append({"configuration": first["config_label"], "condition": first["condition_label"],
+                     "target": f"{first['target_metric']} {'>=' if first['target_metric'] == 'accuracy' else '<='} "
+                               f"{first['target_value']:g}",
+                     "runs": len(group), "reached": len(reached),
+                     "steps to target": _pm(steps_mean, steps_sd, ".1f"),
+                     "ms per step": _pm(step_mean * 1e3, step_sd * 1e3, ".2f"),
+                     "time to target s": _pm(time_mean, time_sd, ".3f"),
+                     "MB sent/worker/step": float(group["bytes_sent_per_worker"].mean()) / 1e6,
+                     "_time": time_mean if len(reached) == len(group) else math.inf, "_throughput": thr_mean})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["rank by time to target"] = df.groupby("condition")["_time"].rank(method="min").astype(int)
+    df["rank by throughput"] = df.groupby("condition")["_throughput"].rank(ascending=False, method="min")
+    df["rank by throughput"] = df["rank by throughput"].astype(int)
+    df.loc[~np.isfinite(df["_time"]), "rank by time to target"] = -1
+    return df.sort_values(["condition", "_time"], kind="stable").reset_index(drop=True)
+
+
+def tta_verdicts(df: pd.DataFrame) -> list[str]:
+    """Per condition: the fastest configuration to the target, its two factors, and whether throughput alone would
+    have picked another one."""
+    out = []
+    for condition, group in df.groupby("condition", sort=False):
+        done = group[np.isfinite(group["_time"])]
+        if done.empty:
+            out.append(f"{condition}: no configuration reached the target in every run.")
+            continue
+        best = done.iloc[0]
+        fastest = group.sort_values("_throughput", ascending=False).iloc[0]
+        line = (f"{condition}: {best['configuration']} reaches the target first: {best['time to target s']} s = "
+                f"{best['steps to target']} steps x {best['ms per step']} ms per step.")
+        if fastest["configuration"] != best["configuration"]:
+            line += (f" Throughput alone would pick {fastest['configuration']}, which needs "
+                     f"{fastest['time to target s']} s.")
+        never = group[~np.isfinite(group["_time"])]
+        if not never.empty:
+            line += " Not reached in every run: " + ", ".join(never["configuration"]) + "."
+        out.append(line)
+    return out

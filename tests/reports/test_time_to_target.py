@@ -1,0 +1,64 @@
+"""The report's time-to-target section on small schema-typed results: each factor's mean and spread over seeds,
+the product per run, a configuration that misses the target in one run, and the ranking beside throughput's."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from experiments.results import schema
+from reports import load, sections, tta
+
+
+def _run(run_id, seed, steps_to, step_s, *, compression="none", sync_every=1, reached=True):
+    return schema.row(
+        schema.RUNS, run_id=run_id, sweep="tta", substrate="ray", workload="tiny", dataset="digits", image_size=16,
+        batch_size=32, steps=100, warmup_steps=2, device="cpu", seed=seed, lr=0.1, strategy="ring", workers=2,
+        servers=0, bytes_counted=True, link_bandwidth=12.5e6, link_latency_s=0.0, link_emulation="python",
+        straggler_slowdown=1.0, compute="real", status="ok", throughput=64 / step_s, step_time_s=step_s,
+        compute_s=step_s / 2, comm_s=step_s / 2, bytes_sent_per_worker=88_000.0, numel=22_000, model_bytes=88_000,
+        final_loss=1.0, param_norm=1.0, transport="threads", cores=2, gpu="", host="h",
+        started_at="2026-01-01T00:00:00", duration_s=1.0, compression=compression, sync_every=sync_every,
+        target_metric="accuracy", target_value=0.9, eval_every=10, target_reached=reached,
+        steps_to_target=float(steps_to) if reached else math.nan,
+        time_to_target_s=steps_to * step_s if reached else math.nan)
+
+
+def _ok(tmp_path, rows):
+    schema.conform(pd.DataFrame(rows), schema.RUNS).to_parquet(tmp_path / "runs.parquet")
+    runs = load.load_runs(tmp_path)
+    return runs[runs["ok"]]
+
+
+def test_time_to_target_is_steps_times_seconds_per_step_with_spreads(tmp_path):
+    ok = _ok(tmp_path, [
+        # exact ring: 60 and 80 steps at 10 ms -> 0.6 s and 0.8 s: mean 0.7, sd 0.1414
+        _run("a", 0, 60, 0.010), _run("b", 1, 80, 0.010),
+        # fp16: 70 steps at 6 ms and 70 at 8 ms -> 0.42 s and 0.56 s: mean 0.49; ms per step 7 ± 1.414
+        _run("c", 0, 70, 0.006, compression="fp16"), _run("d", 1, 70, 0.008, compression="fp16"),
+        # local SGD H=4: fastest per step (2 ms) but one seed never reaches the target
+        _run("e", 0, 100, 0.002, sync_every=4), _run("f", 1, 0, 0.002, sync_every=4, reached=False),
+    ])
+    df = tta.tta_frame(ok)
+    by = df.set_index("configuration")
+    assert list(df["configuration"]) == ["ring + fp16", "ring", "ring + local SGD H=4"]
+    assert by.loc["ring", "time to target s"] == "0.700 ± 0.141"
+    assert by.loc["ring", "steps to target"] == "70.0 ± 14.1"
+    assert by.loc["ring + fp16", "time to target s"] == "0.490 ± 0.099"
+    assert by.loc["ring + fp16", "ms per step"] == "7.00 ± 1.41"
+    assert (by.loc["ring + local SGD H=4", "runs"], by.loc["ring + local SGD H=4", "reached"]) == (2, 1)
+    assert list(df["rank by time to target"]) == [1, 2, -1]
+    assert list(df["rank by throughput"]) == [2, 3, 1]
+    (verdict,) = tta.tta_verdicts(df)
+    assert "ring + fp16 reaches the target first: 0.490 ± 0.099 s = 70.0 ± 0.0 steps x 7.00 ± 1.41 ms" in verdict
+    assert "Throughput alone would pick ring + local SGD H=4" in verdict
+    assert "Not reached in every run: ring + local SGD H=4." in verdict
+
+
+def test_no_target_is_an_absent_section(tmp_path):
+    row = _run("a", 0, 60, 0.010)
+    row.update(target_metric="", target_reached=False)
+    ok = _ok(tmp_path, [row])
+    result = sections.time_to_target(sections.Results(ok, ok, None, None, []))
+    assert isinstance(result, sections.Absent) and "no run names a target" in result.reason
