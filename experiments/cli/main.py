@@ -280,12 +280,15 @@ def _print_runs(runs) -> None:
             "bytes_sent_per_worker"]
     if "accuracy" in runs and runs["accuracy"].notna().any():  # a real data set: held-out accuracy too
         cols += ["final_loss", "accuracy"]
+    if "target_metric" in runs and (runs["target_metric"].fillna("") != "").any():  # time to target: both factors
+        cols += ["steps_to_target", "time_to_target_s"]
     order = ["link", "workers", "strategy"]
     # every setting that varies between the runs gets a column (strategy parameters by their param_ name), or
     # rows of different runs would look identical
     candidates = ["bucket_mb", "overlap", "compute", "link_latency_s", "link_heterogeneous", "link_emulation",
-                  "straggler_ranks", "straggler_slowdown", "p2p"] + sorted(c for c in runs if c.startswith("param_")
-                                                                            and c != "param_norm")
+                  "straggler_ranks", "straggler_slowdown", "p2p", "seed", "compression", "powersgd_rank",
+                  "topk_ratio", "error_feedback", "sync_every", "outer_optimizer"]
+    candidates += sorted(c for c in runs if c.startswith("param_") and c != "param_norm")
     varying = [c for c in candidates if c in runs and runs[c].map(str).nunique() > 1]
     cols[cols.index("strategy") + 1:cols.index("strategy") + 1] = varying
     order += varying
@@ -296,7 +299,8 @@ def _print_runs(runs) -> None:
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",
                                   "comm_s": "comm s", "bytes_sent_per_worker": "MB sent/worker",
-                                  "comm_busy_s": "busy s"})
+                                  "comm_busy_s": "busy s", "steps_to_target": "steps to target",
+                                  "time_to_target_s": "s to target"})
     with pd.option_context("display.width", 160, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
 

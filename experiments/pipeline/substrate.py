@@ -104,6 +104,8 @@ class Substrate(ABC):
         # every setting a sweep may vary: the strategy's parameters, buckets and overlap (runs differing only there
         # looked identical)
         params = "".join(f" {k}={v}" for k, v in spec.strategy_params.items())
+        params += "".join(f" {k}={v}" for k, v in spec.wrapper_settings().items()  # compression, local SGD
+                          if k not in spec.strategy_params and v != getattr(type(spec), k))
         buckets = (f" bucket_mb={spec.bucket_mb:g}" if spec.bucket_mb is not None else "") + (
             " overlap" if spec.overlap else "")
         return (f"{spec.strategy}{params} workers={spec.workers} {spec.workload} link={spec.link_label}{straggler}"
@@ -112,8 +114,12 @@ class Substrate(ABC):
     def outcome(self, row: dict) -> str:
         if row["status"] != "ok":
             return f"FAILED: {row['error'][:300]}"
+        target = ""
+        if row.get("target_metric"):
+            target = (f", {row['target_metric']} target at step {row['steps_to_target']:.0f} "
+                      f"({row['time_to_target_s']:.2f} s)" if row["target_reached"] else ", target not reached")
         return (f"{row['throughput']:.1f} samples/s, step {row['step_time_s'] * 1e3:.0f} ms, "
-                f"comm {row['comm_fraction'] * 100:.0f}%")
+                f"comm {row['comm_fraction'] * 100:.0f}%{target}")
 
 
 def now_utc() -> str:
