@@ -283,7 +283,7 @@ def layer_work(model: str, num_classes: int, image_size: int) -> list[tuple[tupl
 
     check_model_args(model, num_classes, image_size)
     with torch.device("meta"):
-        net = _construct(model, num_classes)
+        net = _construct(model, num_classes).eval()  # eval: batch norm accepts one sample at 1x1
     index = {id(p): i for i, p in enumerate(p for p in net.parameters() if p.requires_grad)}
     order: list[tuple[tuple[int, ...], float]] = []
 
