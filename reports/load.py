@@ -129,8 +129,29 @@ def strategy_params(run) -> dict:
         accepted = strategy_class(run["strategy"]).parameters()
     except ValueError:
         return {}
-    return {k: (v.item() if hasattr(v, "item") else v)
-            for k in accepted if (v := run.get(f"param_{k}")) is not None and not _missing(v)}
+    params = {k: (v.item() if hasattr(v, "item") else v)
+              for k in accepted if (v := run.get(f"param_{k}")) is not None and not _missing(v)}
+    return params | wrapper_settings(run)
+
+
+def wrapper_settings(run) -> dict:
+    """The run's compression and local-SGD settings when it used them (strategies.make applies them, so the model
+    prices the compressed payload; a local-SGD step is priced as a synchronizing one); {} for exact every-step runs
+    and for results older than these columns."""
+    def value(key, cast):
+        v = run.get(key)
+        return cast(v.item() if hasattr(v, "item") else v)
+
+    out = {}
+    if (run.get("compression") or "none") != "none":
+        out = {"compression": value("compression", str), "powersgd_rank": value("powersgd_rank", int),
+               "powersgd_start": value("powersgd_start", int),
+               "powersgd_warm_start": value("powersgd_warm_start", bool),
+               "topk_ratio": value("topk_ratio", float), "error_feedback": value("error_feedback", bool)}
+    if (run.get("sync_every") or 1) > 1:
+        out |= {"sync_every": value("sync_every", int), "outer_optimizer": value("outer_optimizer", str),
+                "outer_lr": value("outer_lr", float), "outer_momentum": value("outer_momentum", float)}
+    return out
 
 
 def is_server(strategy: str) -> bool:
