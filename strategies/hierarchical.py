@@ -112,7 +112,7 @@ class HierarchicalConfig(StrategyConfig):
     summary = ("2D allreduce: reduce-scatter in each node of ranks_per_node ranks, allreduce across nodes "
                "(inner), all-gather in the node")
     runtime = Hierarchical
-    variants = ({"ranks_per_node": 2, "inner": "ring"}, {"ranks_per_node": 3, "inner": "halving_doubling"})
+    variants = ({"ranks_per_node": 2, "inner": "ring"}, {"ranks_per_node": 4, "inner": "halving_doubling"})
     ranks_per_node: int = 2
     inner: str = "ring"
 
