@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.results.dataset import has_results, read_runs, read_steps
+from experiments.results.schema import RUNS, names
 from strategies import get as strategy_class
 from strategies.base import SERVER
 
@@ -40,7 +41,8 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     # A backend's own allreduce (bytes not counted) on a python-emulated link never crossed the emulation: its
     # bytes moved unshaped over loopback. On a kernel-shaped link they cross the shaped NICs like any other.
     runs["bypasses_link"] = ~runs["bytes_counted"] & (runs["link_emulation"] == "python")
-    params = sorted(c for c in runs.columns if c.startswith("param_"))
+    # strategy parameters only: param_norm is a measured column of the schema, and would split every seed apart
+    params = sorted(c for c in runs.columns if c.startswith("param_") and c not in RUN_COLUMNS)
     runs["strategy_key"] = [_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]
     runs["config"] = [key + _key(row) for key, row in zip(runs["strategy_key"],
                                                            runs[list(MACHINE_COLUMNS)].itertuples(index=False))]
@@ -52,6 +54,9 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     runs["label"] = runs["config_label"] + _straggler_suffixes(runs)
     runs["condition_label"] = [condition_label(run) for _, run in runs.iterrows()]
     return runs
+
+
+RUN_COLUMNS = frozenset(names(RUNS))
 
 
 def _key(values) -> tuple:

@@ -45,7 +45,8 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
                      "ms per step": _pm(step_mean * 1e3, step_sd * 1e3, ".2f"),
                      "time to target s": _pm(time_mean, time_sd, ".3f"),
                      "MB sent/worker/step": float(group["bytes_sent_per_worker"].mean()) / 1e6,
-                     "_time": time_mean if len(reached) == len(group) else math.inf, "_throughput": thr_mean})
+                     "_time": time_mean if len(reached) == len(group) else math.inf,
+                     "_time_sd": time_sd if math.isfinite(time_sd) else 0.0, "_throughput": thr_mean})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -69,6 +70,9 @@ def tta_verdicts(df: pd.DataFrame) -> list[str]:
         fastest = group.sort_values("_throughput", ascending=False).iloc[0]
         line = (f"{condition}: {best['configuration']} reaches the target first: {best['time to target s']} s = "
                 f"{best['steps to target']} steps x {best['ms per step']} ms per step.")
+        if len(done) > 1 and done.iloc[1]["_time"] - done.iloc[1]["_time_sd"] <= best["_time"] + best["_time_sd"]:
+            line += (f" {done.iloc[1]['configuration']} ({done.iloc[1]['time to target s']} s) is within the spread: "
+                     f"not a clear win.")
         if fastest["configuration"] != best["configuration"]:
             line += (f" Throughput alone would pick {fastest['configuration']}, which needs "
                      f"{fastest['time to target s']} s.")
