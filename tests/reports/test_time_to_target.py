@@ -64,3 +64,14 @@ def test_no_target_is_an_absent_section(tmp_path):
     ok = _ok(tmp_path, [row])
     result = sections.time_to_target(sections.Results(ok, ok, None, None, []))
     assert isinstance(result, sections.Absent) and "no run names a target" in result.reason
+
+
+def test_the_section_renders_its_verdict_and_table(tmp_path):
+    from reports.page import ENV
+
+    ok = _ok(tmp_path, [_run("a", 0, 60, 0.010), _run("b", 1, 80, 0.010),
+                        _run("c", 0, 70, 0.006, compression="fp16"), _run("d", 1, 70, 0.008, compression="fp16")])
+    body = sections.time_to_target(sections.Results(ok, ok, None, None, []))
+    html = ENV.get_template("sections/time-to-target.html.j2").render(**body)
+    assert "ring + fp16 reaches the target first: 0.490 ± 0.099 s" in html
+    assert "<th>steps to target</th>" in html and "<td>0.700 ± 0.141</td>" in html
