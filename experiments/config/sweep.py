@@ -88,6 +88,7 @@ RANGES: dict[str, Range] = {
     "outer_lr": Range(0, 100, low_open=True),
     "outer_momentum": Range(0, 1, high_open=True),
     "eval_every": Range(1, 1_000_000),  # steps between held-out evaluations (a run with a target)
+    "ranks_per_node": Range(1, 1024),  # ranks sharing one node's NIC
 }
 TARGET_METRICS = ("accuracy", "loss")  # target = { metric = "accuracy", value = 0.95 }: held-out top-1 or mean loss
 MAX_RANKS = 16_384  # workers + servers of one run
@@ -145,6 +146,9 @@ class RunSpec:
     # (and after the last), outside the timed part of the step; None: no target
     target: dict | None = None
     eval_every: int = 10
+    # nodes of this many consecutive ranks: they share one NIC (the link) and talk over link.intra_* inside the node;
+    # node-aware strategies (hierarchical) group by it
+    ranks_per_node: int = 1
 
     @property
     def run_id(self) -> str:
@@ -173,12 +177,16 @@ class RunSpec:
         return label
 
     def network(self) -> Network | None:
-        return Network.from_spec(self.link)
+        network = Network.from_spec(self.link)
+        return network.with_nodes(self.ranks_per_node) if network and self.ranks_per_node > 1 else network
 
     def strategy_config(self):
         """The strategy with the run's compression and local-SGD settings applied (a strategy's own table may
         also set them: [strategy_params.ring] compression = "fp16")."""
-        return strategies.make(self.strategy, **{**self.wrapper_settings(), **self.strategy_params})
+        # a node-aware strategy groups ranks by the run's nodes unless its own table says otherwise
+        node_aware = "ranks_per_node" in strategies.get(self.strategy).parameters()
+        nodes = {"ranks_per_node": self.ranks_per_node} if node_aware else {}
+        return strategies.make(self.strategy, **{**self.wrapper_settings(), **nodes, **self.strategy_params})
 
     def wrapper_settings(self) -> dict:
         """The compression and local-SGD settings the run applies (the strategy's table wins over the run's)."""
@@ -192,7 +200,7 @@ RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
-                   "target": None, "eval_every": 10,
+                   "target": None, "eval_every": 10, "ranks_per_node": 1,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -368,7 +376,7 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str,
           "compression": str, "powersgd_rank": int, "powersgd_start": int, "powersgd_warm_start": bool,
           "topk_ratio": float, "error_feedback": bool, "sync_every": int, "outer_optimizer": str, "outer_lr": float,
-          "outer_momentum": float, "eval_every": int}
+          "outer_momentum": float, "eval_every": int, "ranks_per_node": int}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:

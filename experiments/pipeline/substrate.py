@@ -49,6 +49,7 @@ class Substrate(ABC):
     servers = True  # runs strategies with server ranks
     stragglers = True  # can slow one rank's compute
     wall_clock = True  # runs in real time: a replayed step longer than the run's timeout is refused
+    nodes = False  # places ranks in nodes of ranks_per_node > 1 (a shared NIC, an intra-node link)
 
     def runs(self, sweep) -> list[Run]:
         """Every run of the sweep, as this substrate executes it (one per RunSpec unless it adds axes)."""
@@ -70,6 +71,10 @@ class Substrate(ABC):
         if config.num_servers(spec.workers) and not self.servers:
             found.append(f"{what}: strategy {spec.strategy!r} needs server ranks, which the {self.name} substrate "
                          f"does not run")
+        if spec.ranks_per_node > 1 and not self.nodes:
+            found.append(f"{what}: ranks_per_node = {spec.ranks_per_node} cannot be applied on the {self.name} "
+                         f"substrate (nodes of several ranks are emulated on thread ranks only); accepted there is "
+                         f"ranks_per_node = 1")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:
@@ -131,6 +136,7 @@ class ThreadSubstrate(Substrate):
     measured pipeline without Ray, for tests. Link emulation applies; the threads share this process's cores."""
 
     name = "threads"
+    nodes = True  # run_threads places the ranks in nodes; the emulated network shares each node's NIC
 
     def __init__(self, train_fn=None):
         from experiments.pipeline.train import train
@@ -155,7 +161,8 @@ class ThreadSubstrate(Substrate):
 
         started_at, start = now_utc(), time.perf_counter()
         try:
-            results, error = run_threads(run.world_size(), body, timeout=spec.timeout, network=spec.network()), ""
+            results, error = run_threads(run.world_size(), body, timeout=spec.timeout, network=spec.network(),
+                                         ranks_per_node=spec.ranks_per_node), ""
         except Exception as e:  # noqa: BLE001 - the run fails, the sweep goes on
             results, error = None, f"{type(e).__name__}: {e}"
         meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": "threads",

@@ -151,7 +151,7 @@ def time_to_target(spec: RunSpec, steps: pd.DataFrame, step_time_s: float) -> di
 
 def _innermost(config):
     """The registered strategy a compression or local-SGD wrapper holds (itself when unwrapped)."""
-    while getattr(config, "inner", None) is not None:
+    while not isinstance(getattr(config, "inner", None), (str, type(None))):  # hierarchical's inner is a name
         config = config.inner
     return config
 

@@ -162,10 +162,10 @@ class Network:
         """
         if not spec:
             return None
-        unknown = set(spec) - {"bandwidth", "latency", "ranks", "emulation"}
+        unknown = set(spec) - {"bandwidth", "latency", "ranks", "emulation", "intra_bandwidth", "intra_latency"}
         if unknown:
             raise ValueError(f"unknown link key(s) {sorted(unknown)}: accepted are bandwidth, latency, ranks, "
-                             f"emulation")
+                             f"emulation, intra_bandwidth, intra_latency")
         emulation = spec.get("emulation", "python")
         if emulation not in EMULATIONS:
             raise ValueError(f"link emulation {emulation!r}: accepted are {', '.join(map(repr, EMULATIONS))}")
@@ -190,11 +190,16 @@ class Network:
                 raise ValueError(f"link ranks.{rank} is empty: give its bandwidth and/or latency, like {example}")
             overrides.append((int(rank), Link.parse(sub.get("bandwidth", default.bandwidth),
                                                     sub.get("latency", default.latency))))
-        return cls(default, tuple(overrides), emulation)
+        # the link between two ranks of one node (with ranks_per_node > 1): unlimited unless given
+        intra = UNLIMITED
+        if "intra_bandwidth" in spec or "intra_latency" in spec:
+            intra = Link(parse_bandwidth(spec["intra_bandwidth"]) if "intra_bandwidth" in spec else math.inf,
+                         parse_latency(spec.get("intra_latency", 0.0)))
+        return cls(default, tuple(overrides), emulation, intra=intra)
 
     def with_nodes(self, ranks_per_node: int, intra: Link | None = None) -> Network:
         """This network with ranks grouped into nodes of `ranks_per_node` (intra: the intra-node link)."""
-        return Network(self.default, self.overrides, self.emulation, ranks_per_node, intra or UNLIMITED)
+        return Network(self.default, self.overrides, self.emulation, ranks_per_node, intra or self.intra)
 
 
 _NICS_LOCK = threading.Lock()

@@ -1,0 +1,56 @@
+"""ranks_per_node as a run setting: the sweep reads it ([defaults] or [grid]), the run's network places its ranks
+in nodes (one NIC per node, link.intra_* inside it), a node-aware strategy groups by it, the thread substrate
+runs it, and the Ray and SimGrid substrates refuse it before any work, naming the setting."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from experiments.config import sweep as sweep_mod
+from experiments.pipeline.runner import run_sweep
+from experiments.pipeline.substrate import Run, ThreadSubstrate
+from strategies.transport.link import Link
+
+
+def _sweep(**defaults):
+    base = {"workload": "tiny", "image_size": 16, "batch_size": 4, "steps": 3, "warmup_steps": 1,
+            "workers": 4}
+    return sweep_mod.parse({"defaults": {**base, **defaults}, "grid": {"strategy": ["hierarchical", "ring"]}})
+
+
+def test_the_run_setting_reaches_the_network_and_the_strategy():
+    link = {"bandwidth": "1Gbit", "intra_bandwidth": "100Gbit", "intra_latency": "2us"}
+    hier, ring = _sweep(ranks_per_node=2, link=link).runs
+    network = hier.network()
+    assert network.ranks_per_node == 2 and network.intra == Link(100e9 / 8, 2e-6)
+    assert hier.strategy_config().ranks_per_node == 2  # grouped by the run's nodes
+    assert ring.network().ranks_per_node == 2  # the flat ring shares the same NICs
+    flat = _sweep(link=link).runs[0]
+    assert flat.network().ranks_per_node == 1 and flat.strategy_config().ranks_per_node == 1
+    assert flat.run_id != hier.run_id
+
+
+def test_bad_values_are_refused_by_value():
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        _sweep(ranks_per_node=0)
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        _sweep(ranks_per_node="2")
+
+
+def test_substrates_that_cannot_place_nodes_refuse_before_work():
+    from experiments.pipeline.ray_substrate import RaySubstrate
+    from experiments.simulate.substrate import SimGridSubstrate
+
+    runs = [Run(spec.run_id, spec) for spec in _sweep(ranks_per_node=2).runs]
+    for substrate in (RaySubstrate.__new__(RaySubstrate), SimGridSubstrate.__new__(SimGridSubstrate)):
+        with pytest.raises(ValueError, match="ranks_per_node = 2 cannot be applied on the"):
+            substrate.check(runs)
+    ThreadSubstrate.__new__(ThreadSubstrate).check(runs)  # accepted
+
+
+def test_a_hierarchical_run_on_thread_ranks_in_nodes(tmp_path):
+    sweep = _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit"})
+    runs = run_sweep(sweep, tmp_path / "run", log=io.StringIO(), substrate=ThreadSubstrate())
+    assert (runs["status"] == "ok").all(), runs["error"].tolist()
