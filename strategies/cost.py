@@ -174,6 +174,77 @@ def critical_path(name: str, workers: int, numel: int, params: dict | str | None
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize)
 
 
+# ---- nodes of several ranks: one NIC per node, an intra-node link -----------------------------------------
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One allreduce on nodes of k ranks: the busiest node NIC's and intra-node port's bytes, each level's time
+    (bytes / that level's bandwidth, the level's share of the rounds x its latency) and which one bounds it."""
+
+    nic_bytes: int      # max over nodes of the bytes its NIC transmits or receives (the node's ranks summed)
+    intra_bytes: int    # max over ranks of the bytes it sends or receives inside its node
+    nic_s: float
+    intra_s: float
+    rounds: int
+
+    @property
+    def bottleneck(self) -> str:
+        return "nic" if self.nic_s >= self.intra_s else "intra"
+
+    @property
+    def time_s(self) -> float:
+        return max(self.nic_s, self.intra_s)
+
+
+def node_levels(config, workers: int, numel: int, itemsize: int, ranks_per_node: int) -> dict:
+    """Per rank, intra-node and NIC traffic (RankTraffic lists under 'intra' and 'nic') of a strategy placed in
+    nodes of ranks_per_node: its own levels() (hierarchical, double_binary_tree), or a ring's (rank i sends all it
+    sends to i + 1). Other strategies are refused by name: their traffic() states totals, not peers."""
+    from strategies.base import RankTraffic
+
+    k = ranks_per_node
+    if getattr(config, "name", "") == "hierarchical":
+        if config.ranks_per_node != k:
+            raise ValueError(f"hierarchical ranks_per_node = {config.ranks_per_node} priced on nodes of {k}: give one "
+                             f"value")
+        return config.levels(workers, numel, itemsize)
+    if getattr(config, "name", "") == "double_binary_tree":
+        return config.levels(workers, numel, itemsize, k)
+    if getattr(config, "name", "") in ("ring", "naive_ring"):
+        ranks = config.traffic(workers, numel, itemsize).ranks
+        zero = RankTraffic("worker", 0, 0, 0, 0)
+        out = {"intra": [zero] * workers, "nic": [zero] * workers}
+        for i, t in enumerate(ranks):
+            left, right = (i - 1) % workers, (i + 1) % workers
+            sent = RankTraffic("worker", t.bytes_sent, 0, t.msgs_sent, 0)
+            recv = RankTraffic("worker", 0, t.bytes_recv, 0, t.msgs_recv)
+            for part, peer in ((sent, right), (recv, left)):
+                level = "intra" if peer // k == i // k else "nic"
+                have = out[level][i]
+                out[level][i] = RankTraffic("worker", have.bytes_sent + part.bytes_sent,
+                                            have.bytes_recv + part.bytes_recv, have.msgs_sent + part.msgs_sent,
+                                            have.msgs_recv + part.msgs_recv)
+        return out
+    raise ValueError(f"strategy {getattr(config, 'name', config)!r} has no per-level traffic: accepted are "
+                     f"hierarchical, double_binary_tree, ring, naive_ring")
+
+
+def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwidth: float, intra_bandwidth: float,
+              latency: float = 0.0, intra_latency: float = 0.0, itemsize: int = 4) -> NodeCost:
+    """Price one allreduce on nodes of ranks_per_node: a node's ranks share its NIC (their NIC bytes add up), a
+    rank's intra-node bytes go at intra_bandwidth. The time is the slower level's bytes / bandwidth plus the
+    strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node)."""
+    levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
+    nodes = range(0, workers, ranks_per_node)
+    nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
+                   sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
+    intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
+    rounds = config.traffic(workers, numel, itemsize).rounds
+    alpha = latency if nic else intra_latency
+    return NodeCost(nic, intra, nic / nic_bandwidth + rounds * alpha, intra / intra_bandwidth + rounds * intra_latency,
+                    rounds)
+
+
 # ---- buckets overlapped with backward ---------------------------------------------------------------------
 
 @dataclass(frozen=True)

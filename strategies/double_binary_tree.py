@@ -106,6 +106,24 @@ class DoubleBinaryTreeConfig(StrategyConfig):
             raise ValueError(f"double_binary_tree chunks = {self.chunks!r}: expected an integer >= 1 (pipeline "
                              f"chunks per half of the array)")
 
+    def levels(self, workers: int, numel: int, itemsize: int = 4, ranks_per_node: int = 1) -> dict:
+        """Per rank, per level: bytes sent and received inside its node ('intra') and through its node's NIC
+        ('nic'), ranks k*j .. k*j+k-1 being node j: every tree edge carries its half up once and down once."""
+        k, n = ranks_per_node, workers
+        totals = {level: [[0, 0, 0, 0] for _ in range(n)] for level in ("intra", "nic")}
+        for tree, (lo, hi) in enumerate(chunk_bounds(numel, 2)):
+            sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
+            for child, parent in enumerate(tree_parents(n, tree)):
+                if parent is None:
+                    continue
+                level = "intra" if child // k == parent // k else "nic"
+                for a, b in ((child, parent), (parent, child)):  # up in the reduce, down in the broadcast
+                    totals[level][a][0] += sum(sizes)
+                    totals[level][a][2] += nonempty(*sizes)
+                    totals[level][b][1] += sum(sizes)
+                    totals[level][b][3] += nonempty(*sizes)
+        return {level: [RankTraffic("worker", *t) for t in ranks] for level, ranks in totals.items()}
+
     def traffic(self, workers, numel, itemsize=4):
         n = workers
         sent = [[] for _ in range(n)]

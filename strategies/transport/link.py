@@ -97,14 +97,39 @@ UNLIMITED = Link(math.inf)  # the intra-node link when none is given: latency-fr
 class Port:
     """One side pair of a NIC (transmit, receive): when each is next free. Locked: a node's ranks share it."""
 
-    def __init__(self, link: Link):
+    def __init__(self, link: Link, shared: bool = False):
         self.link = link
         self.tx_free = 0.0
         self.rx_free = 0.0
         self.lock = threading.Lock()
+        # a node's NIC: its ranks book receives in whatever order their threads get there, not in the order the
+        # messages arrive, so the receive side keeps its busy intervals and a message takes the first gap after
+        # its first byte (one rank's own NIC books its receives in order: rx_free is enough)
+        self.shared = shared
+        self.rx_busy: list[tuple[float, float]] = []
 
     def __getstate__(self):  # a Network travels to Ray actors by pickle: the lock does not
-        return {"link": self.link, "tx_free": 0.0, "rx_free": 0.0}
+        return {"link": self.link, "tx_free": 0.0, "rx_free": 0.0, "shared": self.shared, "rx_busy": []}
+
+    def book_receive(self, nbytes: int, first_byte: float, sender_done: float) -> float:
+        """Book the receive side (caller holds the lock); returns when the message is fully received."""
+        duration = nbytes / self.link.bandwidth
+        if not self.shared:
+            start = max(first_byte, self.rx_free)
+            done = max(sender_done, start + duration)
+            self.rx_free = done
+            return done
+        start = first_byte
+        for lo, hi in self.rx_busy:  # sorted by start: the first gap from first_byte that fits
+            if start + duration <= lo:
+                break
+            start = max(start, hi)
+        done = max(sender_done, start + duration)
+        self.rx_busy.append((start, done))
+        self.rx_busy.sort()
+        horizon = time.time() - 1.0  # intervals long past cannot hold a gap any new message could use
+        self.rx_busy = [iv for iv in self.rx_busy if iv[1] >= horizon]
+        return done
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -151,7 +176,7 @@ class Network:
         """Node `node`'s NIC, one object for every rank of the node that holds this Network."""
         with _NICS_LOCK:
             if node not in self._nics:
-                self._nics[node] = Port(self.default)
+                self._nics[node] = Port(self.default, shared=True)
             return self._nics[node]
 
     @classmethod
@@ -241,10 +266,7 @@ class LinkClock:
         """Book the receive side for a message `peer` stamped; returns when it is fully received."""
         port = self._port(peer)
         with port.lock:
-            start = max(first_byte, port.rx_free)
-            done = max(sender_done, start + nbytes / port.link.bandwidth)
-            port.rx_free = done
-        return done
+            return port.book_receive(nbytes, first_byte, sender_done)
 
 
 def sleep_until(deadline: float) -> None:

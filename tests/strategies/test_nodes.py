@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import strategies
+from strategies import cost
 from strategies.testing import make_inputs, run_collective
 from strategies.transport.link import Link, LinkClock, Network
 from strategies.transport.threads import run_threads
@@ -191,3 +192,34 @@ def test_hierarchical_beats_the_flat_ring_on_a_shared_nic():
     hier, ring = _timed("hierarchical", inputs, ranks_per_node=2), _timed("ring", inputs)
     assert ring >= 0.95 * 1.5 * MB / NIC
     assert hier < 0.85 * ring, (hier, ring)
+
+
+# -- the cost model per level -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,params", [("ring", {}), ("double_binary_tree", {"chunks": 2}),
+                                         ("hierarchical", {"ranks_per_node": 2}),
+                                         ("hierarchical", {"ranks_per_node": 2, "inner": "double_binary_tree"})])
+@pytest.mark.parametrize("workers", [4, 5, 7])
+def test_bytes_per_level_measured_equal_the_model(name, params, workers):
+    levels = cost.node_levels(strategies.make(name, **params), workers, 1001, 4, 2)
+    results = _per_level(name, make_inputs(workers, 1001, "sum"), 2, **params)
+    assert [intra for _, intra, _ in results] == [t.bytes_sent for t in levels["intra"]]
+    assert [nic for _, _, nic in results] == [t.bytes_sent for t in levels["nic"]]
+
+
+def test_the_model_says_hierarchical_is_two_thirds_of_the_flat_ring_on_two_nodes_of_two():
+    """The issue's benchmark: 2 nodes x 2 ranks, 16 MB, 1 Gbit NICs, fast intra-node: the node's NIC carries S for
+    hierarchical, 1.5 S for the flat ring."""
+    numel, nic, intra = 4_000_000, 125e6, 100e9 / 8
+    ring = cost.node_cost(strategies.make("ring"), 4, numel, 2, nic, intra)
+    hier = cost.node_cost(strategies.make("hierarchical", ranks_per_node=2), 4, numel, 2, nic, intra)
+    assert (ring.nic_bytes, hier.nic_bytes) == (24_000_000, 16_000_000)
+    assert ring.bottleneck == hier.bottleneck == "nic"
+    assert hier.time_s / ring.time_s == pytest.approx(2 / 3)
+    # 4 nodes of 8 ranks: 2(m-1)/m S = 1.5 S through a node's NIC against the ring's 2(n-1)/n S = 1.9375 S
+    ring32 = cost.node_cost(strategies.make("ring"), 32, numel, 8, nic, intra)
+    hier32 = cost.node_cost(strategies.make("hierarchical", ranks_per_node=8), 32, numel, 8, nic, intra)
+    assert (ring32.nic_bytes, hier32.nic_bytes) == (31_000_000, 24_000_000)
+    with pytest.raises(ValueError, match="accepted are hierarchical"):
+        cost.node_cost(strategies.make("all_to_all"), 4, numel, 2, nic, intra)
