@@ -319,6 +319,8 @@ def _model(args) -> int:
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
     profile, model, step_time = None, args.model, args.step_time
+    if args.num_classes is not None and args.model_bytes:
+        raise ValueError("--num-classes sizes a --model; with --model-bytes the size is given (accepted: one of them)")
     if args.profile is not None:
         if args.step_time is not None or args.num_classes is not None or args.overlap:
             raise ValueError("--profile gives the model, its classes and Ts: accepted without --step-time, "

@@ -119,6 +119,7 @@ def test_model_with_a_measured_profile_and_a_synthetic_one(capsys, tmp_path):
     (["--model", "vgg16"], "--step-time is required"),
     (["--model-bytes", "1MB", "--overlap", "--step-time", "0.1"], "--overlap needs --model"),
     (["--model", "vgg16", "--num-classes", "1", "--step-time", "0.1"], "bad num_classes 1"),
+    (["--model-bytes", "1MB", "--num-classes", "1000", "--step-time", "0.1"], "--num-classes sizes a --model"),
 ])
 def test_model_refusals_name_the_option(capsys, argv, named):
     status = main(["model", *argv, "--workers", "4", "--bandwidth", "1Gbit"])
