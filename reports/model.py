@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from strategies import get as get_strategy
 from strategies import make as make_strategy
 from strategies import names as strategy_names
 from strategies.base import PARAMETERS
@@ -24,6 +25,7 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     calibrate,
     comm_time,
     critical_path,
+    node_cost,
     optimum_comm_s,
     overlap_timeline,
     parallel_efficiency,
@@ -83,14 +85,18 @@ def _bandwidth_for(efficiency_at, target: float) -> float:
 def model_table(model: str | None, model_bytes: float | None, workers: int, bandwidth: float,
                 step_time: float | None, latency: float = 0.0, target_efficiency: float = 0.9,
                 strategies: list[str] | None = None, num_classes: int | None = None, profile=None,
-                bucket_mb: float | None = 25.0) -> pd.DataFrame:
+                bucket_mb: float | None = 25.0, ranks_per_node: int = 1,
+                intra_bandwidth: float = math.inf) -> pd.DataFrame:
     """One row per strategy: communication time, efficiency P, step time Tp and bandwidth for the target P.
 
     Give `model` (a torchvision name) or `model_bytes` (fp32 gradient bytes), not both. bandwidth in bytes/s,
     step_time (the compute time Ts) and latency in seconds. With a `profile` (workloads.profile.Profile, measured
     or synthetic) the model, its classes and Ts come from it, and gradients are synchronized in `bucket_mb`
     buckets overlapped with backward as each bucket's gradients become ready: comm s is the busy time, exposed s
-    what the step waits for, P = Ts / (Ts + exposed).
+    what the step waits for, P = Ts / (Ts + exposed). With `ranks_per_node` > 1 the workers sit in nodes of that
+    many sharing one NIC of `bandwidth` (intra_bandwidth inside a node): comm s is the slower level's time
+    (strategies.cost.node_cost), the NIC's and intra-node bytes and the bottleneck get columns; a strategy with no
+    per-level traffic gets a note instead of numbers.
     """
     if profile is not None:
         if model is not None or model_bytes is not None or step_time is not None:
@@ -118,8 +124,19 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         raise ValueError(f"bad latency {latency!r}: expected seconds >= 0")
     if not 0 < target_efficiency < 1:
         raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")
+    if isinstance(ranks_per_node, bool) or int(ranks_per_node) != ranks_per_node or not 1 <= ranks_per_node <= 1024:
+        raise ValueError(f"bad ranks per node {ranks_per_node!r}: expected a whole number from 1 to 1024")
+    if ranks_per_node > 1 and profile is not None:
+        raise ValueError(f"ranks per node {ranks_per_node} with a profile: nodes are priced without overlapped "
+                         f"buckets; give one of them")
+    if not intra_bandwidth > 0:
+        raise ValueError(f"bad intra-node bandwidth {intra_bandwidth!r}: expected bytes/s greater than zero")
     known = strategy_names()
     specs = [parse_strategy(text) for text in strategies] if strategies else [(name, {}) for name in known]
+    # a node-aware strategy groups by the priced nodes unless its parameters say otherwise (as a sweep's run does)
+    specs = [(name, {"ranks_per_node": int(ranks_per_node), **params}
+              if name in known and "ranks_per_node" in get_strategy(name).parameters() else params)
+             for name, params in specs]
     unknown = [n for n, _ in specs if n not in known]
     if unknown:
         raise ValueError(f"unknown strategy {unknown[0]!r}: known are {', '.join(known)}")
@@ -152,6 +169,25 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
                                    "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
                                    "bandwidth_needed": math.nan, "note": str(e)})
             continue
+        if ranks_per_node > 1:
+            try:
+                levels = node_cost(config, int(workers), numel, int(ranks_per_node), bandwidth, intra_bandwidth,
+                                   latency)
+            except ValueError as e:
+                rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
+                                   "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
+                                   "bandwidth_needed": math.nan, "note": str(e)})
+                continue
+            tt = levels.time_s
+            row |= {"nic_bytes": levels.nic_bytes, "intra_bytes": levels.intra_bytes,
+                    "bottleneck": levels.bottleneck}
+            # BytePS's bound assumes a NIC per worker: not a bound for workers sharing one, left out
+            rows.append(row | {"rounds": rounds, "path_bytes": levels.nic_bytes, "comm_s": tt, "optimum_s": math.nan,
+                               "efficiency": parallel_efficiency(step_time, tt), "step_s": step_time + tt,
+                               "bandwidth_needed": bandwidth_needed(levels.nic_bytes, step_time, target_efficiency,
+                                                                    rounds, latency),
+                               "note": note})
+            continue
         tt = comm_time(rounds, path_bytes, bandwidth, latency)
         rows.append(row | {
             "rounds": rounds,
@@ -166,7 +202,8 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     df = pd.DataFrame(rows)
     df.attrs.update(model=model or "", bandwidth=bandwidth, step_time=step_time, latency=latency,
                     target_efficiency=target_efficiency, numel=numel, num_classes=num_classes,
-                    profile=profile, bucket_mb=bucket_mb, buckets=len(buckets))
+                    profile=profile, bucket_mb=bucket_mb, buckets=len(buckets), ranks_per_node=int(ranks_per_node),
+                    intra_bandwidth=intra_bandwidth)
     return df
 
 
@@ -215,8 +252,14 @@ def format_model_table(df: pd.DataFrame) -> str:
         head.append("# MB = 10^6 bytes, Gbit = 10^9 bits; S = bandwidth needed for the target efficiency; optimum = "
                     "BytePS's bound 2n(n-1)M/((n^2+kn-2k)B) with the strategy's k extra server NICs (k = 0: an "
                     "allreduce's); exact: blank for an exact reduction")
+    nodes = "nic_bytes" in df  # nodes of several ranks: path MB is the busiest node NIC's
+    if nodes and head:
+        intra = "unlimited" if math.isinf(a["intra_bandwidth"]) else f"{a['intra_bandwidth'] / MB:,.2f} MB/s"
+        head.insert(1, f"# nodes of {a['ranks_per_node']} workers sharing one NIC of the link above, {intra} inside "
+                       f"a node; path MB = the busiest node NIC's bytes, bound = the level that takes longer")
     overlapped = "exposed_s" in df
-    columns = ["strategy", "workers", "rounds", "path MB", "comm s"] + (["exposed s"] if overlapped else []) + [
+    columns = ["strategy", "workers", "rounds", "path MB", "comm s"] + (["exposed s"] if overlapped else []) + (
+        ["intra MB", "bound"] if nodes else []) + [
         "optimum s", "P", "step s", f"S for P={target:g} MB/s", "Gbit/s", "exact", "note"]
     lines = []
     for r in df.itertuples():
@@ -231,6 +274,7 @@ def format_model_table(df: pd.DataFrame) -> str:
             optimum = "-" if math.isnan(r.optimum_s) else f"{r.optimum_s:.3f}"
             cells = [r.strategy, str(r.workers), f"{r.rounds:,}", f"{r.path_bytes / MB:,.2f}", f"{r.comm_s:.3f}"]
             cells += [f"{r.exposed_s:.3f}"] if overlapped else []
+            cells += [f"{r.intra_bytes / MB:,.2f}", r.bottleneck] if nodes else []
             cells += [optimum, f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, gbit, exact, r.note]
         lines.append(cells)
     widths = [max([len(c)] + [len(cells[i]) for cells in lines]) for i, c in enumerate(columns)]

@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mb", type=float, default=25.0,
                    help="with --profile or --overlap: MiB per bucket (default 25, DDP's)")
     p.add_argument("--latency", default="0s", help="per-message latency, e.g. 50us (default 0s)")
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="workers per node sharing one NIC of --bandwidth (default 1): prices each level, e.g. 8")
+    p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
+                                             "(default unlimited)")
     p.add_argument("--target-efficiency", type=float, default=0.9)
     p.add_argument("--strategy", action="append",
                    help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
@@ -343,7 +347,8 @@ def _model(args) -> int:
                         bandwidth=parse_bandwidth(args.bandwidth), step_time=step_time,
                         latency=parse_latency(args.latency), target_efficiency=args.target_efficiency,
                         strategies=args.strategy, num_classes=None if profile is not None else args.num_classes,
-                        profile=profile, bucket_mb=args.bucket_mb)
+                        profile=profile, bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
+                        intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth else float("inf"))
     print(format_model_table(table))
     return 0
 

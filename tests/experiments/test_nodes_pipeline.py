@@ -54,3 +54,22 @@ def test_a_hierarchical_run_on_thread_ranks_in_nodes(tmp_path):
     sweep = _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit"})
     runs = run_sweep(sweep, tmp_path / "run", log=io.StringIO(), substrate=ThreadSubstrate())
     assert (runs["status"] == "ok").all(), runs["error"].tolist()
+
+
+def test_the_model_prices_each_level_for_nodes_of_eight(capsys):
+    """16 workers in nodes of 8, 100 MB, 10 Gbit NICs: the flat ring's node NIC carries 2(n-1)/n S = 187.5 MB
+    (0.150 s), hierarchical's 2(m-1)/m S = 100 MB (0.080 s); a strategy without per-level traffic is a note."""
+    from experiments.cli.main import main
+    from reports.model import model_table
+
+    df = model_table(None, 100e6, 16, 10e9 / 8, 0.25, ranks_per_node=8, intra_bandwidth=100e9 / 8,
+                     strategies=["ring", "hierarchical", "all_to_all"]).set_index("strategy")
+    assert df.loc["ring", "nic_bytes"] == 187_500_000 and df.loc["hierarchical", "nic_bytes"] == 100_000_000
+    assert df.loc["ring", "comm_s"] == pytest.approx(0.150) and df.loc["hierarchical", "comm_s"] == pytest.approx(0.08)
+    assert df.loc["hierarchical", "bottleneck"] == "nic"
+    assert "no per-level traffic" in df.loc["all_to_all", "note"]
+    assert main(["model", "--model-bytes", "100MB", "--workers", "16", "--bandwidth", "10Gbit", "--step-time",
+                 "0.25", "--ranks-per-node", "8", "--strategy", "hierarchical"]) == 0
+    assert "nodes of 8 workers sharing one NIC" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="bad ranks per node 0"):
+        model_table(None, 100e6, 16, 10e9 / 8, 0.25, ranks_per_node=0)
