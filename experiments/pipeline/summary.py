@@ -40,6 +40,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "link_latency_s": network.default.latency if network else 0.0,
            "link_emulation": network.emulation if network else "",
            "link_heterogeneous": bool(network and network.overrides),
+           "ranks_per_node": spec.ranks_per_node,
            "straggler_ranks": tuple(straggler.get("ranks", ())),
            "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
            "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,

@@ -55,6 +55,8 @@ RUNS: tuple[Column, ...] = (
     Column("link_latency_s", FLOAT, "each NIC's emulated latency in seconds"),
     Column("link_emulation", STR, "who shapes the link: 'python', 'kernel' or '' (not emulated)"),
     Column("link_heterogeneous", BOOL, "some rank's NIC differs from the default link"),
+    Column("ranks_per_node", INT, "ranks per node sharing one NIC (the run setting; 0 in results written before it "
+                                  "existed: one rank per node)"),
     Column("straggler_ranks", INTS, "ranks whose compute is slowed"),
     Column("straggler_slowdown", FLOAT, "their compute time multiplier (1.0: no straggler)"),
     # compute and overlap

@@ -54,6 +54,8 @@ def test_a_hierarchical_run_on_thread_ranks_in_nodes(tmp_path):
     sweep = _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit"})
     runs = run_sweep(sweep, tmp_path / "run", log=io.StringIO(), substrate=ThreadSubstrate())
     assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    assert runs["ranks_per_node"].tolist() == [2, 2]
+    assert runs.set_index("strategy").loc["hierarchical", "param_ranks_per_node"] == 2
 
 
 def test_the_model_prices_each_level_for_nodes_of_eight(capsys):
