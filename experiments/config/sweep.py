@@ -170,6 +170,9 @@ class RunSpec:
         label = str(self.link["bandwidth"])
         if self.link.get("latency"):
             label += f" {self.link['latency']}"
+        if self.link.get("intra_bandwidth") or self.link.get("intra_latency"):
+            label += f" intra {self.link.get('intra_bandwidth', 'unlimited')}" + (
+                f" {self.link['intra_latency']}" if self.link.get("intra_latency") else "")
         if self.link.get("ranks"):
             label += " (heterogeneous)"
         if self.link.get("emulation") == "kernel":
