@@ -16,7 +16,7 @@ import torch
 
 import strategies
 from strategies import cost
-from strategies.testing import make_inputs, run_collective
+from strategies.testing import check_strategy, make_inputs, run_collective
 from strategies.transport.link import Link, LinkClock, Network
 from strategies.transport.threads import run_threads
 
@@ -45,7 +45,7 @@ def test_bad_node_settings_are_refused_by_value():
         run_threads(2, lambda comm: None, network=NODES, ranks_per_node=3)
 
 
-def _times(pairs_per_phase, nbytes, network, world=4):
+def _times(pairs_per_phase, nbytes, network, world=4, p2p="threads"):
     """Per phase: the seconds until every pair (src, dst) of the phase has sent nbytes at once."""
 
     def body(comm):
@@ -61,14 +61,15 @@ def _times(pairs_per_phase, nbytes, network, world=4):
             out.append(time.time() - start)
         return out
 
-    return run_threads(world, body, timeout=30, network=network)[0]
+    return run_threads(world, body, timeout=30, network=network, p2p=p2p)[0]
 
 
-def test_inside_a_node_takes_the_intra_node_link_and_a_node_shares_its_nic():
+@pytest.mark.parametrize("p2p", ["threads", "sockets"])
+def test_inside_a_node_takes_the_intra_node_link_and_a_node_shares_its_nic(p2p):
     """2 MB: 0->1 (one node) at 1000 MB/s is ~2 ms; 0->2 alone crosses the NIC in 100 ms; 0->2 and 1->3 at once
     share node 0's transmit and node 1's receive side: 200 ms; 0->1 and 2->3 at once stay inside their nodes."""
     nbytes = 2 * MB
-    one, two, inside = _times([[(0, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]], nbytes, NODES)
+    one, two, inside = _times([[(0, 2)], [(0, 2), (1, 3)], [(0, 1), (2, 3)]], nbytes, NODES, p2p=p2p)
     nic = nbytes / NIC
     assert one >= 0.95 * nic, (one, two, inside)
     assert two >= 0.95 * 2 * nic, (one, two, inside)
@@ -151,6 +152,11 @@ def test_hierarchical_with_one_rank_per_node_is_its_inner_strategy(inner):
     theirs, their_traffic = run_collective(inner, inputs, op="mean")
     assert all(a.tobytes() == b.tobytes() for a, b in zip(ours, theirs))
     assert our_traffic == their_traffic
+
+
+def test_hierarchical_over_the_sockets():
+    assert check_strategy("hierarchical", world_sizes=(5, 8), numels=(7, 1000), ops=("sum", "mean"), p2p="sockets",
+                          ranks_per_node=3) == 8
 
 
 def test_hierarchical_refuses_bad_values_and_a_run_placed_otherwise():
