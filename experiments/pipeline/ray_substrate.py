@@ -106,16 +106,26 @@ def _run_one(group: WorkerGroup, spec, train_fn, log=None) -> tuple[dict, list[d
     try:
         if log is not None and log.isatty():  # a live step counter for a person watching a terminal
             results = _with_step_progress(group, spec, train_fn, log)
-        else:  # the communicator timeout bounds every wait
-            results = group.run(train_fn, spec, network=spec.network(), p2p=spec.p2p)
+        else:  # the communicator timeout bounds every wait, the run's deadline the whole run (compute included)
+            results = group.run(train_fn, spec, network=spec.network(), p2p=spec.p2p, timeout=run_deadline(spec))
         error = ""
     except GroupError as e:
         results, error = None, str(e)
+        if "deadline" in error:
+            error += (f" (a run's deadline is its timeout x (steps + 2) = {spec.timeout:g} s x {spec.steps + 2}: "
+                      f"raise timeout for longer steps)")
     # what carried the strategy's bytes: the sweep's p2p, except for a backend's own allreduce (native, ddp)
     transport = spec.p2p if spec.p2p != "gloo" and strategies.get(spec.strategy).counted else group.backend
     meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": transport,
             "gpu": group.gpu_name or "", "cores": group.cores, "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)
+
+
+def run_deadline(spec) -> float:
+    """How long a whole run may take on its ranks: every step (warm-up included) within the communicator's timeout,
+    plus two for building the model and evaluating it. Real-mode compute has no other bound: a 1-worker run never
+    waits on a peer."""
+    return spec.timeout * (spec.steps + 2)
 
 
 def _with_step_progress(group: WorkerGroup, spec, train_fn, log) -> list:
@@ -127,7 +137,8 @@ def _with_step_progress(group: WorkerGroup, spec, train_fn, log) -> list:
 
     def call():
         try:
-            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network(), p2p=spec.p2p)
+            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network(), p2p=spec.p2p,
+                                          timeout=run_deadline(spec))
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
             outcome["error"] = e
 

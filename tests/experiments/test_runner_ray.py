@@ -135,3 +135,22 @@ def _with_env(fn, marker):
         return fn(ctx, spec)
 
     return wrapped
+
+
+def test_a_run_whose_compute_never_ends_is_ended_by_its_deadline_naming_it(ray_session, tmp_path):
+    """Real-mode compute is bounded by nothing but the run's deadline (timeout x (steps + 2)): one worker with no
+    peer to time out on, a 1 s timeout and 2 steps end within seconds, the run failed naming the deadline."""
+    import time
+
+    from tests.experiments.flaky_train import compute_forever
+
+    path = tmp_path / "forever.toml"
+    path.write_text('name = "forever"\n[defaults]\nstrategy = "ring"\nworkers = 1\nsteps = 2\nwarmup_steps = 1\n'
+                    'timeout = 1.0\nworkload = "tiny"\n')
+    sweep = sweep_mod.load(path)
+    start = time.monotonic()
+    runs = run_sweep(sweep, tmp_path / "out", train_fn=compute_forever)
+    assert time.monotonic() - start < 60
+    (row,) = runs.to_dict("records")
+    assert row["status"] == "failed"
+    assert "deadline" in row["error"] and "timeout x (steps + 2) = 1 s x 4" in row["error"], row["error"]
