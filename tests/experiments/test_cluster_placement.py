@@ -36,15 +36,26 @@ def test_kernel_emulation_without_a_cluster_says_how_to_make_one(monkeypatch, tm
 
 
 def test_a_sweep_refuses_kernel_links_before_ray_starts(monkeypatch, tmp_path, capsys):
+    """Refused before Ray is asked for, whether or not an earlier test left a Ray session up (was order-dependent:
+    it failed whenever a Ray test ran before it)."""
+    import ray
+
+    from experiments.cluster import ray_runtime
+    from experiments.pipeline import ray_substrate
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was asked for before the sweep was refused")
+
+    was_up = ray.is_initialized()
+    monkeypatch.setattr(ray_runtime, "ensure_ray", no_ray)
+    monkeypatch.setattr(ray_substrate, "ensure_ray", no_ray)
     monkeypatch.setattr(netns, "support_problem", lambda: "the `tc` command (iproute2) is not installed")
     sweep = tmp_path / "k.toml"
     sweep.write_text('[defaults]\nworkload = "tiny"\nsteps = 2\nwarmup_steps = 1\nworkers = 2\n'
                      'link = { bandwidth = "1Gbit", emulation = "kernel" }\n')
     assert main(["run", str(sweep), "--out", str(tmp_path / "out"), "--no-report"]) == 2
     assert "`tc` command (iproute2) is not installed" in capsys.readouterr().err
-    import ray
-
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == was_up
 
 
 def test_emulation_is_part_of_the_link_label_and_python_is_the_default():
