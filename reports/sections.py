@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, tables, tta, verdicts
+from reports import calibration, figures, ps, tables, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,21 @@ def time_to_target(r: Results) -> dict | Absent:
             "verdicts": tta.tta_verdicts(df)}
 
 
+def parameter_server(r: Results) -> dict | Absent:
+    """PS runs beside BytePS's formula and the allreduce of the same sweep and link; stragglers; the verdict."""
+    if not ps.has_ps(r.ok):
+        return Absent("no parameter_server run on a shaped link (strategy = \"parameter_server\" with "
+                      "link = { bandwidth = ... })")
+    comm, slow = ps.comm_frame(r.ok), ps.straggler_frame(r.ok, r.steps)
+    return {"verdicts": ps.ps_verdicts(r.ok),
+            "comm": Table(comm, {"workers": "d", "k": "d", "runs": "d", "partition MB": "g", "comm s": ".4f",
+                                 "BytePS formula s": ".4f", "measured / formula": ".2f", "allreduce comm s": ".4f",
+                                 "PS / allreduce": ".2f"}, sortable=True, id="ps-comm") if not comm.empty else None,
+            "slow": Table(slow, {"workers": "d", "runs": "d", "samples/s": ",.1f", "workers idle %": ".1f",
+                                 "held at bound s/step": ".4f", "dropped pushes/step": ".2f",
+                                 "staleness mean": ".2f", "staleness max": "g"}) if not slow.empty else None}
+
+
 def stragglers(r: Results) -> dict | Absent:
     if not tables.has_imbalance(r.ok):
         return Absent("no straggler and no slower link: every rank had the same compute and NIC")
@@ -300,6 +315,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),
+    Section("parameter-server", "Parameter server vs allreduce", parameter_server),
     Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
