@@ -40,7 +40,9 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     runs["distorted"] = runs["cores_oversubscribed"] | runs["gpu_shared"]
     # A backend's own allreduce (bytes not counted) on a python-emulated link never crossed the emulation: its
     # bytes moved unshaped over loopback. On a kernel-shaped link they cross the shaped NICs like any other.
-    runs["bypasses_link"] = ~runs["bytes_counted"] & (runs["link_emulation"] == "python")
+    # The summary records it (bypasses_link); results written before it read false there and are derived here.
+    derived = ~runs["bytes_counted"] & (runs["link_emulation"] == "python")
+    runs["bypasses_link"] = runs["bypasses_link"].astype(bool) | derived if "bypasses_link" in runs else derived
     # strategy parameters only: param_norm is a measured column of the schema, and would split every seed apart
     params = sorted(c for c in runs.columns if c.startswith("param_") and c not in RUN_COLUMNS)
     runs["strategy_key"] = [_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]

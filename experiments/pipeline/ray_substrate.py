@@ -16,7 +16,6 @@ import platform
 import threading
 import time
 
-import strategies
 from experiments.cluster import placement
 from experiments.cluster.group import GroupError, WorkerGroup
 from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
@@ -115,7 +114,7 @@ def _run_one(group: WorkerGroup, spec, train_fn, log=None) -> tuple[dict, list[d
             error += (f" (a run's deadline is its timeout x (steps + 2) = {spec.timeout:g} s x {spec.steps + 2}: "
                       f"raise timeout for longer steps)")
     # what carried the strategy's bytes: the sweep's p2p, except for a backend's own allreduce (native, ddp)
-    transport = spec.p2p if spec.p2p != "gloo" and strategies.get(spec.strategy).counted else group.backend
+    transport = spec.p2p if spec.p2p != "gloo" and spec.strategy_config().counted else group.backend
     meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": transport,
             "gpu": group.gpu_name or "", "cores": group.cores, "host": group.host or platform.node()}
     return summarize(spec, results, error, meta)

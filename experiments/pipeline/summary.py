@@ -39,6 +39,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "link_bandwidth": network.default.bandwidth if network else math.nan,
            "link_latency_s": network.default.latency if network else 0.0,
            "link_emulation": network.emulation if network else "",
+           "bypasses_link": not config.counted and network is not None and network.emulation == "python",
            "link_heterogeneous": bool(network and network.overrides),
            "ranks_per_node": spec.ranks_per_node,
            "straggler_ranks": tuple(straggler.get("ranks", ())),
@@ -73,7 +74,11 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     numels = finals[0].get("bucket_numels") or [numel]
     traffic = analytic_traffic(config, spec.workers, numels)
     per_step = None
-    if hasattr(config, "step_traffic"):  # compression's warm-up, local SGD's local steps: traffic depends on the step
+    if finals[0].get("step_bucket_numels"):  # ddp through a strategy: the buckets its reducer made, per step
+        seen = finals[0]["step_bucket_numels"]
+        per_step = {s: analytic_traffic(config, spec.workers, seen[min(s, len(seen) - 1)])
+                    for s in sorted(set(steps["step"]))}
+    elif hasattr(config, "step_traffic"):  # compression's warm-up, local SGD's local steps: traffic depends on the step
         per_step = {s: analytic_traffic(config, spec.workers, numels, s) for s in sorted(set(steps["step"]))}
         traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
     mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""

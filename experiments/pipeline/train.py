@@ -342,7 +342,8 @@ class MeasuredCompute:
                                                  self.slowdown)
         self.wraps = config.wraps_model and ctx.comm.world_size > 1
         if self.wraps:  # ddp: torch's DistributedDataParallel averages gradients inside backward, bucket by bucket
-            self.net = config.wrap(self.net, spec.bucket_mb, device)
+            self.net = config.wrap(self.net, spec.bucket_mb, device, comm=ctx.comm, workers=spec.workers)
+        self.hook_state = getattr(self.net, "hook_state", None) if self.wraps else None  # ddp comm = a strategy
         self._optimizer = None  # made on first use: a parameter server's worker never steps
         self.on_ready = None  # called with i as parameter i's gradient is accumulated (bucket readiness)
         self.last_ready = math.nan
@@ -367,6 +368,8 @@ class MeasuredCompute:
         return self._optimizer
 
     def begin_step(self) -> None:
+        if self.hook_state is not None and self.hook_state.steps[-1]:
+            self.hook_state.new_step()  # the bucket sizes ddp's hook sees, per step
         if self.replay is not None:
             self.replay.begin_step()  # the replayed forward ends forward_s after this, zeroing included
         if self.flat is not None:
@@ -436,6 +439,9 @@ class MeasuredCompute:
                  "profile_step_s": profile.step_s if profile else math.nan}
         if hasattr(self.data, "eval_batches"):
             final["accuracy"] = _accuracy(self.model, self.data)
+        if self.hook_state is not None:  # ddp through a strategy: the buckets DDP's reducer handed it, per step
+            final["step_bucket_numels"] = [list(sizes) for sizes in self.hook_state.steps if sizes]
+            final["bucket_numels"] = final["step_bucket_numels"][-1]
         return final
 
 

@@ -50,6 +50,8 @@ RUNS: tuple[Column, ...] = (
     Column("workers", INT, "worker ranks"),
     Column("servers", INT, "server ranks (parameter server)"),
     Column("bytes_counted", BOOL, "the communicator saw the strategy's bytes (false: inside a backend)"),
+    Column("bypasses_link", BOOL, "the run's bytes moved outside the python-emulated link, unshaped (native, ddp "
+                                  "over gloo); false in results before it: the report derives it from bytes_counted"),
     # the network
     Column("link_bandwidth", FLOAT, "each NIC's emulated bandwidth in bytes/s (NaN: not emulated)"),
     Column("link_latency_s", FLOAT, "each NIC's emulated latency in seconds"),
