@@ -203,6 +203,7 @@ warmup_steps = 1
 workers = 3
 timeout = {timeout}
 strategy = "ring"
+p2p = "{p2p}"
 link = {{ bandwidth = "{bandwidth}", emulation = "kernel" }}
 [grid]
 steps = [100000, 3]   # the long run loses a link; the short one after it must start and succeed
@@ -210,10 +211,11 @@ steps = [100000, 3]   # the long run loses a link; the short one after it must s
 FAULT_TIMEOUT_S = 6
 
 
-def test_a_node_link_going_down_fails_the_run_naming_the_rank_and_the_sweep_goes_on(cluster, tmp_path):
+@pytest.mark.parametrize("p2p", ["sockets", "gloo"])
+def test_a_node_link_going_down_fails_the_run_naming_the_rank_and_the_sweep_goes_on(cluster, tmp_path, p2p):
     c, _ = cluster
     sweep = tmp_path / "fault.toml"
-    sweep.write_text(FAULT_SWEEP.format(timeout=FAULT_TIMEOUT_S, bandwidth=BANDWIDTH))
+    sweep.write_text(FAULT_SWEEP.format(timeout=FAULT_TIMEOUT_S, bandwidth=BANDWIDTH, p2p=p2p))
     victim = c.nodes[1]
     baseline = _tc_bytes(victim.veth_bridge)
     proc = subprocess.Popen([sys.executable, "-m", "experiments", "run", str(sweep), "--out", str(tmp_path / "out"),
@@ -295,7 +297,8 @@ def test_a_node_killed_mid_sweep_refuses_the_runs_needing_it_at_once_and_the_swe
         proc.wait()
     reader.join(5)
     # the short kernel run: from its "[run k/n]" line to its "-> FAILED" line
-    start = next(i for i, (_, line) in enumerate(lines) if f"link={BANDWIDTH} kernel steps=3" in line)
+    start = next(i for i, (_, line) in enumerate(lines)
+                 if re.search(rf"link={BANDWIDTH} kernel\b.* steps=3\b", line))
     refused_after = lines[start + 1][0] - lines[start][0]
     assert "FAILED" in lines[start + 1][1] and "node n2" in lines[start + 1][1], printed()
     assert refused_after < 10, f"the run needing the lost node was refused after {refused_after:.1f} s"
