@@ -12,7 +12,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import strategies
@@ -89,6 +89,7 @@ RANGES: dict[str, Range] = {
     "outer_momentum": Range(0, 1, high_open=True),
     "eval_every": Range(1, 1_000_000),  # steps between held-out evaluations (a run with a target)
     "ranks_per_node": Range(1, 1024),  # ranks sharing one node's NIC
+    "repeats": Range(1, 1000),  # each run repeated with seeds seed, seed + 1, ...
 }
 TARGET_METRICS = ("accuracy", "loss")  # target = { metric = "accuracy", value = 0.95 }: held-out top-1 or mean loss
 MAX_RANKS = 16_384  # workers + servers of one run
@@ -149,6 +150,8 @@ class RunSpec:
     # nodes of this many consecutive ranks: they share one NIC (the link) and talk over link.intra_* inside the node;
     # node-aware strategies (hierarchical) group by it
     ranks_per_node: int = 1
+    # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
+    repeat: int = 0
 
     @property
     def run_id(self) -> str:
@@ -199,11 +202,12 @@ class RunSpec:
         return self.strategy_config().world_size(self.workers)
 
 
-RUN_KEYS = {f.name for f in fields(RunSpec)} - {"sweep", "strategy_params"}
+# keys a sweep sets per run; `repeats` expands into runs with `repeat` = 0, 1, ... (set by parse, not by the sweep)
+RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "repeat"}) | {"repeats"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
-                   "target": None, "eval_every": 10, "ranks_per_node": 1,
+                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -288,14 +292,16 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
         strategy = point.get("strategy", "ring")
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
-            spec = _make_spec(name, dict(point), {strategy: params}, errors)
-            if spec is None:
+            first = _make_spec(name, dict(point), {strategy: params}, errors)
+            if first is None:
                 continue
-            twin = seen.setdefault(spec.run_id, spec)
-            if twin is spec:
-                runs.append(spec)
-            elif twin != spec:  # equal specs are one run listed twice; different ones must never share an id
-                errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
+            # repeats: the same run again with the next seeds, each its own run (repeat 0 keeps its id)
+            for spec in [replace(first, seed=first.seed + r, repeat=r) for r in range(point.get("repeats", 1))]:
+                twin = seen.setdefault(spec.run_id, spec)
+                if twin is spec:
+                    runs.append(spec)
+                elif twin != spec:  # equal specs are one run listed twice; different ones must never share an id
+                    errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
         if progress is not None and total > 2000 and (i % 1000 == 0 or i == total):
             progress(i, total)
     if len(runs) > MAX_RUNS:
@@ -379,7 +385,7 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str,
           "compression": str, "powersgd_rank": int, "powersgd_start": int, "powersgd_warm_start": bool,
           "topk_ratio": float, "error_feedback": bool, "sync_every": int, "outer_optimizer": str, "outer_lr": float,
-          "outer_momentum": float, "eval_every": int, "ranks_per_node": int}
+          "outer_momentum": float, "eval_every": int, "ranks_per_node": int, "repeats": int}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
@@ -496,7 +502,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         point["overlap"] = config.wraps_model
     if link and link.get("emulation") == "python":  # the default: the same run id with or without it
         link = {k: v for k, v in link.items() if k != "emulation"}
-    values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler")}
+    values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler", "repeats")}
     if values.get("target") is None:
         values.pop("target", None)
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)

@@ -31,6 +31,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     row = {"run_id": spec.run_id, "sweep": spec.sweep, "substrate": "ray", "workload": spec.workload,
            "dataset": spec.dataset, "image_size": spec.image_size, "batch_size": spec.batch_size,
            "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
+           "repeat": spec.repeat,
            "lr": spec.lr, "strategy": spec.strategy,
            # every parameter the strategy ran with (defaults included), each a typed param_<name> column
            **{f"param_{k}": getattr(strategy, k) for k in type(strategy).parameters()},

@@ -45,6 +45,7 @@ RUNS: tuple[Column, ...] = (
     Column("warmup_steps", INT, "untimed steps first"),
     Column("device", STR, "cpu or cuda"),
     Column("seed", INT, "the run's random seed"),
+    Column("repeat", INT, "which of the sweep's `repeats` of its configuration (0-based; its seed is seed + repeat)"),
     Column("lr", FLOAT, "SGD learning rate"),
     Column("strategy", STR, "the registered strategy's name"),
     Column("workers", INT, "worker ranks"),

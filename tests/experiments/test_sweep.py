@@ -115,3 +115,25 @@ def test_straggler_and_link_shorthand(tmp_path):
     assert four.network().default.bandwidth == 10e9 / 8
     with pytest.raises(SweepError, match="slowdown"):
         load_text(tmp_path, text.replace("slowdown = 2.0", "slowdown = 0.5"))
+
+
+def test_repeats_expand_each_run_with_the_next_seeds():
+    base = {"defaults": {"workload": "tiny", "workers": 2, "seed": 7}, "grid": {"strategy": ["ring", "native"]}}
+    once = sweep_mod.parse(base).runs
+    thrice = sweep_mod.parse({**base, "defaults": {**base["defaults"], "repeats": 3}}).runs
+    assert [r.repeat for r in once] == [0, 0]
+    assert len(thrice) == 6 and len({r.run_id for r in thrice}) == 6
+    rings = [r for r in thrice if r.strategy == "ring"]
+    assert [(r.seed, r.repeat) for r in rings] == [(7, 0), (8, 1), (9, 2)]
+    # repeat 0 is the run a sweep without repeats names: the same id, its results resume
+    assert {r.run_id for r in once} <= {r.run_id for r in thrice}
+    in_grid = sweep_mod.parse({**base, "grid": {**base["grid"], "repeats": [1, 2]}}).runs
+    assert len(in_grid) == 4  # repeats 1 and 2: the first repeat of each is one run
+
+
+@pytest.mark.parametrize("value, fragment", [(0, "repeats = 0: accepted are values >= 1"),
+                                             ("3", "repeats = '3': expected int"),
+                                             (True, "repeats = True: expected int")])
+def test_bad_repeats_are_refused_naming_the_value(value, fragment):
+    with pytest.raises(SweepError, match=fragment.replace("(", r"\(")):
+        sweep_mod.parse({"defaults": {"workload": "tiny", "repeats": value}})
