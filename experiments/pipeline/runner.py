@@ -74,11 +74,14 @@ def keep_recorded_p2p(sweep: Sweep, out_dir: Path, log) -> Sweep:
     except (OSError, ValueError, KeyError, TypeError, AttributeError, sweep_mod.SweepError):
         return sweep  # check_same_sweep reports an unreadable record
     tables = [data.get("defaults"), data.get("grid")]
-    if recorded != {"gloo"} or any(isinstance(t, dict) and "p2p" in t for t in tables) \
+    if recorded != {"gloo"} or "simulate" in data or any(isinstance(t, dict) and "p2p" in t for t in tables) \
             or not isinstance(data.get("defaults", {}), dict):
-        return sweep
+        return sweep  # (a simulated sweep records gloo whatever it says: its runs move no real bytes)
     data["defaults"] = {**data.get("defaults", {}), "p2p": "gloo"}
-    kept = sweep_mod.parse(data, source=sweep.source, where="sweep")
+    try:
+        kept = sweep_mod.parse(data, source=sweep.source, where="sweep")
+    except sweep_mod.SweepError:
+        return sweep
     print(f"resume: {out_dir} holds runs measured over gloo, the default before the sockets: this sweep sets no "
           f"p2p, so its remaining runs take gloo too (set p2p to choose)", file=log, flush=True)
     return kept
