@@ -157,26 +157,6 @@ STEPS: tuple[Column, ...] = (
     Column("comm_busy_s", FLOAT, "time spent inside synchronization, seconds"),
     Column("exposed_comm_s", FLOAT, "communication after backward ended, seconds (= comm_s)"),
     Column("overlap_fraction", FLOAT, "share of this step's communication hidden behind backward"),
-)
-
-STEPS: tuple[Column, ...] = (
-    Column("run_id", STR, "the run"),
-    Column("step", INT, "step index, warm-up included"),
-    Column("rank", INT, "the rank"),
-    Column("role", STR, "'worker' or 'server'"),
-    Column("timed", BOOL, "after warm-up"),
-    Column("compute_s", FLOAT, "forward + backward (+ optimizer) time in seconds"),
-    Column("comm_s", FLOAT, "exposed communication in seconds"),
-    Column("bytes_sent", INT, "payload bytes sent in the step"),
-    Column("bytes_recv", INT, "payload bytes received in the step"),
-    Column("loss", FLOAT, "training loss (NaN on servers)"),
-    Column("samples", INT, "samples processed"),
-    Column("consensus_distance", FLOAT, "decentralized: distance from the workers' mean parameters"),
-    Column("wall_s", FLOAT, "seconds since the run's first step"),
-    Column("backward_end_s", FLOAT, "time from step start to the end of backward, seconds"),
-    Column("comm_busy_s", FLOAT, "time spent inside synchronization, seconds"),
-    Column("exposed_comm_s", FLOAT, "communication after backward ended, seconds (= comm_s)"),
-    Column("overlap_fraction", FLOAT, "share of this step's communication hidden behind backward"),
     # a parameter server without a global barrier (staleness s, "async", backups): on its server rows
     Column("staleness", INTS, "parameter server, staleness s or async: the staleness of every gradient this server "
                               "applied in the step (updates between the pusher's read and its push)"),
