@@ -202,6 +202,11 @@ class RunSpec:
         return self.strategy_config().world_size(self.workers)
 
 
+
+def _setting(point: dict, key: str):
+    """A run setting of a grid point: its value, or RunSpec's default (the one place defaults live)."""
+    return point.get(key, getattr(RunSpec, key))
+
 # keys a sweep sets per run; `repeats` expands into runs with `repeat` = 0, 1, ... (set by parse, not by the sweep)
 RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "repeat"}) | {"repeats"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
@@ -289,7 +294,7 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     for i, combo in enumerate(itertools.product(*[values for _, values in axes]), 1):
         point = {**defaults, **dict(zip([k for k, _ in axes], combo))}
         # a list under [strategy_params.<strategy>] is one more grid axis, for that strategy's runs only
-        strategy = point.get("strategy", "ring")
+        strategy = _setting(point, "strategy")
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
             first = _make_spec(name, dict(point), {strategy: params}, errors)
@@ -407,33 +412,33 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     def bad(key, accepted):
         errors.append(f"{key} = {point[key]!r}: accepted are {accepted}")
 
-    if point.get("workload", "resnet18") not in MODELS:
+    if _setting(point, "workload") not in MODELS:
         bad("workload", ", ".join(MODELS))
-    if point.get("dataset", "synthetic") not in DATASETS:
+    if _setting(point, "dataset") not in DATASETS:
         bad("dataset", ", ".join(DATASETS))
-    if point.get("device", "cpu") not in DEVICES:
+    if _setting(point, "device") not in DEVICES:
         bad("device", ", ".join(DEVICES))
-    if point.get("strategy", "ring") not in strategies.names():
+    if _setting(point, "strategy") not in strategies.names():
         bad("strategy", ", ".join(strategies.names()))
     if "p2p" not in point:  # recorded in the run: its id and transport say which it took
-        point["p2p"] = default_p2p(point.get("device", "cpu"))
+        point["p2p"] = default_p2p(_setting(point, "device"))
     if point["p2p"] not in P2P:
         bad("p2p", ", ".join(P2P))
-    elif point["p2p"] != "gloo" and point.get("device", "cpu") == "cuda":
+    elif point["p2p"] != "gloo" and _setting(point, "device") == "cuda":
         errors.append(f"p2p = {point['p2p']!r} with device = \"cuda\": syncbench's sockets carry host tensors; "
                       f"GPU runs take p2p = \"gloo\" (NCCL when every rank has its own GPU)")
     for key, accepted in RANGES.items():
         if key in point and (problem := accepted.problem(key, point[key])):
             errors.append(problem)
-    if point.get("workload", "resnet18") in MODELS:
+    if _setting(point, "workload") in MODELS:
         try:
-            check_model_args(point.get("workload", "resnet18"), point.get("num_classes", 10),
-                             point.get("image_size", 32))
+            check_model_args(_setting(point, "workload"), _setting(point, "num_classes"),
+                             _setting(point, "image_size"))
         except ValueError as e:
             errors.append(f"workload {point.get('workload', 'resnet18')!r}: {e}")
-    if point.get("dataset") == "digits" and point.get("num_classes", 10) < 10:
+    if point.get("dataset") == "digits" and _setting(point, "num_classes") < 10:
         errors.append(f"num_classes = {point['num_classes']!r}: the digits data set has 10 classes, need >= 10")
-    steps, warmup = point.get("steps", 20), point.get("warmup_steps", 3)
+    steps, warmup = _setting(point, "steps"), _setting(point, "warmup_steps")
     if not 0 <= warmup < steps:
         errors.append(f"warmup_steps = {warmup!r}: must be >= 0 and less than steps ({steps}) so some steps are timed")
     link = point.get("link")
@@ -459,7 +464,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         point["target"] = _check_target(point, errors)
     if len(errors) > start:
         return None
-    strategy = point.get("strategy", "ring")
+    strategy = _setting(point, "strategy")
     params = dict(params_by_strategy.get(strategy, {})) if isinstance(params_by_strategy.get(strategy), dict) else {}
     try:
         strategies.make(strategy, **params)
@@ -472,7 +477,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     except (ValueError, TypeError) as e:
         errors.append(f"strategy {strategy!r}: {e}")
         return None
-    workers = point.get("workers", 1)
+    workers = _setting(point, "workers")
     try:
         world = config.world_size(workers)
     except ValueError as e:  # a setting that does not fit this many workers (colocated servers, backups)
@@ -510,7 +515,7 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
 
 def _check_compute(point: dict, config, errors: list[str]) -> None:
     """compute, profile and bucket_mb: a mode that exists, a profile file that fits the run's model and batch."""
-    compute = point.get("compute", "real")
+    compute = _setting(point, "compute")
     if compute not in COMPUTE_MODES:
         errors.append(f"compute = {compute!r}: accepted are {', '.join(COMPUTE_MODES)}")
         return
@@ -523,8 +528,8 @@ def _check_compute(point: dict, config, errors: list[str]) -> None:
         return
     try:
         profile = load_profile(path)
-        profile.check_run(point.get("workload", "resnet18"), point.get("batch_size", 32), point.get("image_size", 32),
-                          point.get("num_classes", 10), where=f"profile = {path!r}")
+        profile.check_run(_setting(point, "workload"), _setting(point, "batch_size"), _setting(point, "image_size"),
+                          _setting(point, "num_classes"), where=f"profile = {path!r}")
     except ProfileError as e:
         errors.append(str(e))
 
@@ -609,10 +614,10 @@ def _check_target(point: dict, errors: list[str]) -> dict | None:
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= high:
         errors.append(f"target.value = {number!r}: accepted for {value['metric']} are numbers > 0 and <= {high:g}")
         return None
-    if point.get("dataset", "synthetic") != "digits":
+    if _setting(point, "dataset") != "digits":
         errors.append(f"target with dataset = {point.get('dataset', 'synthetic')!r}: a target is evaluated on held-out "
                       f"data (accepted: dataset = \"digits\")")
-    if point.get("compute", "real") != "real":
+    if _setting(point, "compute") != "real":
         errors.append(f"target with compute = {point.get('compute')!r}: a replayed profile does not train "
                       f"(accepted: compute = \"real\"; its profile twin gives the seconds per step)")
     return {"metric": value["metric"], "value": float(number)}
