@@ -12,6 +12,7 @@ from strategies.halving_doubling import HalvingDoublingConfig
 from strategies.hierarchical import HierarchicalConfig
 from strategies.naive_ring import NaiveRingConfig
 from strategies.native import NativeConfig
+from strategies.node_parameter_server import NodeParameterServerConfig
 from strategies.parameter_server import ParameterServerConfig
 from strategies.reduce_broadcast import ReduceBroadcastConfig
 from strategies.registry import get, make, names, register
@@ -28,5 +29,6 @@ register(NativeConfig)
 register(DdpConfig)
 register(HierarchicalConfig)
 register(DoubleBinaryTreeConfig)
+register(NodeParameterServerConfig)
 
 __all__ = ["get", "make", "names", "register"]

@@ -71,6 +71,30 @@ class Layout:
         return [self.owner(node, c) for node in self.nodes()]
 
 
+def intra_traffic(layout: Layout, numel: int, itemsize: int) -> list[RankTraffic]:
+    """Per worker rank: what the node's ring reduce-scatter and ring all-gather over its slices send and receive."""
+    intra = [RankTraffic("worker", 0, 0, 0, 0)] * layout.workers
+    for node in layout.nodes():
+        r = len(node)
+        sizes = [(hi - lo) * itemsize for lo, hi in layout.slices(numel, r)]
+        for pos, rank in enumerate(node):
+            owned = (pos + 1) % r
+            # reduce-scatter round t sends slice pos - t, receives pos - t - 1; the all-gather round t sends
+            # slice owned - t, receives owned - t - 1 (the ring's pattern, on the node's slices)
+            sent = [sizes[(pos - t) % r] for t in range(r - 1)] + [sizes[(owned - t) % r] for t in range(r - 1)]
+            recv = [sizes[(pos - t - 1) % r] for t in range(r - 1)] + \
+                [sizes[(owned - t - 1) % r] for t in range(r - 1)]
+            intra[rank] = RankTraffic("worker", sum(sent), sum(recv), nonempty(*sent), nonempty(*recv))
+    return intra
+
+
+def intra_path(layout: Layout, numel: int, itemsize: int) -> tuple[int, int]:
+    """(rounds, bytes) of the two ring phases inside the largest node: 2(r-1) rounds of its largest slice."""
+    r_max = max(len(node) for node in layout.nodes())
+    slice_max = max((hi - lo for lo, hi in layout.slices(numel, r_max)), default=0) * itemsize
+    return 2 * (r_max - 1), 2 * (r_max - 1) * slice_max
+
+
 class Hierarchical(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
@@ -138,18 +162,7 @@ class HierarchicalConfig(StrategyConfig):
         """Per rank, per level: what it sends and receives inside its node ('intra': the two ring phases) and
         through the node's NIC ('nic': the across-node allreduces, whose groups hold one rank per node)."""
         layout = Layout(workers, self.ranks_per_node)
-        intra = [RankTraffic("worker", 0, 0, 0, 0)] * workers
-        for node in layout.nodes():
-            r = len(node)
-            sizes = [(hi - lo) * itemsize for lo, hi in layout.slices(numel, r)]
-            for pos, rank in enumerate(node):
-                owned = (pos + 1) % r
-                # reduce-scatter round t sends slice pos - t, receives pos - t - 1; the all-gather round t sends
-                # slice owned - t, receives owned - t - 1 (the ring's pattern, on the node's slices)
-                sent = [sizes[(pos - t) % r] for t in range(r - 1)] + [sizes[(owned - t) % r] for t in range(r - 1)]
-                recv = [sizes[(pos - t - 1) % r] for t in range(r - 1)] + \
-                    [sizes[(owned - t - 1) % r] for t in range(r - 1)]
-                intra[rank] = RankTraffic("worker", sum(sent), sum(recv), nonempty(*sent), nonempty(*recv))
+        intra = intra_traffic(layout, numel, itemsize)
         nic = [[0, 0, 0, 0] for _ in range(workers)]
         inner, m = self.inner_config(), len(layout.nodes())
         for c, (lo, hi) in enumerate(chunk_bounds(numel, layout.k)):
@@ -169,9 +182,7 @@ class HierarchicalConfig(StrategyConfig):
         # critical path: the largest node's two ring phases, then the across-node allreduces of the rank serving
         # the most chunks (a short node's), one after another
         layout = Layout(workers, self.ranks_per_node)
-        r_max = max(len(node) for node in layout.nodes())
-        slice_max = max((hi - lo for lo, hi in layout.slices(numel, r_max)), default=0) * itemsize
-        rounds, path = 2 * (r_max - 1), 2 * (r_max - 1) * slice_max
+        rounds, path = intra_path(layout, numel, itemsize)
         inner, m = self.inner_config(), len(layout.nodes())
         if m > 1:
             per_rank: dict[int, tuple[int, int]] = {}
