@@ -203,10 +203,10 @@ def node_levels(config, workers: int, numel: int, itemsize: int, ranks_per_node:
     from strategies.base import RankTraffic
 
     k = ranks_per_node
-    if getattr(config, "name", "") == "hierarchical":
+    if getattr(config, "name", "") in ("hierarchical", "node_parameter_server"):
         if config.ranks_per_node != k:
-            raise ValueError(f"hierarchical ranks_per_node = {config.ranks_per_node} priced on nodes of {k}: give one "
-                             f"value")
+            raise ValueError(f"{config.name} ranks_per_node = {config.ranks_per_node} priced on nodes of {k}: give "
+                             f"one value")
         return config.levels(workers, numel, itemsize)
     if getattr(config, "name", "") == "double_binary_tree":
         return config.levels(workers, numel, itemsize, k)
@@ -226,7 +226,7 @@ def node_levels(config, workers: int, numel: int, itemsize: int, ranks_per_node:
                                             have.msgs_recv + part.msgs_recv)
         return out
     raise ValueError(f"strategy {getattr(config, 'name', config)!r} has no per-level traffic: accepted are "
-                     f"hierarchical, double_binary_tree, ring, naive_ring")
+                     f"hierarchical, double_binary_tree, node_parameter_server, ring, naive_ring")
 
 
 def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwidth: float, intra_bandwidth: float,
@@ -235,7 +235,7 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     rank's intra-node bytes go at intra_bandwidth. The time is the slower level's bytes / bandwidth plus the
     strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node)."""
     levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
-    nodes = range(0, workers, ranks_per_node)
+    nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
     nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
                    sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
     intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
