@@ -70,6 +70,10 @@ def _config_labels(runs: pd.DataFrame) -> pd.Series:
     """The configuration's display label: the strategy with its parameters, and what else varies in this sweep
     (bucket size, overlap, compute mode, simulated), so that every configuration has its own legend entry."""
     label = runs["strategy_label"].where(runs["strategy_label"] != "", runs["strategy"])
+    if "param_comm" in runs:  # ddp over gloo beside ddp through a strategy: name gloo too
+        ddp = runs["strategy"] == "ddp"
+        if (~runs.loc[ddp, "param_comm"].fillna("").isin(["", "gloo"])).any():
+            label = label.where(~ddp | (label != "ddp"), "ddp (comm=gloo)")
     label += [method_suffix(run) for run in runs.to_dict("records")]
     if runs["bucket_mb"].nunique(dropna=False) > 1:
         label += runs["bucket_mb"].map(lambda mb: "" if mb != mb else f" {mb:g}MiB")

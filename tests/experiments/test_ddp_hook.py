@@ -43,3 +43,77 @@ def test_the_summary_types_ddp_over_gloo_as_bypassing_a_python_link_and_hooked_d
         row, _ = summarize(spec, None, "stopped", META)
         assert row["link_emulation"] == "python" and row["bypasses_link"] is bypasses
         assert row["bytes_counted"] is not bypasses
+
+
+# ---- on Ray (the issue's check): one sweep, shared by a functional and a timing test -------------------------
+
+@pytest.fixture(scope="module")
+def hook_sweep(ray_session, tmp_path_factory):
+    """ring, native, ddp over gloo and ddp through ring: 2 workers, a python-emulated 1 Gbit/s link, ResNet-18's
+    real gradients moved over a synthetic (known) compute timeline, 25 MiB buckets overlapped with backward."""
+    import io
+
+    from experiments.config.sweep import parse
+    from experiments.pipeline.runner import run_sweep
+    from reports.page import build
+    from tests.experiments.test_overlap import synthetic_profile
+
+    out = tmp_path_factory.mktemp("ddp-hook")
+    profile = synthetic_profile(out / "p.json")
+    sweep = parse({"name": "ddp-hook", "defaults": {
+        "workload": "resnet18", "image_size": 32, "batch_size": 16, "steps": 3, "warmup_steps": 1,
+        "compute": "profile", "profile": str(out / "p.json"), "bucket_mb": 25, "overlap": True,
+        "link": {"bandwidth": "1Gbit", "latency": "50us"}},
+        "grid": {"strategy": ["ring", "native", "ddp"], "workers": [2]},
+        "strategy_params": {"ddp": {"comm": ["gloo", "ring"]}}})
+    runs = run_sweep(sweep, out, log=io.StringIO())
+    return runs, profile, sweep, build(out)
+
+
+def test_on_ray_hooked_ddp_is_counted_as_ring_and_gloo_is_kept_out_of_the_shaped_figures(hook_sweep):
+    from workloads.buckets import make_buckets
+    from workloads.models import param_sizes
+
+    runs, _, _, report = hook_sweep
+    assert (runs["status"] == "ok").all(), runs[["strategy", "param_comm", "error"]].to_string()
+    by = {(s, c if s == "ddp" else ""): r for (s, c), r in zip(zip(runs["strategy"], runs["param_comm"]),
+                                                               runs.to_dict("records"))}
+    ring, hooked, gloo, native = by[("ring", "")], by[("ddp", "ring")], by[("ddp", "gloo")], by[("native", "")]
+    # ring's traffic summed over the buckets (DDP's grouping: 1 MiB first, then 25 MiB), by hand from traffic()
+    per_bucket = [strategies_ring().traffic(2, b.numel, 4).worker_bytes_sent
+                  for b in make_buckets(param_sizes("resnet18"), 25)]
+    assert len(per_bucket) > 1 and hooked["buckets"] == len(per_bucket)
+    assert hooked["bytes_sent_per_worker"] == sum(per_bucket) == ring["bytes_sent_per_worker"]
+    assert not hooked["bypasses_link"] and hooked["bytes_counted"]
+    assert gloo["bypasses_link"] and native["bypasses_link"] and gloo["bytes_sent_per_worker"] == 0
+    # the report: gloo and native only in the loopback reference, hooked ddp beside ring
+    from tests.reports.test_honest import page_figures, section
+
+    html = report.read_text()
+
+    def names(section_id):
+        return {t.get("name") for f in page_figures(section(html, section_id)) for t in f["data"]} - {None}
+
+    shaped = {n for n in names("throughput") if not n.startswith("ideal")}
+    assert shaped == {"ring", "ddp (comm=ring)"}, shaped
+    assert names("loopback") == {"native", "ddp (comm=gloo)"}, names("loopback")
+
+
+@pytest.mark.timing
+@pytest.mark.xfail(strict=True, reason="ddp's comm hook runs the strategy synchronously inside backward (no overlap), "
+                   "and train.py books that wait as compute: comm_s 0.09 s where the step minus the profile is "
+                   "0.34 s and the timeline predicts 0.26 s (x0.35, 2026-11-23); strict: remove when fixed")
+def test_on_ray_hooked_ddp_communicates_within_20_percent_of_the_timeline(hook_sweep):
+    from experiments.bench.overlap import predict_step
+
+    runs, profile, sweep, _ = hook_sweep
+    hooked = runs[(runs["strategy"] == "ddp") & (runs["param_comm"] == "ring")].iloc[0]
+    spec = next(s for s in sweep.runs if s.strategy == "ddp" and s.strategy_params.get("comm") == "ring")
+    predicted = predict_step(profile, "ring", 2, 25, True, spec.network())
+    ratio = hooked["comm_s"] / predicted.exposed_s
+    assert 0.8 <= ratio <= 1.2, (f"hooked ddp waited {hooked['comm_s']:.3f} s per step for communication, the "
+                                 f"timeline predicts {predicted.exposed_s:.3f} s (x{ratio:.2f})")
+
+
+def strategies_ring():
+    return registry.make("ring")
