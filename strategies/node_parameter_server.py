@@ -13,8 +13,10 @@ array is cut into k chunks, grouped into r contiguous slices in a node of r rank
 Servers: `placement = "colocated"` (default) runs shard s of chunk c on the owner in node s mod m (its own push
 and pull cost no bytes; per node NIC 2(m-1)/m S each way, a ring's), `"dedicated"` on server rank workers + s (its
 own NIC; per node NIC S each way, BytePS's optimum with servers >= nodes). Dedicated server ranks follow the
-workers in nodes of k too (the network places rank i in node i // k), so they need workers to be a multiple of
-ranks_per_node: else the first server would share the last worker node's NIC, which is colocation, not dedication.
+workers in nodes of k too (the network places rank i in node i // k): k servers share a server node's NIC, so
+BytePS's optimum needs as many server nodes as worker nodes (servers = workers); and they need workers to be a
+multiple of ranks_per_node, else the first server would share the last worker node's NIC (colocation, not
+dedication).
 
 The servers sum (BytePS's summation mode: the workers run the optimizer, role GRADIENTS); one message per shard
 and chunk. With ranks_per_node = 1 it is parameter_server in summation mode with one partition per shard: the

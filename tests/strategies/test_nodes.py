@@ -73,7 +73,9 @@ def test_inside_a_node_takes_the_intra_node_link_and_a_node_shares_its_nic(p2p):
     nic = nbytes / NIC
     assert one >= 0.95 * nic, (one, two, inside)
     assert two >= 0.95 * 2 * nic, (one, two, inside)
-    assert inside < 0.5 * nic, (one, two, inside)  # 2 ms by the model: far below the 100 ms of a NIC
+    # 2 ms by the model, far below a NIC's 100 ms (2 MB copied over the sockets took 86 ms at load 16: the tight
+    # bound is test_shared_nic_times_are_near_the_model's, marked timing)
+    assert inside < nic, (one, two, inside)
 
 
 @pytest.mark.timing
@@ -229,3 +231,108 @@ def test_the_model_says_hierarchical_is_two_thirds_of_the_flat_ring_on_two_nodes
     assert (ring32.nic_bytes, hier32.nic_bytes) == (31_000_000, 24_000_000)
     with pytest.raises(ValueError, match="accepted are hierarchical"):
         cost.node_cost(strategies.make("all_to_all"), 4, numel, 2, nic, intra)
+
+
+# -- the node-aware parameter server --------------------------------------------------------------------------------
+
+# the generic matrix (tests/strategies/test_strategy_matrix.py) runs the declared variants, (k, placement,
+# servers) = (2, colocated, 1), (3, colocated, 2), (1, dedicated, 2), on every size and op: here the others
+NODE_PS = [(1, "colocated", 3), (2, "colocated", 2), (4, "colocated", 1), (4, "colocated", 3), (2, "dedicated", 2),
+           (3, "dedicated", 1), (4, "dedicated", 2)]
+
+
+@pytest.mark.parametrize("k,placement,servers", NODE_PS)
+def test_node_parameter_server_against_the_reference_on_every_world_size(k, placement, servers):
+    """World sizes 1-8 in nodes of k (short last nodes included; dedicated servers need whole nodes): results
+    against numpy, every rank bitwise identical, bytes and messages per rank equal traffic()."""
+    worlds = [w for w in range(1, 9) if placement == "colocated" or w % k == 0]
+    assert check_strategy("node_parameter_server", world_sizes=worlds, numels=(0, 1, 7, 1001),
+                          ops=("sum", "mean", "max"), ranks_per_node=k, servers=servers,
+                          placement=placement) == len(worlds) * 4 * 3
+
+
+def _per_level_all(name, inputs, k, **params):
+    """Like _per_level, for every rank of the strategy (dedicated servers too): (intra, nic) bytes sent and received
+    per rank, from the per-peer counters."""
+    config = strategies.make(name, **params)
+    workers, tensors = len(inputs), [torch.as_tensor(a) for a in inputs]
+
+    def body(comm):
+        runtime = config.bind(comm, workers)
+        if runtime.is_server:
+            runtime.serve(tensors[0].numel(), tensors[0].dtype, "sum")
+        else:
+            runtime.sync(tensors[comm.rank].clone(), "sum")
+        per_peer, node = comm.counters().per_peer, comm.node_of(comm.rank)
+        return {level: (sum(c.bytes_sent for p, c in per_peer.items() if (comm.node_of(p) == node) == inside),
+                        sum(c.bytes_recv for p, c in per_peer.items() if (comm.node_of(p) == node) == inside))
+                for level, inside in (("intra", True), ("nic", False))}
+
+    return run_threads(config.world_size(workers), body, timeout=20, ranks_per_node=k)
+
+
+@pytest.mark.parametrize("workers,k,placement,servers", [(4, 2, "colocated", 2), (5, 2, "colocated", 1),
+                                                         (7, 3, "colocated", 3), (6, 4, "colocated", 2),
+                                                         (8, 4, "dedicated", 2), (6, 3, "dedicated", 1),
+                                                         (4, 2, "dedicated", 3)])
+def test_node_parameter_server_bytes_per_level_equal_its_levels(workers, k, placement, servers):
+    params = {"ranks_per_node": k, "placement": placement, "servers": servers}
+    levels = cost.node_levels(strategies.make("node_parameter_server", **params), workers, 1001, 4, k)
+    measured = _per_level_all("node_parameter_server", make_inputs(workers, 1001, "sum"), k, **params)
+    for level in ("intra", "nic"):
+        assert [m[level] for m in measured] == [(t.bytes_sent, t.bytes_recv) for t in levels[level]], level
+
+
+def test_node_parameter_server_sends_a_node_sum_through_the_nic():
+    """2 nodes x 2 ranks, S = 4000 bytes. Dedicated server per node (2 servers): each node's NIC sends S (its two
+    ranks push S/2 each) and receives S, where the flat PS of ranks sends 2 S per node; colocated on the nodes: each
+    node's NIC carries (m - 1)/m S of pushes and as much of replies, S each way, like hierarchical's ring of 2."""
+    dedicated = strategies.make("node_parameter_server", ranks_per_node=2, servers=2, placement="dedicated")
+    nic = dedicated.levels(4, 1000)["nic"]
+    assert [t.bytes_sent for t in nic] == [2000] * 4 + [4000] * 2  # servers 4, 5 each answer two node sums of S/2
+    assert [t.bytes_recv for t in nic] == [2000] * 4 + [4000] * 2
+    flat = strategies.make("parameter_server", servers=2, mode="summation").traffic(4, 1000)
+    assert sum(t.bytes_sent for t in flat.ranks[:2]) == 8000  # what node 0's NIC sends for the PS of ranks
+    colocated = strategies.make("node_parameter_server", ranks_per_node=2, servers=2).levels(4, 1000)["nic"]
+    assert [t.bytes_sent for t in colocated] == [2000] * 4
+    # servers 4 and 5 share node 2's NIC: it takes both worker nodes' S (8000); 4 servers make 2 server nodes of S
+    assert cost.node_cost(dedicated, 4, 1000, 2, 1e6, 1e9).nic_bytes == 8000
+    four = strategies.make("node_parameter_server", ranks_per_node=2, servers=4, placement="dedicated")
+    node = cost.node_cost(four, 4, 1000, 2, 1e6, 1e9)
+    assert (node.nic_bytes, node.bottleneck) == (4000, "nic")
+
+
+@pytest.mark.parametrize("placement,servers", [("colocated", 1), ("colocated", 3), ("dedicated", 1),
+                                               ("dedicated", 2)])
+def test_node_parameter_server_with_one_rank_per_node_is_the_flat_ps(placement, servers):
+    """k = 1: no intra-node phase, one chunk; the same bytes, messages and bits as parameter_server in summation
+    mode with one partition per shard."""
+    inputs = make_inputs(5, 1003, "mean")
+    ours, our_traffic = run_collective("node_parameter_server", inputs, op="mean", ranks_per_node=1,
+                                       placement=placement, servers=servers)
+    theirs, their_traffic = run_collective("parameter_server", inputs, op="mean", mode="summation",
+                                           placement=placement, servers=servers)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(ours, theirs))
+    assert our_traffic == their_traffic
+
+
+def test_node_parameter_server_over_the_sockets():
+    assert check_strategy("node_parameter_server", world_sizes=(5, 6), numels=(7, 1000), ops=("sum", "mean"),
+                          p2p="sockets", ranks_per_node=3, servers=2) == 8
+    assert check_strategy("node_parameter_server", world_sizes=(4,), numels=(1000,), ops=("mean",), p2p="sockets",
+                          ranks_per_node=2, servers=2, placement="dedicated") == 1
+
+
+def test_node_parameter_server_refuses_bad_values_before_work():
+    with pytest.raises(ValueError, match="ranks_per_node = 0"):
+        strategies.make("node_parameter_server", ranks_per_node=0)
+    with pytest.raises(ValueError, match="servers = 0"):
+        strategies.make("node_parameter_server", servers=0)
+    with pytest.raises(ValueError, match="placement = 'remote'"):
+        strategies.make("node_parameter_server", placement="remote")
+    dedicated = strategies.make("node_parameter_server", ranks_per_node=2, placement="dedicated")
+    with pytest.raises(ValueError, match="workers = 5 and ranks_per_node = 2"):
+        dedicated.world_size(5)
+    config = strategies.make("node_parameter_server", ranks_per_node=2)
+    with pytest.raises(ValueError, match="places 3 ranks per node"):
+        run_threads(3, lambda comm: config.bind(comm, 3), ranks_per_node=3)
