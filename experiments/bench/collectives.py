@@ -7,9 +7,11 @@ against the analytic traffic. bench: an nccl-tests-style table (time, algbw, bus
 from __future__ import annotations
 
 import math
+import os
 import platform
 import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -19,10 +21,11 @@ from experiments.cluster import placement
 from experiments.cluster.group import P2P, WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
 from experiments.cluster.ray_runtime import ray_session
-from strategies.cost import comm_time, critical_path
+from strategies.cost import comm_time, critical_path, node_cost
 from strategies.ops import BITWISE, LOGICAL, OPS, check_op
 from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
 from strategies.transport.link import Network
+from strategies.transport.threads import run_threads
 
 # dtypes `verify --dtype` accepts (numpy names)
 VERIFY_DTYPES = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int32", "int64",
@@ -172,10 +175,10 @@ def _iters_for(nbytes: int) -> tuple[int, int]:
     return 1, 5
 
 
-def _bench_on_rank(ctx, names, workers, sizes, iters):
+def _bench_on_rank(ctx, names, workers, sizes, iters, ranks_per_node=1):
     times = {}
     for name in names:
-        config = strategies.make(name)
+        config = _config(name, ranks_per_node)
         runtime = config.bind(ctx.comm, workers)
         for nbytes in sizes:
             numel = nbytes // 4
@@ -196,15 +199,35 @@ def _bench_on_rank(ctx, names, workers, sizes, iters):
     return times
 
 
+def _config(name: str, ranks_per_node: int):
+    """A strategy's default settings; a node-aware one (a ranks_per_node parameter) grouped by the bench's nodes."""
+    node_aware = "ranks_per_node" in strategies.get(name).parameters()
+    return strategies.make(name, **({"ranks_per_node": ranks_per_node} if node_aware else {}))
+
+
+NODE_STRATEGIES = ("ring", "hierarchical", "double_binary_tree", "node_parameter_server")  # priced per level
+
+
 def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: dict | None = None,
           iters: int = 0, address: str | None = None, out=print, oversubscribe: bool = False,
-          p2p: str = "gloo") -> list[dict]:
+          p2p: str = "gloo", ranks_per_node: int = 1) -> list[dict]:
     """Time every strategy at every size on the same actors; print and return the table's rows.
 
     `p2p`: what carries the strategies' messages (strategies.transport.sockets.P2P); native is gloo's either way.
+    `ranks_per_node` k > 1: ranks in nodes of k sharing one NIC (`link`; `link["intra_bandwidth"]`/`intra_latency`
+    inside a node), on thread ranks of this process, not on Ray actors: a node's NIC is shared by the ranks holding
+    one Network object (strategies/transport/link.py), which actors in separate processes cannot. The model is then
+    strategies.cost.node_cost's, the slower level's time.
     """
     if p2p not in P2P:
         raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or not 1 <= ranks_per_node <= 1024:
+        raise ValueError(f"--ranks-per-node {ranks_per_node!r}: expected a whole number from 1 to 1024")
+    if ranks_per_node > 1:
+        return _bench_nodes(workers, sizes, names, link, iters, out, p2p, ranks_per_node)
+    if link and ("intra_bandwidth" in link or "intra_latency" in link):
+        raise ValueError("--intra-bandwidth / --intra-latency: the link inside a node needs --ranks-per-node > 1 "
+                         "(with one rank per node every message crosses a NIC)")
     names = names or [n for n in strategies.names() if strategies.get(n).exact]
     for name in names:
         strategies.get(name)
@@ -246,6 +269,85 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     return rows
 
 
+def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k) -> list[dict]:
+    """bench() on nodes of k: thread ranks, every setting checked before the first message."""
+    if p2p == "gloo":
+        p2p = "sockets"  # gloo needs processes of their own; thread ranks take the sockets (or the queues)
+    if not link or link.get("emulation", "python") != "python":
+        raise ValueError(f"--ranks-per-node {k}: nodes sharing a NIC are emulated in python only: give --bandwidth "
+                         f"(the node's NIC) with --emulation python")
+    names = names or list(NODE_STRATEGIES)
+    for name in names:
+        if not strategies.get(name).counted:
+            raise ValueError(f"--strategies {name}: its bytes move inside a backend that the node emulation does not "
+                             f"see; accepted are counted strategies, e.g. {', '.join(NODE_STRATEGIES)}")
+    network = Network.from_spec(link).with_nodes(k)
+    if workers < 2:
+        raise ValueError(f"--workers {workers}: a benchmark needs at least 2 workers")
+    if not sizes:
+        raise ValueError("--sizes: give at least one message size, e.g. 4K,64K,1M")
+    if not 0 <= iters <= 100_000:
+        raise ValueError(f"--iters {iters}: accepted are 0 (by size) to 100,000")
+    groups = [(world, [n for n in names if _config(n, k).world_size(workers) == world])
+              for world in sorted({_config(n, k).world_size(workers) for n in names})]
+    _check_duration(names, workers, sizes, iters, network)
+    load = os.getloadavg()
+    results: dict = {}
+    for world, group_names in groups:
+        per_rank = run_threads(world, lambda comm, group_names=group_names: _bench_on_rank(
+            SimpleNamespace(comm=comm, rank=comm.rank), group_names, workers, sizes, iters, k),
+            timeout=600, network=network, p2p=p2p)
+        for key in per_rank[0]:
+            per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
+            results[key] = statistics.median(per_iter)
+    rows = []
+    for nbytes in sizes:
+        ring = results.get(("ring", nbytes))
+        for name in names:
+            t = results[(name, nbytes)]
+            level = _node_level(name, workers, nbytes, network)
+            rows.append({"size": nbytes, "strategy": name, "time_ms": t * 1e3, "algbw_GBps": nbytes / t / 1e9,
+                         "vs_ring": t / ring if ring else math.nan, "model_ms": level[0] * 1e3,
+                         "bottleneck": level[1], "nic_MB": level[2] / 1e6, "intra_MB": level[3] / 1e6})
+    out(format_node_bench(rows, workers, k, network, p2p, load, os.getloadavg()))
+    return rows
+
+
+def _node_level(name: str, workers: int, nbytes: int, network: Network) -> tuple[float, str, float, float]:
+    """(model seconds, bottleneck level, the busiest node NIC's bytes, the busiest intra-node port's bytes) of one
+    allreduce on the network's nodes; NaN and '' for a strategy without per-level traffic."""
+    k = network.ranks_per_node
+    try:
+        c = node_cost(_config(name, k), workers, nbytes // 4, k, network.default.bandwidth, network.intra.bandwidth,
+                      network.default.latency, network.intra.latency)
+    except ValueError:  # no levels(): its traffic() states totals, not peers
+        return math.nan, "", math.nan, math.nan
+    return c.time_s, c.bottleneck, c.nic_bytes, c.intra_bytes
+
+
+def format_node_bench(rows: list[dict], workers: int, k: int, network: Network, p2p: str, load_before, load_after
+                      ) -> str:
+    def rate(bw):
+        return "unlimited" if math.isinf(bw) else f"{bw * 8 / 1e9:g} Gbit/s"
+
+    nodes = -(-workers // k)
+    lines = [f"# syncbench bench --ranks-per-node {k}: {workers} workers in {nodes} nodes of {k} (the last one "
+             f"{workers - (nodes - 1) * k}), thread ranks of one process over {P2P_WORDS.get(p2p, p2p)}",
+             f"# a node's NIC {rate(network.default.bandwidth)} / {network.default.latency * 1e6:g} us, shared by its "
+             f"ranks; inside a node {rate(network.intra.bandwidth)} / {network.intra.latency * 1e6:g} us",
+             f"# host {platform.node()}, {_cores()} cores, load average {load_before[0]:.2f} before, "
+             f"{load_after[0]:.2f} after; times are medians of the slowest rank per iteration",
+             "# model: strategies.cost.node_cost, the slower level (NIC: the busiest node's bytes, the node's ranks "
+             "summed; intra: the busiest port); MB = 1e6 bytes",
+             f"{'size':>10s} {'strategy':>22s} {'time(ms)':>10s} {'model(ms)':>10s} {'meas/model':>10s} "
+             f"{'vs ring':>8s} {'NIC MB':>8s} {'intra MB':>8s} {'bound':>6s}"]
+    for r in rows:
+        lines.append(f"{r['size']:>10d} {r['strategy']:>22s} {r['time_ms']:10.1f} {r['model_ms']:10.1f} "
+                     f"{r['time_ms'] / r['model_ms']:10.3f} {r['vs_ring']:8.3f} {r['nic_MB']:8.2f} "
+                     f"{r['intra_MB']:8.2f} {r['bottleneck']:>6s}")
+    return "\n".join(lines)
+
+
 MAX_BENCH_S = 3_600  # what the alpha-beta model may predict for a whole `bench` on emulated links
 
 
@@ -271,6 +373,8 @@ def _predicted(name: str, workers: int, nbytes: int, network: Network | None) ->
     counted = strategies.get(name).counted
     if network is None or (not counted and network.emulation != "kernel"):
         return math.nan
+    if network.ranks_per_node > 1:
+        return _node_level(name, workers, nbytes, network)[0]
     modelled = name if counted else "ring"  # the kernel shapes the backend's bytes too: modelled as ring
     rounds, path_bytes, _ = critical_path(modelled, workers, nbytes // 4)
     return comm_time(rounds, path_bytes, network.default.bandwidth, network.default.latency)
@@ -301,6 +405,4 @@ def format_bench(rows: list[dict], workers: int, link: dict | None, p2p: str = "
 
 
 def _cores() -> int:
-    import os
-
     return os.cpu_count() or 1

@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--emulation", default="python", choices=("python", "kernel"),
                    help="who shapes --bandwidth: the communicator (python, default) or the kernel, on the cluster "
                         "of `syncbench cluster up` (one rank per node; native is shaped too)")
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="nodes of this many ranks sharing one NIC of --bandwidth, on thread ranks (python emulation; "
+                        "default strategies: ring, hierarchical, double_binary_tree, node_parameter_server)")
+    p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
+                                             "(default unlimited)")
+    p.add_argument("--intra-latency", help="with --ranks-per-node: its per-message latency, e.g. 2us (default 0)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--p2p", default=P2P_DEFAULT, choices=P2P_CHOICES,
                    help=f"what carries the strategies' messages: syncbench's own sockets (Unix within a network "
@@ -489,8 +495,13 @@ def _bench(args) -> int:
         else None
     if args.emulation == "kernel" and not link:
         raise ValueError("--emulation kernel: give the cluster's --bandwidth too (the links the run expects)")
+    for key in ("intra_bandwidth", "intra_latency"):
+        if getattr(args, key) is not None:
+            if not link:
+                raise ValueError(f"--{key.replace('_', '-')}: give the node NIC's --bandwidth too")
+            link[key] = getattr(args, key)
     bench(workers=args.workers, sizes=sizes, names=_names(args.strategies), link=link, iters=args.iters,
-          address=args.address, oversubscribe=args.oversubscribe, p2p=args.p2p)
+          address=args.address, oversubscribe=args.oversubscribe, p2p=args.p2p, ranks_per_node=args.ranks_per_node)
     return 0
 
 
