@@ -16,8 +16,12 @@ A worker's NIC sends pushes and receives replies of earlier partitions at the sa
 k = n dedicated servers a step costs about M/B plus one partition's fan-out (BytePS's optimum, 2 - 2/n times
 faster than a ring); a server's link carries n/k times a worker's bytes.
 
-Without a global barrier (`staleness` s or "async", `backups` b; update mode, dedicated servers) a step is one
-push/pull per server and a server serves each worker from a thread of its own: strategies/parameter_server_async.py.
+Without a global barrier (`staleness` s or "async", `backups` b; dedicated servers, either mode, any buckets
+and partitions, with or without overlap) a server serves each worker from a thread of its own and handles each
+push as it arrives; in summation mode it sums what arrived since the worker's previous reply and the workers'
+optimizers apply it: strategies/parameter_server_async.py defines every case. Colocated servers need a global
+barrier: a colocated rank would receive a peer's pushes and that peer's server's replies, in an order nothing
+fixes, on one channel the transports match by sender only (no tags), so they are refused.
 
 Receives from one peer are waited for in the order that peer sent them (the thread transport matches a message
 at wait time), which is why a colocated rank first serves all its partitions and then takes its replies.
@@ -75,8 +79,12 @@ class ParameterServer(Strategy):
     # -- worker ranks (colocated: worker and server) -----------------------------------------------------
 
     def _sync(self, flat, op):
-        if self.config.asynchronous:  # SSP, async or backups: one push/pull per server, no global barrier
-            push_pull(self.comm, flat, self.workers, self.servers)
+        if self.config.asynchronous:  # SSP, async or backups: partitions pushed and pulled, no global barrier
+            if op != "mean":
+                raise ValueError(f"parameter_server with staleness={self.config.staleness!r}, backups="
+                                 f"{self.config.backups}: op={op!r} is not accepted: its servers scale each push "
+                                 f"by 1/workers (accepted: 'mean')")
+            push_pull(self.comm, flat, self.workers, self.servers, self.config.partition_mb)
             return
         parts = partitions(flat.numel(), self.servers, flat.element_size(), self.config.partition_mb)
         order = push_order(self.rank, parts)
@@ -98,17 +106,27 @@ class ParameterServer(Strategy):
 
     # -- server ranks ----------------------------------------------------------------------------------
 
-    def serve_bounds(self, numel):
-        """(lo, hi): this server rank's shard of a buffer of numel elements (barrier-free servers: one message)."""
-        return chunk_bounds(numel, self.servers)[self.server]
-
-    def serve_run(self, steps, numel, dtype, update, device="cpu"):
+    def serve_run(self, steps, numels, dtype, update=None, device="cpu", checked=False):
         """Without a barrier (staleness s, "async" or backups): serve every worker for the whole run, each from a
-        thread of its own; returns the PushRecords (strategies/parameter_server_async.py)."""
-        self._check_size(numel)  # the workers' first sync() checks the same size on the control plane
-        server = ShardServer(self.comm, self.workers, self.servers, numel, wire_dtype(dtype), update,
-                             self.config.staleness, self.config.backups, device)
-        return server.run(steps)
+        thread of its own, every bucket of `numels` (an int: one bucket); returns the PushRecords
+        (strategies/parameter_server_async.py). `update(bucket, gradient, where)`: update mode's optimizer.
+        The buckets' sizes are checked on the control plane as the workers' first syncs check them, unless
+        `checked` (the caller's runtimes checked them all before)."""
+        numels = [numels] if isinstance(numels, int) else list(numels)
+        if self.config.mode == "update" and update is None:
+            raise ValueError("parameter_server in update mode: serve_run needs update(bucket, gradient, where)")
+        server = ShardServer(self.comm, self.workers, self.servers, numels, wire_dtype(dtype), update,
+                             self.config.staleness, self.config.backups, device, self.config.mode,
+                             self.config.partition_mb)
+
+        def check_sizes():  # as the workers' buckets check theirs at their first sync(), in bucket order
+            if checked:
+                return
+            self._check_size(numels[0])
+            for numel in numels[1:]:
+                self.comm.check_same_numel(numel)
+
+        return server.run(steps, before=check_sizes)
 
     def serve(self, numel, dtype, op="mean", update=None, device="cpu"):
         """Dedicated server: take every partition of this server's shard from every worker, reduce it, answer it."""
@@ -199,10 +217,13 @@ class ParameterServerConfig(StrategyConfig):
         if self.backups and self.staleness != 0:
             raise ValueError(f"parameter_server: backups={self.backups} needs staleness=0 (backup workers are a "
                              f"synchronous scheme), got staleness={self.staleness!r}")
-        if self.asynchronous and (self.mode, self.placement) != ("update", "dedicated"):
+        if self.asynchronous and self.placement != "dedicated":
             raise ValueError(f"parameter_server: staleness={self.staleness!r}, backups={self.backups} need "
-                             f"mode='update' and placement='dedicated' (servers that own the optimizer and "
-                             f"apply pushes as they come), got mode={self.mode!r}, placement={self.placement!r}")
+                             f"placement='dedicated', got placement={self.placement!r}: a colocated rank would "
+                             f"take its peers' pushes and their servers' replies on one channel per pair of "
+                             f"ranks in an order no barrier fixes (the transports match by sender, no tags); "
+                             f"accepted: placement='dedicated' with staleness/backups, or 'colocated' with "
+                             f"staleness=0, backups=0")
         # the role follows the mode: summation servers return gradients, update servers return parameters
         object.__setattr__(self, "role", SERVER if self.mode == "update" else GRADIENTS)
 
@@ -232,10 +253,6 @@ class ParameterServerConfig(StrategyConfig):
         shard = [sum(hi - lo for lo, hi in p) * itemsize for p in parts]
         count = [len(p) for p in parts]
         largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
-        if self.asynchronous:  # one push and one pull per server and step, as strategies/parameter_server_async.py
-            shard = [(hi - lo) * itemsize for lo, hi in chunk_bounds(numel, k)]
-            count = [1 if b else 0 for b in shard]
-            largest = max(shard)
         if self.placement == "dedicated":
             # a worker pushes every partition and pulls it back; server s takes and answers n copies of its shard
             worker = RankTraffic("worker", sum(shard), sum(shard), sum(count), sum(count))

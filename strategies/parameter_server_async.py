@@ -1,74 +1,123 @@
 """The parameter server without a global barrier: asynchronous (Downpour SGD), stale-synchronous (SSP) and
-backup workers. Update mode, dedicated servers: each server owns its shard's parameters and optimizer.
+backup workers, in both modes, on dedicated servers, bucket by bucket, partition by partition.
 
-A worker's step is one push/pull per server: it sends its gradient's shard s to server s and receives the shard's
-parameters back. A server serves every worker from a thread of its own (pushes arrive in any order), over the
-whole run (a worker's clock is the number of pushes it made; the bound spans steps):
+Units. Every bucket (the pipeline's; one flat bucket by default) is cut as the synchronous server cuts it: k
+balanced shards, each into partitions of at most `partition_mb` MiB (strategies/parameter_server.py
+`partitions`). Server s owns its shard's partitions of every bucket; each (bucket, partition) is a unit with its
+own state: clocks, versions, parameters or sums. A worker's step pushes every unit of a bucket at once and takes
+every reply (full duplex: the replies land in a buffer of their own while pushes still stream); a server serves
+every worker from a thread of its own over the whole run (pushes arrive in any order), unit after unit, in the
+order the worker pushes them, answering each unit as soon as it is handled. A worker's clock on a unit is the
+number of pushes it made to it; the bound spans steps.
 
-- staleness = s > 0 or "async": a push is applied as soon as it arrives, scaled by 1/n (n pushes make about one
-  synchronous step). Its staleness is how many updates the shard took between the worker's last read and this
-  push. The reply waits while the slowest worker's clock is below c - s, c the pusher's clock (SSP: no worker
-  runs more than s steps ahead of the slowest); "async" never waits.
-- backups = b (staleness 0): step t's update is the mean, in worker-rank order, of the first n - b pushes of step
-  t; a later push of step t is dropped (counted) and its worker gets the newest parameters. Every worker that
-  made step t gets the parameters step t made.
+- staleness = s > 0 or "async": a push is handled as soon as it arrives, scaled by 1/n (n pushes make about one
+  synchronous step). Its staleness is how many pushes of other workers the unit took between this worker's
+  last reply and this push. The reply waits while the slowest worker's clock is below c - s, c the pusher's
+  clock (SSP: no worker runs more than s steps ahead of the slowest); "async" never waits. What is handled:
+  - mode "update": the server's optimizer applies the push to the unit's parameters at once; the reply is the
+    newest parameters.
+  - mode "summation": the server sums, it runs no optimizer. The reply to worker w is the sum, in the order
+    they arrived, of every push (scaled by 1/n) the unit received since w's previous reply, w's own included:
+    every worker's gradient reaches every worker exactly once, as soon as that worker next pulls, and each
+    worker's optimizer applies what it receives. With plain SGD every worker's parameters are then the update
+    server's parameters at the version it read (momentum is each worker's own).
+- backups = b (staleness 0): step t's result is the mean, in worker-rank order, of the first n - b pushes of
+  step t; a later push of step t is dropped (counted). Every worker that made step t gets what step t made;
+  a late worker gets, in update mode, the newest parameters (it continues from them), in summation mode step
+  t's mean (the update the others applied, so every worker applies every step's mean once).
 
-Every applied push leaves a record: (step, worker, staleness, seconds its reply waited at the bound, dropped).
+Every push leaves a record: (step, worker, staleness, seconds its reply waited at the bound, dropped, lead,
+unit, elements). Colocated servers are refused by the config (ParameterServerConfig.validate): see there.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from strategies.base import chunk_bounds
+ASYNC = "async"
 
 
 @dataclass(frozen=True)
 class PushRecord:
     step: int          # the pusher's clock: its step number
     worker: int
-    staleness: int     # updates this shard took between the worker's read and its push (0 when dropped)
+    staleness: int     # pushes of others this unit took between the worker's last reply and this push (0: dropped)
     bound_wait_s: float  # how long the reply waited for the slowest worker (SSP), 0 for async and backups
     dropped: bool      # a backup worker's late push: received, not applied
     lead: int = 0      # the pusher's clock minus the slowest worker's when the reply left (SSP keeps it <= s)
+    unit: int = 0      # which (bucket, partition) of this server's: the order a worker pushes them in
+    numel: int = 0     # the unit's elements (its push and its reply each move this many)
 
 
-def push_pull(comm, flat: torch.Tensor, workers: int, servers: int) -> None:
-    """A worker's step: push every shard of the gradient, receive every shard's parameters into `flat`."""
-    shards = chunk_bounds(flat.numel(), servers)
-    pushes = [comm.isend(flat[lo:hi], workers + s) for s, (lo, hi) in enumerate(shards)]
-    for handle in pushes:  # the gradient is sent before the same buffer receives the parameters
+def unit_bounds(numel: int, servers: int, itemsize: int, partition_mb: float) -> list[list[tuple[int, int]]]:
+    """Per server: its shard of a bucket of numel elements cut into partitions, (lo, hi) in the bucket."""
+    from strategies.parameter_server import partitions  # one cut for both servers
+
+    return partitions(numel, servers, itemsize, partition_mb)
+
+
+def push_pull(comm, flat: torch.Tensor, workers: int, servers: int, partition_mb: float) -> None:
+    """A worker's step on one bucket: push every partition of every shard, take every reply into `flat`.
+
+    The replies land in a buffer of their own (pushes of later partitions may still be on the wire: the NIC
+    sends and receives at once), copied into `flat` once every push has left."""
+    parts = unit_bounds(flat.numel(), servers, flat.element_size(), partition_mb)
+    rounds = max((len(p) for p in parts), default=0)
+    # round by round, servers from rank mod k on: in each slot the workers push to different servers
+    order = [(s, r) for r in range(rounds) for s in ((comm.rank + i) % servers for i in range(servers))
+             if r < len(parts[s])]
+    pushes = [comm.isend(flat[slice(*parts[s][r])], workers + s) for s, r in order]
+    replies = torch.empty_like(flat)
+    pulls = [comm.irecv(replies[slice(*parts[s][r])], workers + s) for s, r in order]
+    for handle in pushes + pulls:
         handle.wait()
-    pulls = [comm.irecv(flat[lo:hi], workers + s) for s, (lo, hi) in enumerate(shards)]
-    for handle in pulls:
-        handle.wait()
+    flat.copy_(replies)
+
+
+class Unit:
+    """One (bucket, partition) of a server's shard: its clocks, version and what its mode keeps."""
+
+    def __init__(self, index: int, bucket: int, lo: int, hi: int, workers: int):
+        self.index, self.bucket, self.lo, self.hi = index, bucket, lo, hi
+        self.version = 0                  # pushes handled (SSP/async) or steps made (backups)
+        self.clock = [0] * workers        # pushes received per worker
+        self.read = [0] * workers         # the version each worker last got a reply at (backups: its replies)
+        self.params: torch.Tensor | None = None   # update mode: the newest parameters
+        self.log: list[torch.Tensor] = []         # summation, SSP/async: pushes from version `base` on
+        self.base = 0
+        self.pending: dict[int, dict[int, torch.Tensor]] = {}  # backups: step -> worker -> gradient
+        self.made: dict[int, torch.Tensor] = {}                # backups: step -> what it made
+
+    @property
+    def where(self) -> slice:
+        return slice(self.lo, self.hi)
 
 
 class ShardServer:
-    """One server's shard over a whole run: `run(steps)` serves every worker from its own thread; returns the
-    records of every push. `update(gradient, where)` steps the shard's parameters and returns them."""
+    """One server's shard of every bucket over a whole run: `run(steps)` serves every worker from its own
+    thread; returns the records of every push. `update(bucket, gradient, where)` (update mode) steps the unit's
+    parameters (where: the unit's slice of its bucket) and returns them; summation mode needs none."""
 
-    def __init__(self, comm, workers: int, servers: int, numel: int, dtype, update, staleness, backups: int = 0,
-                 device="cpu"):
-        self.comm, self.workers, self.update = comm, workers, update
+    def __init__(self, comm, workers: int, servers: int, numels, dtype, update, staleness, backups: int = 0,
+                 device="cpu", mode: str = "update", partition_mb: float = 4.0):
+        self.comm, self.workers, self.update, self.mode = comm, workers, update, mode
         self.staleness, self.backups = staleness, backups
-        server = comm.rank - workers
-        self.lo, self.hi = chunk_bounds(numel, servers)[server]
         self.dtype, self.device = dtype, device
-        self.cond = threading.Condition()
-        self.version = 0                  # updates applied to this shard
-        self.clock = [0] * workers        # pushes received per worker
-        self.read = [0] * workers         # the version each worker last received
-        self.params: torch.Tensor | None = None  # the newest parameters (None until the first update)
-        self.pending: dict[int, dict[int, torch.Tensor]] = {}  # backups: step -> worker -> gradient
-        self.made: dict[int, torch.Tensor] = {}                # backups: step -> parameters it made
+        server = comm.rank - workers
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        self.units = [Unit(0, b, lo, hi, workers) for b, numel in enumerate(numels)
+                      for lo, hi in unit_bounds(numel, servers, itemsize, partition_mb)[server]]
+        for i, unit in enumerate(self.units):
+            unit.index = i
+        self.cond = comm.concurrency.condition()  # threads, or a simulated rank's actors (transport/concurrency.py)
         self.records: list[PushRecord] = []
 
-    def run(self, steps: int) -> list[PushRecord]:
+    def run(self, steps: int, before=None) -> list[PushRecord]:
+        """Serve `steps` pushes of every unit from every worker. `before()`: run on this thread once the workers'
+        threads are up (the control-plane size checks, which the workers make bucket by bucket between pushes)."""
         errors: list[BaseException] = []
 
         def serve(worker):
@@ -79,64 +128,97 @@ class ShardServer:
                 with self.cond:
                     self.cond.notify_all()
 
-        threads = [threading.Thread(target=serve, args=(w,), name=f"server{self.comm.rank}-worker{w}", daemon=True)
+        # one loop per worker: OS threads, or a simulated rank's actors on its simulated clock
+        threads = [self.comm.concurrency.start(functools.partial(serve, w), f"server{self.comm.rank}-worker{w}")
                    for w in range(self.workers)]
-        for t in threads:
-            t.start()
+        if before is not None:
+            before()
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
-        return sorted(self.records, key=lambda r: (r.step, r.worker))
+        return sorted(self.records, key=lambda r: (r.step, r.worker, r.unit))
 
     def _serve_worker(self, worker: int, steps: int) -> None:
-        size = self.hi - self.lo
-        incoming = torch.empty(size, dtype=self.dtype, device=self.device)
+        largest = max((u.hi - u.lo for u in self.units), default=0)
+        incoming = torch.empty(largest, dtype=self.dtype, device=self.device)
+        handle = self._backup_push if self.staleness == 0 else self._stale_push
         for step in range(steps):
-            if size:
-                self.comm.recv(incoming, worker)
-            with self.cond:
-                reply = (self._backup_push if self.staleness == 0 else self._stale_push)(worker, step, incoming)
-            if size:
-                self.comm.send(reply, worker)
+            replies = []
+            for unit in self.units:
+                gradient = incoming[:unit.hi - unit.lo]
+                self.comm.recv(gradient, worker)
+                with self.cond:
+                    reply = handle(unit, worker, step, gradient)
+                replies.append(self.comm.isend(reply, worker))  # while the next unit's push comes in
+            for sent in replies:
+                sent.wait()
 
-    def _stale_push(self, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
-        """SSP / async, under the lock: apply at once, then wait at the bound; the reply is the newest shard."""
-        staleness = self.version - self.read[worker]
-        self.params = self.update(gradient / self.workers, slice(self.lo, self.hi)).detach().clone()
-        self.version += 1
-        self.clock[worker] += 1
+    # -- stale-synchronous and asynchronous ------------------------------------------------------------
+
+    def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
+        """SSP / async, under the lock: handle the push at once, then wait at the bound; returns the reply."""
+        staleness = unit.version - unit.read[worker]
+        scaled = gradient / self.workers  # a new tensor: `gradient` is the worker thread's receive buffer
+        if self.mode == "update":
+            unit.params = self.update(unit.bucket, scaled, unit.where).detach().clone()
+        else:
+            unit.log.append(scaled)
+        unit.version += 1
+        unit.clock[worker] += 1
         self.cond.notify_all()
-        start = time.perf_counter()
-        if self.staleness != "async":
+        start = self.comm.concurrency.clock()
+        if self.staleness != ASYNC:
             # the pusher now starts step c = clock; it may while the slowest worker has reached c - s
-            bound = self.clock[worker] - self.staleness
-            if not self.cond.wait_for(lambda: min(self.clock) >= bound, timeout=self.comm.timeout):
+            bound = unit.clock[worker] - self.staleness
+            if not self.cond.wait_for(lambda: min(unit.clock) >= bound, timeout=self.comm.timeout):
                 raise TimeoutError(f"rank {self.comm.rank}: worker {worker} waited {self.comm.timeout:g} s at the "
-                                   f"staleness bound (clocks {self.clock}, s = {self.staleness})")
-        self.records.append(PushRecord(step, worker, staleness, time.perf_counter() - start, False,
-                                       self.clock[worker] - min(self.clock)))
-        self.read[worker] = self.version
-        return self.params.clone()
+                                   f"staleness bound (clocks {unit.clock}, s = {self.staleness})")
+        self.records.append(PushRecord(step, worker, staleness, self.comm.concurrency.clock() - start, False,
+                                       unit.clock[worker] - min(unit.clock), unit.index, unit.hi - unit.lo))
+        if self.mode == "update":
+            reply = unit.params.clone()
+        else:  # the pushes since this worker's previous reply, in arrival order (its own included)
+            since = unit.log[unit.read[worker] - unit.base:unit.version - unit.base]
+            reply = since[0].clone()
+            for push in since[1:]:
+                reply.add_(push)
+        unit.read[worker] = unit.version
+        oldest = min(unit.read)  # pushes every worker has been sent are dropped from the log
+        del unit.log[:oldest - unit.base]
+        unit.base = max(unit.base, oldest)
+        return reply
 
-    def _backup_push(self, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
+    # -- backup workers --------------------------------------------------------------------------------
+
+    def _backup_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
         """Backups, under the lock: the first n - b pushes of a step make it; a later one is dropped."""
-        self.clock[worker] += 1
-        if step in self.made:  # late: the step was made without this push
-            self.records.append(PushRecord(step, worker, 0, 0.0, True))
-            return self.made[max(self.made)].clone()
-        arrived = self.pending.setdefault(step, {})
-        arrived[worker] = gradient.clone()
-        if len(arrived) == self.workers - self.backups:
-            rows = [arrived[w] for w in sorted(arrived)]  # worker-rank order: the same bits whoever came first
-            total = rows[0].clone()
-            for row in rows[1:]:
-                total.add_(row)
-            self.made[step] = self.update(total / len(rows), slice(self.lo, self.hi)).detach().clone()
-            self.version += 1
-            del self.pending[step]
-            self.cond.notify_all()
-        if not self.cond.wait_for(lambda: step in self.made, timeout=self.comm.timeout):
-            raise TimeoutError(f"rank {self.comm.rank}: step {step} never got {self.workers - self.backups} pushes")
-        self.records.append(PushRecord(step, worker, 0, 0.0, False))
-        return self.made[step].clone()
+        unit.clock[worker] += 1
+        if step in unit.made:  # late: the step was made without this push
+            self.records.append(PushRecord(step, worker, 0, 0.0, True, 0, unit.index, unit.hi - unit.lo))
+            made = unit.made[max(unit.made)] if self.mode == "update" else unit.made[step]
+            reply = made.clone()
+        else:
+            arrived = unit.pending.setdefault(step, {})
+            arrived[worker] = gradient.clone()
+            if len(arrived) == self.workers - self.backups:
+                rows = [arrived[w] for w in sorted(arrived)]  # worker-rank order: the same bits whoever came first
+                total = rows[0].clone()
+                for row in rows[1:]:
+                    total.add_(row)
+                mean = total / len(rows)
+                unit.made[step] = (self.update(unit.bucket, mean, unit.where).detach().clone()
+                                   if self.mode == "update" else mean)
+                unit.version += 1
+                del unit.pending[step]
+                self.cond.notify_all()
+            if not self.cond.wait_for(lambda: step in unit.made, timeout=self.comm.timeout):
+                raise TimeoutError(f"rank {self.comm.rank}: step {step} never got {self.workers - self.backups} "
+                                   f"pushes")
+            self.records.append(PushRecord(step, worker, 0, 0.0, False, 0, unit.index, unit.hi - unit.lo))
+            reply = unit.made[step].clone()
+        unit.read[worker] = step + 1  # replies this worker got
+        # a step every worker has been answered for is never asked for again (update mode keeps the newest)
+        for old in [t for t in unit.made if t < min(unit.read) and t != max(unit.made)]:
+            del unit.made[old]
+        return reply

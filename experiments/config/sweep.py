@@ -495,10 +495,6 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
                           f"0..{workers - 1} only")
             break
     _check_compute(point, config, errors)
-    if getattr(config, "asynchronous", False) and (point.get("bucket_mb") is not None or point.get("overlap")):
-        errors.append(f"strategy_params.{strategy}: staleness={config.staleness!r}, backups={config.backups} run one "
-                      f"flat bucket without overlap: got bucket_mb = {point.get('bucket_mb')!r}, overlap = "
-                      f"{point.get('overlap', False)!r} (accepted: leave bucket_mb unset, overlap = false)")
     if len(errors) > start:
         return None
     if config.role == PARAMETERS or config.wraps_model:

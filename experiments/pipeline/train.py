@@ -110,6 +110,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
         for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
             if hasattr(runtime, "start"):  # DiLoCo's anchor: the parameters before the first local step
                 runtime.start(syncer.buffer[bucket.lo:bucket.hi])
+            if hasattr(runtime, "layout"):  # PowerSGD: each parameter of the bucket a matrix of its own shape
+                runtime.layout(_bucket_shapes(compute.flat, bucket))
     rows = []
     loss_value = math.nan
     if spec.target and not hasattr(compute, "evaluate"):
@@ -161,9 +163,15 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             syncer.close()
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
     final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
+             "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
              "trained": compute.trains,
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
     return {"steps": rows, "final": final}
+
+
+def _bucket_shapes(flat, bucket) -> list[list[int]]:
+    """The shapes of a bucket's parameters in buffer order (registration order: the bucket lists them reversed)."""
+    return [list(flat.trainable[i].shape) for i in sorted(bucket.params)]
 
 
 def _row(spec, step: int, rank: int, role: str, compute_s: float, comm_s: float, counters, wall_s: float,
@@ -280,41 +288,39 @@ def worker_role(config):
 
 def serve_without_barrier(comm, spec, config, buckets, update) -> dict:
     """A parameter server without a global barrier (staleness s, "async", backups): it serves every worker for
-    the whole run, each from a thread of its own (strategies/parameter_server_async.py); the workers' PushPull
-    role is unchanged. One row per step: the staleness of every gradient it applied, the time its replies waited
-    at the bound, the late pushes it dropped; its bytes from the pushes it took (a push and a reply each)."""
-    if len(buckets) != 1 or spec.overlap:
-        raise ValueError(f"parameter_server with staleness={config.staleness!r}, backups={config.backups} runs "
-                         f"one flat bucket without overlap: got bucket_mb={spec.bucket_mb!r}, "
-                         f"overlap={spec.overlap!r} (accepted: leave bucket_mb unset, overlap = false)")
-    bucket, clock = buckets[0], update.clock
+    the whole run, each from a thread of its own, bucket by bucket and partition by partition, in either mode
+    (strategies/parameter_server_async.py); the workers' roles are unchanged (update mode: PushPull; summation:
+    GradientAveraging, their optimizers apply the sums). One row per step: the staleness of every gradient
+    partition it applied, the time its replies waited at the bound, the late pushes it dropped; its bytes from
+    the pushes it took (each push is answered: as many bytes out as in)."""
+    clock = update.clock
     runtime = config.bind(comm, spec.workers)
     start = clock()
-    records = runtime.serve_run(spec.steps, bucket.numel, update.dtype,
-                                lambda gradient, where: update(bucket, gradient, where), device=update.device)
+    records = runtime.serve_run(spec.steps, [b.numel for b in buckets], update.dtype,
+                                lambda bucket, gradient, where: update(buckets[bucket], gradient, where),
+                                device=update.device)
     per_step = (clock() - start) / max(spec.steps, 1)
-    lo, hi = runtime.serve_bounds(bucket.numel)
-    shard_bytes = (hi - lo) * torch.empty(0, dtype=update.dtype).element_size()
+    itemsize = torch.empty(0, dtype=update.dtype).element_size()
     rows = []
     for step in range(spec.steps):
         pushes = [r for r in records if r.step == step]
-        moved = shard_bytes * len(pushes)  # each push taken was answered: as many bytes out as in
+        moved = itemsize * sum(r.numel for r in pushes)
         counters = SimpleNamespace(bytes_sent=moved, bytes_recv=moved)
         row = _row(spec, step, comm.rank, "server", update.busy_s / max(spec.steps, 1), per_step, counters,
                    per_step * (step + 1), comm_busy_s=per_step)
         row |= {"staleness": [r.staleness for r in pushes if not r.dropped],
                 "bound_wait_s": sum(r.bound_wait_s for r in pushes),
-                "dropped_pushes": sum(r.dropped for r in pushes)}
+                "dropped_pushes": len({r.worker for r in pushes if r.dropped})}  # a worker's late step: one
         rows.append(row)
     return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
-                                     "consensus_distance": math.nan, "buckets": 1, "bucket_numels": [bucket.numel],
-                                     "trained": False}}
+                                     "consensus_distance": math.nan, "buckets": len(buckets),
+                                     "bucket_numels": [b.numel for b in buckets], "trained": False}}
 
 
 def server_loop(config):
-    """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, which
-    serves update and summation servers alike (a summation server ignores `update`), or the one without a
-    global barrier (a parameter server with staleness s, "async" or backups)."""
+    """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, or the
+    one without a global barrier (a parameter server with staleness s, "async" or backups); both serve update
+    and summation servers alike (a summation server ignores `update`)."""
     return serve_without_barrier if getattr(config, "asynchronous", False) else serve_steps
 
 

@@ -13,39 +13,51 @@ from strategies.transport.threads import run_threads
 LR = 0.5
 
 
-def run(workers, steps, delays, numel=6, servers=1, absolute=False, **params):
+def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None, **params):
     """Worker w sleeps delays[w][t] before pushing step t (its 'compute'; `absolute`: until delays[w][t] seconds
-    after the start, so that the schedule does not drift); its gradient is (w + 1) x ones, the servers step
-    params -= LR x gradient. Returns (per worker the parameters after every step, per server the records)."""
+    after the start, so that the schedule does not drift); its gradient is (w + 1) x ones, synced bucket by
+    bucket (`buckets`: their sizes, one bucket of numel by default); update-mode servers step
+    params -= LR x gradient. Returns (per worker the buffer after every step, per server the records)."""
     config = strategies.make("parameter_server", servers=servers, **params)
+    buckets = buckets or [numel]
 
     def body(comm):
-        runtime = config.bind(comm, workers)
-        if runtime.is_server:
+        runtimes = [config.bind(comm, workers) for _ in buckets]
+        if runtimes[0].is_server:
             state = {}
 
-            def update(gradient, where):
-                params = state.setdefault(where.start, torch.zeros(where.stop - where.start, dtype=torch.float64))
+            def update(bucket, gradient, where):
+                key = (bucket, where.start)
+                params = state.setdefault(key, torch.zeros(where.stop - where.start, dtype=torch.float64))
                 params -= LR * gradient
                 return params
 
-            runtime._check_size(numel)
+            for runtime, size in zip(runtimes, buckets):
+                runtime._check_size(size)
             comm.barrier()  # the workers' common start
-            return runtime.serve_run(steps, numel, torch.float64, update)
+            return runtimes[0].serve_run(steps, buckets, torch.float64, update, checked=True)
         seen = []
-        runtime._check_size(numel)  # the control-plane size check of the first sync(), before the clock starts
+        for runtime, size in zip(runtimes, buckets):  # the size checks of the first syncs, before the clock starts
+            runtime._check_size(size)
         comm.barrier()
         start = time.perf_counter()
         for step in range(steps):
             wait = delays[comm.rank][step]
             time.sleep(max(0.0, start + wait - time.perf_counter()) if absolute else wait)
-            buffer = torch.full((numel,), comm.rank + 1.0, dtype=torch.float64)
-            runtime.sync(buffer, "mean")
+            buffer = torch.full((sum(buckets),), comm.rank + 1.0, dtype=torch.float64)
+            lo = 0
+            for runtime, size in zip(runtimes, buckets):
+                runtime.sync(buffer[lo:lo + size], "mean")
+                lo += size
             seen.append(buffer.numpy().copy())
         return seen
 
     results = run_threads(config.world_size(workers), body, timeout=30)
     return results[:workers], results[workers:]
+
+
+# 2 elements of float64 per partition: a shard of 6 is 3 partitions, one of 5 three (2, 2, 1 or so)
+TINY_PARTITIONS = 2e-5
 
 
 def implied_async_staleness(schedule):
@@ -59,21 +71,43 @@ def implied_async_staleness(schedule):
     return staleness
 
 
+SCHEDULE = [[0.00, 0.15, 0.30, 0.45], [0.06, 0.36, 0.66, 0.96], [0.21, 0.51, 0.81, 1.11]]
+
+
 def test_async_staleness_is_what_the_schedule_implies():
     # push times (s after the start), 60 ms apart at least: their order is the schedule's on a busy machine too
-    schedule = [[0.00, 0.15, 0.30, 0.45], [0.06, 0.36, 0.66, 0.96], [0.21, 0.51, 0.81, 1.11]]
-    _, records = run(3, 4, schedule, absolute=True, staleness="async")
+    _, records = run(3, 4, SCHEDULE, absolute=True, staleness="async")
     got = {(r.step, r.worker): r.staleness for r in records[0]}
-    assert got == implied_async_staleness(schedule)
+    assert got == implied_async_staleness(SCHEDULE)
     assert max(got.values()) >= 2 and all(r.bound_wait_s < 0.03 for r in records[0])  # async never waits
 
 
-def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead():
+def test_async_summation_sums_every_push_since_the_last_reply_in_every_bucket_and_partition():
+    """Summation mode, two buckets, several partitions per server: every unit records the staleness the schedule
+    implies, and a worker's reply is the sum of the pushes (scaled by 1/n) since its previous one, its own in."""
+    outputs, records = run(3, 4, SCHEDULE, absolute=True, staleness="async", mode="summation", servers=2,
+                           buckets=[6, 5], partition_mb=TINY_PARTITIONS)
+    implied = implied_async_staleness(SCHEDULE)
+    for server in records:
+        assert len({r.unit for r in server}) >= 3  # (bucket, partition) units: 2 buckets x 1-2 partitions
+        assert {(r.step, r.worker, r.unit): r.staleness for r in server} == {
+            (t, w, r.unit): implied[(t, w)] for r in server for (t, w) in [(r.step, r.worker)]}
+    times = {(w, t): at for w, row in enumerate(SCHEDULE) for t, at in enumerate(row)}
+    for (w, t), at in times.items():
+        read = times[(w, t - 1)] if t else -1.0
+        want = sum((v + 1) / 3 for (v, _), other in times.items() if read < other <= at)
+        np.testing.assert_allclose(outputs[w][t], np.full(11, want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": TINY_PARTITIONS}])
+def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead(params):
     steps, s = 8, 2
     delays = [[0.0] * steps, [0.0] * steps, [0.06] * steps]  # worker 2 is the straggler
-    outputs, records = run(3, steps, delays, staleness=s, servers=2)
+    outputs, records = run(3, steps, delays, staleness=s, servers=2, **params)
     for server in records:
-        assert len(server) == 3 * steps and max(r.lead for r in server) == s  # reached, never exceeded
+        units = len({r.unit for r in server})
+        assert units == (1 if not params else 2)  # a shard of 3 elements: 2 partitions of at most 2
+        assert len(server) == 3 * steps * units and max(r.lead for r in server) == s  # reached, never exceeded
         assert max(r.staleness for r in server) > 0
         waited = [r.bound_wait_s for r in server if r.worker < 2]
         assert max(waited) > 0.03  # the fast workers waited at the bound for the straggler
@@ -81,9 +115,22 @@ def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead():
     assert all(np.isfinite(o[-1]).all() for o in outputs)
 
 
-def test_staleness_zero_is_the_synchronous_server():
-    config = strategies.make("parameter_server", servers=2, staleness=0)
-    assert not config.asynchronous and config == strategies.make("parameter_server", servers=2)
+@pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": 1.0}])
+def test_staleness_zero_is_the_synchronous_server(params):
+    config = strategies.make("parameter_server", servers=2, staleness=0, **params)
+    assert not config.asynchronous and config == strategies.make("parameter_server", servers=2, **params)
+
+
+def test_staleness_zero_trains_bit_identically_to_the_synchronous_summation_server():
+    """s = 0 in summation mode, two buckets with overlap: the same parameters, bit for bit, as the default."""
+    from tests.experiments.test_train import spec_for, train_on_threads
+
+    torch.set_num_threads(1)
+    runs = [train_on_threads(spec_for("parameter_server", workers=2, steps=3, bucket_mb=0.03, overlap=True,
+                                      params={"servers": 2, "mode": "summation", "partition_mb": 0.01, **extra}))
+            for extra in ({}, {"staleness": 0, "backups": 0})]
+    for a, b in zip(runs[0][:2], runs[1][:2]):
+        assert a["final"]["buckets"] > 1 and torch.equal(a["params"], b["params"])
 
 
 def test_a_backup_workers_late_push_never_changes_a_steps_result():
@@ -102,28 +149,47 @@ def test_a_backup_workers_late_push_never_changes_a_steps_result():
     assert all(float(p[0]) in made for p in outputs[3])
 
 
+def test_a_backup_workers_late_push_never_changes_a_summation_steps_mean():
+    """Summation mode, two buckets, several partitions: every step's mean is that of workers 0-2, whatever worker
+    3's late pushes carry; worker 3 gets each step's mean too (it applies the update the others applied)."""
+    steps, workers = 3, 4
+    delays = [[0.0] * steps, [0.0] * steps, [0.0] * steps, [0.15] * steps]
+    outputs, records = run(workers, steps, delays, backups=1, servers=2, mode="summation", buckets=[6, 5],
+                           partition_mb=TINY_PARTITIONS)
+    for rank in range(workers):
+        for params in outputs[rank]:
+            np.testing.assert_array_equal(params, np.full(11, 2.0))
+    for server in records:
+        dropped = [r for r in server if r.dropped]
+        units = len({r.unit for r in server})
+        assert units >= 3 and {r.worker for r in dropped} == {3} and len(dropped) == steps * units
+
+
 @pytest.mark.parametrize("params, pattern", [
-    ({"staleness": 2, "mode": "summation"}, r"need mode='update' and placement='dedicated'"),
-    ({"backups": 1, "placement": "colocated"}, r"need mode='update' and placement='dedicated'"),
+    ({"staleness": 2, "placement": "colocated"}, r"need placement='dedicated', got placement='colocated'"),
+    ({"backups": 1, "placement": "colocated", "mode": "summation"}, r"need placement='dedicated'"),
+    ({"staleness": "async", "placement": "colocated"}, r"accepted: placement='dedicated'"),
 ])
-def test_barrier_free_servers_need_update_mode_and_dedicated_servers(params, pattern):
+def test_barrier_free_servers_need_dedicated_servers(params, pattern):
     with pytest.raises(ValueError, match=pattern):
         strategies.make("parameter_server", **params)
 
 
-def test_traffic_counts_dropped_pushes_too():
+@pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": TINY_PARTITIONS}])
+def test_traffic_counts_dropped_pushes_too(params):
     from strategies.testing import check_traffic
 
-    config = strategies.make("parameter_server", servers=2, backups=1)
+    config = strategies.make("parameter_server", servers=2, backups=1, **params)
     traffic = config.traffic(4, 6, 8)
     assert [r.bytes_sent for r in traffic.ranks] == [48] * 4 + [4 * 24] * 2
+    assert traffic.ranks[0].msgs_sent == (2 if not params else 4)  # a shard of 3: partitions of 2 and 1
     measured = []
 
     def body(comm):
         runtime = config.bind(comm, 4)
         if runtime.is_server:
-            runtime.serve_run(1, 6, torch.float64, lambda g, where: torch.zeros(where.stop - where.start,
-                                                                                dtype=torch.float64))
+            runtime.serve_run(1, 6, torch.float64, lambda b, g, where: torch.zeros(where.stop - where.start,
+                                                                                   dtype=torch.float64))
         else:
             runtime.sync(torch.ones(6, dtype=torch.float64), "mean")
         return {"role": "server" if runtime.is_server else "worker", **comm.counters().as_dict()}
@@ -132,7 +198,8 @@ def test_traffic_counts_dropped_pushes_too():
     check_traffic(config, 4, 6, 8, measured, "backups=1")
 
 
-@pytest.mark.parametrize("params", [{"staleness": 2}, {"staleness": "async"}, {"backups": 1}])
+@pytest.mark.parametrize("params", [{"staleness": 2}, {"staleness": "async"}, {"backups": 1},
+                                    {"staleness": 2, "mode": "summation", "bucket_mb": 0.03, "overlap": True}])
 def test_training_without_a_barrier_records_staleness_and_outruns_a_straggler(params):
     """Real training (tiny model) on 4 thread workers, worker 3 three times slower: the barrier-free server runs,
     its rows carry the staleness of every gradient it applied (bounded by SSP), the bound waits and the drops;
@@ -142,16 +209,18 @@ def test_training_without_a_barrier_records_staleness_and_outruns_a_straggler(pa
     from tests.experiments.test_train import train_on_threads
 
     torch.set_num_threads(1)
+    run_keys = {k: params.pop(k) for k in ("bucket_mb", "overlap") if k in params}
     spec = RunSpec(workload="tiny", image_size=16, batch_size=8, steps=6, warmup_steps=1, workers=4,
                    strategy="parameter_server", strategy_params={"servers": 2, **params},
-                   straggler={"ranks": [3], "slowdown": 3.0})
+                   straggler={"ranks": [3], "slowdown": 3.0}, **run_keys)
     results = train_on_threads(spec)
     server_rows = [row for r in results[4:] for row in r["steps"]]
     applied = [s for row in server_rows for s in row["staleness"]]
     if "backups" in params:
         assert sum(row["dropped_pushes"] for row in server_rows) > 0 and set(applied) == {0}
-    else:
-        assert len(applied) == 2 * 4 * 6 and max(applied) > 0
+    else:  # one entry per (bucket, partition) a server owns: one bucket of 88 KB, or the buckets of 0.03 MiB
+        units = len(results[0]["final"]["bucket_numels"])
+        assert len(applied) == 2 * 4 * 6 * units and max(applied) > 0
     if params.get("staleness") == 2:
         assert max(row["bound_wait_s"] for row in server_rows) > 0
     row, _ = summarize(spec, results, "", {"started_at": "t", "duration_s": 1.0, "transport": "threads",

@@ -48,10 +48,11 @@ def test_bad_values_are_refused_when_the_sweep_is_read(params, pattern):
         sweep(params)
 
 
-def test_barrier_free_servers_with_buckets_or_overlap_are_refused_when_the_sweep_is_read():
-    with pytest.raises(SweepError, match=r"staleness=2, backups=0 run one flat bucket without overlap: got "
-                                         r"bucket_mb = 4.0"):
-        sweep({"staleness": 2}, grid={"strategy": ["parameter_server"], "bucket_mb": [4.0]})
-    with pytest.raises(SweepError, match=r"overlap = True"):
-        sweep({"backups": 1}, grid={"strategy": ["parameter_server"], "overlap": [True]})
+def test_barrier_free_servers_take_buckets_overlap_and_summation_but_not_colocated_placement():
+    runs = sweep({"staleness": [2, "async"], "mode": ["summation", "update"]},
+                 grid={"strategy": ["parameter_server"], "bucket_mb": [4.0], "overlap": [True, False]}).runs
+    assert len(runs) == 8
+    with pytest.raises((SweepError, ValueError), match=r"staleness=2, backups=0 need placement='dedicated', got "
+                                                       r"placement='colocated'"):
+        sweep({"staleness": 2, "placement": "colocated"})
     assert len(sweep({"staleness": [0, 2, "async"]}).runs) == 4
