@@ -5,10 +5,14 @@ wrapped strategy's own algorithm carries the compressed payload, so the wire hol
 `traffic()` is the inner strategy's traffic of that payload, exactly:
 - fp16 / bf16: the gradient cast to 16 bits, averaged by the strategy in that dtype, cast back (Horovod's fp16
   allreduce); half the bytes.
-- powersgd: the buffer viewed as a rows x cols matrix M (cols = ceil(sqrt(numel)), zero-padded), rank r
-  (Vogels et al. 2019, PyTorch's powerSGD_hook): P = M Q averaged, orthogonalized, Q = M^T P averaged,
-  M ~ P Q^T. Error feedback keeps M - P Q^T for the next step; warm start reuses Q. Before `powersgd_start`
-  steps, and when (rows + cols) r >= numel (no saving), the buffer is averaged uncompressed, as the hook does.
+- powersgd (Vogels et al. 2019), as PyTorch's powerSGD_hook: each tensor of the bucket (its layout, declared by
+  `layout()`; training declares its parameters' shapes) is the matrix M of its own shape[0] x the rest, rank
+  r = min(powersgd_rank, rows, cols); a tensor PowerSGD would not shrink at least twofold ((rows + cols) r x 2 >=
+  rows x cols: biases, every 1-d tensor) goes uncompressed, all such tensors in one collective. For the
+  compressed ones, P = M Q of every tensor in one collective, each P orthogonalized, Q = M^T P in one more,
+  M ~ P Q^T. Error feedback keeps acc - what the group agreed on (torch's error_dict); warm start reuses the Qs.
+  Before `powersgd_start` steps the buffer is averaged uncompressed, as the hook does. A buffer without a layout
+  (verify, bench, the plug-in harness) is one tensor viewed as rows x cols, cols = ceil(sqrt(numel)), zero-padded.
 - topk: each worker sends its k = ceil(ratio x numel) largest entries (of gradient + residual with error
   feedback: Deep Gradient Compression) as (index, value) pairs. Workers pick different indices, so the pairs are
   gathered: each worker writes its 2k int32 words (indices, then the values' float32 bits) into its own slot of
@@ -20,16 +24,19 @@ wrapped strategy's own algorithm carries the compressed payload, so the wire hol
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from strategies.base import GRADIENTS, RankTraffic, Strategy, StrategyConfig, Traffic
 from strategies.ops import check_op
+from strategies.wrapper import WrapperConfig
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk")
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 MAX_TOPK_NUMEL = 2**31 - 1  # indices travel as int32
+MIN_COMPRESSION_RATE = 2  # PowerSGDState.min_compression_rate: compress a tensor only if it shrinks at least 2x
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def add_traffic(a: Traffic, b: Traffic) -> Traffic:
 
 
 def matrix_shape(numel: int) -> tuple[int, int]:
-    """PowerSGD's view of a flat buffer: rows x cols with cols = ceil(sqrt(numel)), zero-padded."""
+    """PowerSGD's view of a buffer without a layout: rows x cols with cols = ceil(sqrt(numel)), zero-padded."""
     cols = max(1, math.isqrt(max(numel - 1, 0)) + 1) if numel > 0 else 1
     return -(-numel // cols), cols
 
@@ -88,17 +95,69 @@ def topk_count(numel: int, ratio: float) -> int:
     return 0 if numel == 0 else min(numel, max(1, math.ceil(ratio * numel)))
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One tensor of a bucket as PowerSGD treats it: elements [offset, offset + numel) viewed as rows x cols
+    (rows x cols > numel only for a buffer without a layout: zero-padded), compressed at `rank` (0: sent as is)."""
+
+    offset: int
+    numel: int
+    rows: int
+    cols: int
+    rank: int
+
+
+def check_layout(shapes) -> tuple[tuple[int, ...], ...]:
+    """A bucket's tensor shapes in buffer order, as tuples of whole numbers >= 0; anything else refused."""
+    try:
+        out = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    except (TypeError, ValueError):
+        raise ValueError(f"layout {shapes!r}: accepted is a sequence of tensor shapes (tuples of whole numbers), "
+                         f"in buffer order") from None
+    if any(d < 0 for shape in out for d in shape):
+        raise ValueError(f"layout {shapes!r}: a dimension is negative (accepted: whole numbers >= 0)")
+    return out
+
+
+def powersgd_plan(numel: int, rank: int, shapes: Sequence[tuple[int, ...]] | None = None) -> tuple[Piece, ...]:
+    """How PowerSGD at `rank` treats a buffer of `numel` elements holding tensors of these `shapes` (None: one
+    tensor, the square view): torch's rule per tensor, matrix shape[0] x the rest, rank min(rank, rows, cols),
+    compressed when (rows + cols) x rank x MIN_COMPRESSION_RATE < rows x cols."""
+    if shapes is None:
+        rows, cols = matrix_shape(numel)
+        r = min(rank, rows, cols)
+        return (Piece(0, numel, rows, cols, r if (rows + cols) * r * MIN_COMPRESSION_RATE < numel else 0),)
+    pieces, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        rows = shape[0] if shape else 1
+        cols = size // rows if rows else 0
+        r = min(rank, rows, cols)
+        pieces.append(Piece(offset, size, rows, cols, r if (rows + cols) * r * MIN_COMPRESSION_RATE < size else 0))
+        offset += size
+    if offset != numel:
+        raise ValueError(f"layout {list(shapes)} holds {offset:,} elements, the buffer {numel:,}: accepted is the "
+                         f"shapes of the tensors the buffer holds, in buffer order")
+    return tuple(pieces)
+
+
 class CompressedSync(Strategy):
-    """Compress, let the inner strategy average the payload, decompress; one runtime per bucket (its step count
-    and its error-feedback residual are that bucket's)."""
+    """Compress, let the inner strategy average the payload, decompress; one runtime per bucket (its step count,
+    its layout, its error-feedback residual and PowerSGD's Qs are that bucket's)."""
 
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
         self.settings = config.compression
-        self.inner: dict[str, Strategy] = {}  # one inner runtime per payload shape (P, Q, full): one size check each
+        self.inner: dict[str, Strategy] = {}  # one inner runtime per payload (P, Q, rest, full): one size check each
         self.step = 0
+        self.shapes: tuple[tuple[int, ...], ...] | None = None
         self.residual: torch.Tensor | None = None
-        self.q: torch.Tensor | None = None
+        self.qs: list[torch.Tensor] | None = None
+
+    def layout(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        """The shapes of the tensors the synced buffer holds, in buffer order (training calls it once per bucket
+        with its parameters' shapes): PowerSGD compresses each as a matrix of its own."""
+        self.shapes = check_layout(shapes)
 
     def _inner(self, purpose: str) -> Strategy:
         if purpose not in self.inner:
@@ -155,37 +214,54 @@ class CompressedSync(Strategy):
 
     def _powersgd(self, flat: torch.Tensor, op: str) -> None:
         numel, s = flat.numel(), self.settings
-        rows, cols = matrix_shape(numel)
-        rank = min(s.powersgd_rank, rows, cols)
-        if self.step < s.powersgd_start or (rows + cols) * rank >= numel:
+        plan = powersgd_plan(numel, s.powersgd_rank, self.shapes)
+        compressed = [p for p in plan if p.rank]
+        if self.step < s.powersgd_start or not compressed:
             self._inner("full").sync(flat, op)  # warm-up, or a buffer PowerSGD would not shrink
             return
-        m = torch.zeros(rows * cols, dtype=torch.float32)
-        m[:numel] = flat.detach().to(torch.float32)
+        acc = flat.detach().to(torch.float32)
         if s.error_feedback and self.residual is not None:
-            m[:numel] += self.residual
-        m = m.view(rows, cols)
-        if self.q is None or not s.powersgd_warm_start:  # the same random Q on every rank: seeded by the step
+            acc = acc + self.residual
+        out = torch.empty(numel, dtype=torch.float32)
+        # the tensors sent as they are (biases, 1-d, small ones): one collective, in the buffer's dtype
+        rest = [p for p in plan if not p.rank]
+        if sum(p.numel for p in rest):
+            wire = torch.cat([acc[p.offset:p.offset + p.numel] for p in rest]).to(flat.dtype)
+            self._inner("rest").sync(wire, op)
+            at = 0
+            for p in rest:
+                out[p.offset:p.offset + p.numel] = wire[at:at + p.numel]
+                at += p.numel
+        # the others: M = P Q^T per tensor, every tensor's P in one collective, then every Q
+        matrices = []
+        for p in compressed:
+            m = acc[p.offset:p.offset + p.numel]
+            if p.rows * p.cols != p.numel:  # the square view of a buffer without a layout: zero-padded
+                m = torch.cat([m, m.new_zeros(p.rows * p.cols - p.numel)])
+            matrices.append(m.view(p.rows, p.cols))
+        if self.qs is None or not s.powersgd_warm_start:  # the same random Qs on every rank: seeded by the step
             generator = torch.Generator().manual_seed(self.step)
-            self.q = torch.randn(cols, rank, generator=generator)
-        p = (m @ self.q).contiguous()
-        self._inner("p").sync(p.view(-1), op)
-        p = torch.linalg.qr(p).Q.contiguous()  # orthonormal columns, the same bits on every rank
-        q = (m.t() @ p).contiguous()
-        self._inner("q").sync(q.view(-1), op)
-        self.q = q
-        approx = (p @ q.t()).reshape(-1)[:numel]
-        if s.error_feedback:  # this worker's matrix minus what the group agreed on
-            self.residual = m.reshape(-1)[:numel] - approx
-        flat.copy_(approx)
+            self.qs = [torch.linalg.qr(torch.randn(p.cols, p.rank, generator=generator)).Q for p in compressed]
+        ps = torch.cat([(m @ q).reshape(-1) for m, q in zip(matrices, self.qs)])
+        self._inner("p").sync(ps, op)
+        ps = [torch.linalg.qr(part.view(p.rows, p.rank)).Q  # orthonormal columns, the same bits on every rank
+              for part, p in zip(ps.split([p.rows * p.rank for p in compressed]), compressed)]
+        qs = torch.cat([(m.t() @ pm).reshape(-1) for m, pm in zip(matrices, ps)])
+        self._inner("q").sync(qs, op)
+        self.qs = [part.view(p.cols, p.rank) for part, p in zip(qs.split([p.cols * p.rank for p in compressed]),
+                                                                    compressed)]
+        for p, pm, qm in zip(compressed, ps, self.qs):
+            out[p.offset:p.offset + p.numel] = (pm @ qm.t()).reshape(-1)[:p.numel]
+        if s.error_feedback:  # this worker's gradient (+ residual) minus what the group agreed on
+            self.residual = acc - out
+        flat.copy_(out)
 
 
 @dataclass(frozen=True)
-class CompressedConfig(StrategyConfig):
+class CompressedConfig(WrapperConfig):
     """A gradient strategy with compression: its settings, its analytic traffic per step (the compressed
     payload's, and PowerSGD's uncompressed warm-up steps), its runtime."""
 
-    inner: StrategyConfig | None = None
     compression: Compression = Compression()
     summary = "a gradient strategy with compressed payloads"
     role = GRADIENTS
@@ -200,41 +276,26 @@ class CompressedConfig(StrategyConfig):
                              f"gradients through sync() (ring, halving_doubling, ...): strategy {name!r} does not "
                              f"(accepted: compression = 'none' for it)")
 
-    @property
-    def name(self):
-        return self.inner.name
-
-    @property
-    def exact(self):
-        return self.inner.exact
-
-    @property
-    def identical(self):
-        return self.inner.identical
-
-    @property
-    def counted(self):
-        return self.inner.counted
-
-    def num_servers(self, workers):
-        return self.inner.num_servers(workers)
-
-    def traffic(self, workers, numel, itemsize=4):
+    def traffic(self, workers, numel, itemsize=4, shapes=None):
         """The steady state: a step after PowerSGD's warm-up."""
-        return self.step_traffic(workers, numel, itemsize, step=math.inf)
+        return self.step_traffic(workers, numel, itemsize, step=math.inf, shapes=shapes)
 
-    def step_traffic(self, workers, numel, itemsize=4, step=0):
+    def step_traffic(self, workers, numel, itemsize=4, step=0, shapes=None):
+        """One bucket's traffic at `step`; `shapes`: the tensors it holds (PowerSGD's layout, None: one tensor)."""
         s, inner = self.compression, self.inner
         if s.compression in HALF:
             return inner.traffic(workers, numel, 2)
         if s.compression == "topk":
             return inner.traffic(workers, workers * 2 * topk_count(numel, s.topk_ratio), 4)
         if s.compression == "powersgd":
-            rows, cols = matrix_shape(numel)
-            rank = min(s.powersgd_rank, rows, cols)
-            if step < s.powersgd_start or (rows + cols) * rank >= numel:
+            plan = powersgd_plan(numel, s.powersgd_rank, None if shapes is None else check_layout(shapes))
+            compressed = [p for p in plan if p.rank]
+            if step < s.powersgd_start or not compressed:
                 return inner.traffic(workers, numel, itemsize)
-            return add_traffic(inner.traffic(workers, rows * rank, 4), inner.traffic(workers, cols * rank, 4))
+            out = add_traffic(inner.traffic(workers, sum(p.rows * p.rank for p in compressed), 4),
+                              inner.traffic(workers, sum(p.cols * p.rank for p in compressed), 4))
+            rest = sum(p.numel for p in plan if not p.rank)
+            return add_traffic(inner.traffic(workers, rest, itemsize), out) if rest else out
         return inner.traffic(workers, numel, itemsize)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from strategies.base import GRADIENTS, PARAMETERS, RankTraffic, Strategy, StrategyConfig, Traffic
+from strategies.wrapper import WrapperConfig
 
 OUTER_OPTIMIZERS = ("none", "nesterov")
 
@@ -95,10 +96,9 @@ class PeriodicAverage(Strategy):
 
 
 @dataclass(frozen=True)
-class LocalSgdConfig(StrategyConfig):
+class LocalSgdConfig(WrapperConfig):
     """An averaging strategy synchronized every H steps: traffic on the H-th step of each period, none between."""
 
-    inner: StrategyConfig | None = None
     local: LocalSgd = LocalSgd()
     summary = "local SGD / DiLoCo: average parameters every sync_every steps"
     role = PARAMETERS
@@ -113,33 +113,12 @@ class LocalSgdConfig(StrategyConfig):
                              f"sync() (ring, halving_doubling, decentralized, ...): strategy {name!r} does not "
                              f"(accepted: sync_every = 1 for it)")
 
-    @property
-    def name(self):
-        return self.inner.name
-
-    @property
-    def exact(self):
-        return self.inner.exact
-
-    @property
-    def identical(self):
-        return self.inner.identical
-
-    @property
-    def counted(self):
-        return self.inner.counted
-
-    def mixing_matrix(self, workers, round=0):
-        return self.inner.mixing_matrix(workers, round)
-
-    def spectral_gap(self, workers, round=0):
-        return self.inner.spectral_gap(workers, round)
-
     def traffic(self, workers, numel, itemsize=4):
         """A synchronizing step's traffic (the inner strategy's); steps between syncs move nothing."""
         return self.inner.traffic(workers, numel, itemsize)
 
-    def step_traffic(self, workers, numel, itemsize=4, step=0):
+    def step_traffic(self, workers, numel, itemsize=4, step=0, shapes=None):
+        """Step `step`'s traffic: the inner strategy's on every H-th step, nothing between (shapes: unused)."""
         if (step + 1) % self.local.sync_every == 0:
             return self.inner.traffic(workers, numel, itemsize)
         idle = self.inner.traffic(workers, 0, itemsize)

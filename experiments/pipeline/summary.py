@@ -80,7 +80,8 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         per_step = {s: analytic_traffic(config, spec.workers, seen[min(s, len(seen) - 1)])
                     for s in sorted(set(steps["step"]))}
     elif hasattr(config, "step_traffic"):  # compression's warm-up, local SGD's local steps: traffic depends on the step
-        per_step = {s: analytic_traffic(config, spec.workers, numels, s) for s in sorted(set(steps["step"]))}
+        shapes = finals[0].get("bucket_shapes")  # PowerSGD compresses each parameter of a bucket on its own
+        per_step = {s: analytic_traffic(config, spec.workers, numels, s, shapes) for s in sorted(set(steps["step"]))}
         traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
     mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""
     if mismatch:
@@ -123,15 +124,19 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     return schema_row(RUNS, **row), steps.to_dict("records")
 
 
-def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int | None = None) -> dict:
+def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int | None = None,
+                     bucket_shapes: list | None = None) -> dict:
     """One step's analytic traffic: the strategy's `traffic()` summed over the buckets it synchronized (at
-    `step`, its `step_traffic()` when it has one: compression's warm-up, local SGD's steps between syncs).
+    `step`, its `step_traffic()` when it has one: compression's warm-up, local SGD's steps between syncs; with
+    each bucket's parameter shapes, PowerSGD's per-tensor payload).
 
     ranks: per rank (workers, then servers) (role, bytes sent, bytes received); rounds and path_bytes summed;
     counted: whether the communicator sees these bytes at all."""
     ranks, rounds, path, counted = None, 0, 0, True
-    for numel in bucket_numels:
-        t = config.traffic(workers, numel, 4) if step is None else config.step_traffic(workers, numel, 4, step)
+    for b, numel in enumerate(bucket_numels):
+        shapes = {"shapes": bucket_shapes[b]} if bucket_shapes and step is not None else {}
+        t = (config.traffic(workers, numel, 4) if step is None
+             else config.step_traffic(workers, numel, 4, step, **shapes))
         per = [(r.role, r.bytes_sent, r.bytes_recv) for r in t.ranks]
         ranks = per if ranks is None else [(a[0], a[1] + b[1], a[2] + b[2]) for a, b in zip(ranks, per)]
         rounds, path, counted = rounds + t.rounds, path + t.path_bytes, counted and t.counted

@@ -124,6 +124,14 @@ def test_compressed_training_records_its_compressed_bytes(compression):
     assert row["bytes_sent_per_worker"] < exact.worker_bytes_sent
     for got in params[1:]:  # compressed averages are still the same bits on every worker
         assert got.numpy().tobytes() == params[0].numpy().tobytes()
+    if compression == "powersgd":  # each parameter its own matrix: the summary checked the bytes per tensor
+        model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size)
+        shapes = [list(p.shape) for p in model.parameters()]
+        assert results[0]["final"]["bucket_shapes"] == [shapes]
+        config = spec.strategy_config()
+        per_tensor = config.step_traffic(WORKERS, int(row["numel"]), 4, spec.steps - 1, shapes=shapes)
+        assert per_tensor != config.step_traffic(WORKERS, int(row["numel"]), 4, spec.steps - 1)
+        assert results[0]["steps"][-1]["bytes_sent"] == per_tensor.ranks[0].bytes_sent
 
 
 def test_sweep_refuses_bad_settings_before_any_run():

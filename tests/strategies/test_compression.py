@@ -166,3 +166,97 @@ def test_compression_on_a_strategy_that_does_not_average_gradients_is_refused(na
 def test_none_is_the_strategy_itself():
     assert strategies.make("ring", compression="none") == strategies.make("ring")
     assert type(strategies.make("ring", compression="fp16")).__name__ == "CompressedConfig"
+
+
+# ---- PowerSGD per tensor, as torch's powerSGD_hook --------------------------------------------------------
+
+LAYOUT = [(12, 3, 2, 2), (12,), (10, 30), (10,), (7, 1)]  # conv weight 12 x 12, bias, linear 10 x 30, bias, 7 x 1
+
+
+def _layout_inputs(workers, rank, step):
+    """Per worker a flat buffer of LAYOUT's tensors; every matrix the workers' tensor holds shares its right factor
+    B (rank `rank`), so each tensor's mean has rank <= `rank`; 1-d tensors are arbitrary."""
+    out = [[] for _ in range(workers)]
+    for t, shape in enumerate(LAYOUT):
+        rows, cols = shape[0], int(np.prod(shape)) // shape[0]
+        shared = np.random.default_rng([99, t]).standard_normal((cols, min(rank, rows, cols)))
+        for w in range(workers):
+            rng = np.random.default_rng([step, w, t])
+            tensor = rng.standard_normal(rows * cols) if len(shape) == 1 else \
+                (rng.standard_normal((rows, shared.shape[1])) @ shared.T).reshape(-1)
+            out[w].append(tensor)
+    return [np.concatenate(parts).astype(np.float32) for parts in out]
+
+
+def _run_layout(name, per_step_inputs, shapes, **settings):
+    config = strategies.make(name, compression="powersgd", **settings)
+    workers = len(per_step_inputs[0])
+
+    def body(comm):
+        runtime = config.bind(comm, workers)
+        runtime.layout(shapes)
+        out = []
+        for inputs in per_step_inputs:
+            comm.reset_counters()
+            buf = torch.tensor(inputs[comm.rank]).clone()
+            runtime.sync(buf, "mean")
+            out.append((buf.numpy(), comm.counters().as_dict()))
+        return out
+
+    return config, run_threads(workers, body, timeout=20)
+
+
+def test_powersgd_plan_is_torchs_per_tensor_rule():
+    """Each tensor shape[0] x the rest, rank min(r, rows, cols), compressed exactly when torch's _should_compress
+    says so (1-d tensors and matrices PowerSGD would not halve go as they are)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    from strategies.compression import MIN_COMPRESSION_RATE, powersgd_plan
+
+    numel = sum(int(np.prod(s)) for s in LAYOUT)
+    for rank in (1, 2, 4, 8):
+        plan = powersgd_plan(numel, rank, LAYOUT)
+        for piece, shape in zip(plan, LAYOUT):
+            rows, cols = shape[0], int(np.prod(shape)) // shape[0]
+            r = min(rank, rows, cols)
+            assert (piece.rows, piece.cols) == (rows, cols)
+            assert bool(piece.rank) == _should_compress(rows, cols, r, MIN_COMPRESSION_RATE)[0], (rank, shape)
+            assert piece.rank in (0, r)
+    assert [p.rank for p in powersgd_plan(numel, 2, LAYOUT)] == [2, 0, 2, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["ring", "halving_doubling"])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_powersgd_per_tensor_reproduces_the_mean_when_each_tensor_has_rank_r(name, rank):
+    """Every compressed tensor's mean has rank r, the others go exactly: the whole bucket's mean within 1e-4."""
+    workers = 3
+    steps = [_layout_inputs(workers, rank, step) for step in range(3)]
+    _, per_rank = _run_layout(name, steps, LAYOUT, powersgd_rank=rank, powersgd_start=0)
+    for step in (1, 2):  # after the warm start (step 0 starts from random Qs)
+        mean = np.mean(steps[step], axis=0)
+        for r in range(workers):
+            np.testing.assert_allclose(per_rank[r][step][0], mean, atol=1e-4)
+        assert per_rank[1][step][0].tobytes() == per_rank[0][step][0].tobytes()
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_powersgd_per_tensor_bytes_equal_traffic(workers):
+    """Warm-up (step 0: the whole bucket), then the uncompressed tensors, every P and every Q: counted = traffic."""
+    steps = [_inputs(workers, 473, seed) for seed in range(2)]  # 473 = LAYOUT's elements
+    config, per_rank = _run_layout("ring", steps, LAYOUT, powersgd_rank=2, powersgd_start=1)
+    for step in range(2):
+        want = config.step_traffic(workers, 473, 4, step, shapes=LAYOUT)
+        assert [r.bytes_sent for r in want.ranks] == [per_rank[r][step][1]["bytes_sent"] for r in range(workers)]
+        assert [r.bytes_recv for r in want.ranks] == [per_rank[r][step][1]["bytes_recv"] for r in range(workers)]
+    ring = strategies.make("ring")
+    rest, p, q = 12 + 10 + 7, (12 + 10) * 2, (12 + 30) * 2  # uncompressed elements, P's rows x r, Q's cols x r
+    want = sum(ring.traffic(workers, n).worker_bytes_sent for n in (rest, p, q))
+    assert config.step_traffic(workers, 473, 4, 1, shapes=LAYOUT).worker_bytes_sent == want
+    assert config.traffic(workers, 473, shapes=LAYOUT) != config.traffic(workers, 473)  # the layout counts
+
+
+def test_a_layout_that_does_not_fit_the_buffer_is_refused_naming_both_sizes():
+    with pytest.raises(ValueError, match=r"layout \[\(12, 3, 2, 2\)\] holds 144 elements, the buffer 145"):
+        _run_layout("ring", [_inputs(2, 145)], [(12, 3, 2, 2)], powersgd_start=0)
+    with pytest.raises(ValueError, match=r"layout \[\(2, -1\)\]: a dimension is negative"):
+        _run_layout("ring", [_inputs(2, 4)], [(2, -1)], powersgd_start=0)
