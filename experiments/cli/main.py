@@ -298,13 +298,18 @@ def _print_runs(runs) -> None:
     candidates = ["bucket_mb", "overlap", "compute", "link_latency_s", "link_heterogeneous", "link_emulation",
                   "straggler_ranks", "straggler_slowdown", "p2p", "seed", "compression", "powersgd_rank",
                   "topk_ratio", "error_feedback", "sync_every", "outer_optimizer"]
-    candidates += sorted(c for c in runs if c.startswith("param_") and c != "param_norm")
     varying = [c for c in candidates if c in runs and runs[c].map(str).nunique() > 1]
+    # a strategy parameter is an axis when it varies between runs of one strategy; a column only one strategy
+    # fills (NaN or '' for the others) does not vary by being unused, and unused cells print blank
+    params = sorted(c for c in runs if c.startswith("param_") and c != "param_norm")
+    varying += [c for c in params if (runs.groupby("strategy")[c].agg(lambda v: v.map(str).nunique()) > 1).any()]
     cols[cols.index("strategy") + 1:cols.index("strategy") + 1] = varying
     order += varying
     if "overlap" in varying:  # buckets synced during backward: exposed vs busy
         cols += ["comm_busy_s"]
     table = runs[cols].copy()
+    for c in (c for c in varying if c.startswith("param_")):
+        table[c] = table[c].map(lambda v: "" if v is None or v != v or v == "" else v).astype(object)
     table = table.iloc[sorted(range(len(table)), key=lambda i: [str(v) for v in table[order].iloc[i]])]
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",
