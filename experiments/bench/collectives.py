@@ -219,8 +219,9 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     one Network object (strategies/transport/link.py), which actors in separate processes cannot. The model is then
     strategies.cost.node_cost's, the slower level's time.
     """
-    if p2p not in P2P:
-        raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)}")
+    if p2p not in P2P + ("threads",) or (p2p == "threads" and ranks_per_node == 1):
+        raise ValueError(f"--p2p {p2p!r}: expected one of {', '.join(P2P)} (or, with --ranks-per-node > 1, threads: "
+                         f"the thread ranks' own queues)")
     if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or not 1 <= ranks_per_node <= 1024:
         raise ValueError(f"--ranks-per-node {ranks_per_node!r}: expected a whole number from 1 to 1024")
     if ranks_per_node > 1:
@@ -272,7 +273,8 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
 def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k) -> list[dict]:
     """bench() on nodes of k: thread ranks, every setting checked before the first message."""
     if p2p == "gloo":
-        p2p = "sockets"  # gloo needs processes of their own; thread ranks take the sockets (or the queues)
+        raise ValueError(f"--p2p gloo with --ranks-per-node {k}: gloo needs a process per rank, nodes run on thread "
+                         f"ranks: accepted are threads (their queues) and the sockets")
     if not link or link.get("emulation", "python") != "python":
         raise ValueError(f"--ranks-per-node {k}: nodes sharing a NIC are emulated in python only: give --bandwidth "
                          f"(the node's NIC) with --emulation python")

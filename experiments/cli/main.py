@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true", help="skip writing report.html")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more than 4 ranks per core (times then measure core contention)")
+    p.add_argument("--substrate", default="ray", choices=("ray", "threads"),
+                   help="where the ranks run: Ray actors (default) or threads of this process, which can share a "
+                        "node's NIC (ranks_per_node > 1; no --address)")
 
     p = sub.add_parser("simulate", help="run a sweep on a simulated cluster (SimGrid), up to thousands of ranks")
     from experiments.simulate.cli import add_arguments as _simulate_arguments
@@ -118,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                                              "(default unlimited)")
     p.add_argument("--intra-latency", help="with --ranks-per-node: its per-message latency, e.g. 2us (default 0)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
-    p.add_argument("--p2p", default=P2P_DEFAULT, choices=P2P_CHOICES,
+    p.add_argument("--p2p", default=P2P_DEFAULT, choices=P2P_CHOICES + ("threads",),
                    help=f"what carries the strategies' messages: syncbench's own sockets (Unix within a network "
                         f"namespace, else TCP) or torch.distributed's gloo (default {P2P_DEFAULT}); native is gloo's "
-                        f"either way")
+                        f"either way; with --ranks-per-node also threads (the thread ranks' queues)")
     p.add_argument("--transport", action="store_true",
                    help="instead: point-to-point bandwidth and latency of the transport between 2 actors")
     p.add_argument("--harness", action="store_true",
@@ -265,8 +268,16 @@ def _run(args) -> int:
         out, note = default_dir(sweep.name)
         if note:
             print(f"syncbench run: {note}", file=sys.stderr)
+    substrate = None  # Ray's
+    if args.substrate == "threads":
+        from experiments.pipeline.substrate import ThreadSubstrate
+
+        if args.address:
+            raise ValueError(f"--substrate threads with --address {args.address}: thread ranks run in this process, "
+                             f"not on a Ray cluster (accepted: one of them)")
+        substrate = ThreadSubstrate()
     runs = run_sweep(sweep, out, resume=args.resume, overwrite=args.overwrite, address=args.address,
-                     oversubscribe=args.oversubscribe)
+                     oversubscribe=args.oversubscribe, substrate=substrate)
     _print_runs(runs)
     if not args.no_report:
         from reports.page import build
