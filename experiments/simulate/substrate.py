@@ -287,8 +287,11 @@ class SimulatedCompute:
         self.scale = straggler_slowdown(spec, comm.rank)
         self.batch_size = spec.batch_size
         self.numel = timeline.numel
+        # the timeline knows each parameter's size, not its shape: one vector each (meta, no storage)
         self.flat = SimpleNamespace(params=torch.empty(self.numel, dtype=torch.float32, device="meta"),
-                                    grads=torch.empty(self.numel, dtype=torch.float32, device="meta"))
+                                    grads=torch.empty(self.numel, dtype=torch.float32, device="meta"),
+                                    trainable=[torch.empty(n, dtype=torch.float32, device="meta")
+                                               for n in timeline.numels])
         self.on_ready = None
         # bucket by bucket in the order they complete: when the last of its gradients is ready
         ready = [(max(timeline.ready_s[i] for i in b.params) if b.params else 0.0, b) for b in buckets]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strategies.transport.concurrency import THREADS
 from strategies.transport.link import LinkClock, Network, sleep_until
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -75,6 +76,7 @@ class Communicator(ABC):
     """rank, world_size, send/recv/isend/irecv, per-peer byte counters, a timeout and link emulation."""
 
     transport = "abstract"
+    concurrency = THREADS  # loops side by side and their clock (strategies/transport/concurrency.py)
 
     def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT_S,
                  network: Network | None = None):

@@ -227,6 +227,53 @@ class _Port:
                 raise
 
 
+class _Condition:
+    """threading.Condition for SimGrid actors: the lock a SimGrid mutex, each waiter parked on a semaphore of its
+    own (a release before its acquire is kept, so no wake-up is lost). No timeout: simulated time may legitimately
+    run long (a straggler), and a wait nothing will ever end is a deadlock SimGrid detects and run_simgrid names."""
+
+    def __init__(self, sg):
+        self.sg, self.mutex, self.waiting = sg, sg.Mutex(), []
+
+    def __enter__(self):
+        self.mutex.lock()
+        return self
+
+    def __exit__(self, *exc):
+        self.mutex.unlock()
+
+    def notify_all(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for parked in waiting:
+            parked.release()
+
+    def wait_for(self, predicate, timeout=None) -> bool:
+        while not predicate():
+            parked = self.sg.Semaphore(0)
+            self.waiting.append(parked)
+            self.mutex.unlock()
+            parked.acquire()
+            self.mutex.lock()
+        return True
+
+
+class ActorConcurrency:
+    """A simulated rank's loops side by side (strategies/transport/concurrency.py): SimGrid actors on the rank's
+    host, the simulated clock. Each actor is an OS thread: run_simgrid's callers bound how many there are."""
+
+    def __init__(self, sg):
+        self.sg = sg
+
+    def clock(self) -> float:
+        return self.sg.Engine.clock
+
+    def condition(self) -> _Condition:
+        return _Condition(self.sg)
+
+    def start(self, fn, name: str):
+        return self.sg.Actor.create(name, self.sg.this_actor.get_host(), fn)
+
+
 class Cluster:
     """The state the ranks of one simulation share: actors, mailboxes, the control-plane board.
 
@@ -269,6 +316,7 @@ class SimGridCommunicator(Communicator):
         super().__init__(rank, cluster.world_size)  # no link emulation: the simulated platform is the network
         self.cluster = cluster
         self.sg = cluster.sg
+        self.concurrency = ActorConcurrency(cluster.sg)  # a server's per-worker loops: actors, simulated clock
         self._posted: dict[int, deque[_Receive]] = {}  # per peer, receives posted and not yet matched
 
     def _raw_isend(self, tensor, dst, stamp):
