@@ -18,3 +18,38 @@ def resources_back(ray, before: dict) -> bool:
     now = ray.available_resources()
     bundles = lambda res: {k for k in res if k.startswith("bundle_group")}  # noqa: E731
     return now.get("CPU", 0) >= before.get("CPU", 0) and bundles(now) <= bundles(before)
+
+
+# -- the tiny sweep the pipeline, runner and store tests share ------------------------------------------------
+
+SIMULATE_TOML = """
+[simulate]
+forward_s = 0.002
+backward_s = 0.004
+optimizer_s = 0.001
+"""
+LAN = '{ bandwidth = "1Gbit", latency = "50us" }'
+
+
+def tiny_sweep_toml(strategies: list[str], name: str = "tiny", workers: int = 2, servers: int = 1,
+                    link: str | None = LAN, grid: str = "") -> str:
+    """A sweep file's text: the tiny model (16x16, batch 8, 3 steps with 1 warm-up) for each of `strategies` on
+    `workers` workers, parameter servers with `servers` servers, over the emulated `link` (None: no link);
+    `grid`: more grid lines (TOML), e.g. 'p2p = ["gloo", "sockets"]'."""
+    quoted = ", ".join(f'"{s}"' for s in strategies)
+    return f"""
+name = "{name}"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+steps = 3
+warmup_steps = 1
+{f"link = {link}" if link else ""}
+[grid]
+strategy = [{quoted}]
+workers = [{workers}]
+{grid}
+[strategy_params.parameter_server]
+servers = {servers}
+"""

@@ -19,28 +19,10 @@ from strategies.base import Strategy
 from strategies.ring import RingConfig
 from strategies.transport.simgrid import simgrid_available
 from tests.experiments.test_overlap import synthetic_profile
+from tests.helpers import SIMULATE_TOML as SIMULATE
+from tests.helpers import tiny_sweep_toml
 
-TINY = """
-name = "tiny"
-[defaults]
-workload = "tiny"
-image_size = 16
-batch_size = 8
-steps = 3
-warmup_steps = 1
-link = { bandwidth = "1Gbit", latency = "50us" }
-[grid]
-strategy = ["ring", "parameter_server", "decentralized"]
-workers = [2]
-[strategy_params.parameter_server]
-servers = 1
-"""
-SIMULATE = """
-[simulate]
-forward_s = 0.002
-backward_s = 0.004
-optimizer_s = 0.001
-"""
+TINY = tiny_sweep_toml(["ring", "parameter_server", "decentralized"])
 
 
 @pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
@@ -86,7 +68,7 @@ class LyingConfig(RingConfig):
 
 def test_a_plugin_whose_bytes_bypass_the_counters_fails_naming_both_byte_counts(tmp_path, monkeypatch):
     monkeypatch.setitem(strategies.registry._REGISTRY, LyingConfig.name, LyingConfig)
-    text = TINY.replace('["ring", "parameter_server", "decentralized"]', '["lying_ring", "native", "ring"]')
+    text = tiny_sweep_toml(["lying_ring", "native", "ring"])
     runs = run_sweep(sweep_mod.parse(tomllib.loads(text), source=text), tmp_path, log=io.StringIO(),
                      substrate=ThreadSubstrate()).set_index("strategy")
     lying = runs.loc["lying_ring"]

@@ -29,30 +29,12 @@ from experiments.pipeline.store import LOCK, Store, StoreError
 from experiments.pipeline.substrate import ThreadSubstrate
 from experiments.results import dataset, schema
 from experiments.simulate.substrate import simulate_sweep
+from tests.helpers import SIMULATE_TOML as SIMULATE
+from tests.helpers import tiny_sweep_toml
 
 REPO = Path(__file__).resolve().parents[2]
 
-TINY = """
-name = "old"
-[defaults]
-workload = "tiny"
-image_size = 16
-batch_size = 8
-steps = 3
-warmup_steps = 1
-link = { bandwidth = "1Gbit", latency = "50us" }
-[grid]
-strategy = ["ring", "parameter_server"]
-workers = [2]
-[strategy_params.parameter_server]
-servers = 2
-"""
-SIMULATE = """
-[simulate]
-forward_s = 0.002
-backward_s = 0.004
-optimizer_s = 0.001
-"""
+TINY = tiny_sweep_toml(["ring", "parameter_server"], name="old", servers=2)
 
 
 def _sweep(text: str = TINY) -> sweep_mod.Sweep:
@@ -290,13 +272,13 @@ def test_simulate_resume_into_another_sweep(tmp_path, capsys):
     runs stay as they were (it used to mix the sweeps and overwrite A's sweep.toml)."""
     out = tmp_path / "out"
     a = tmp_path / "a.toml"
-    a.write_text(TINY.replace('name = "old"', 'name = "a"').replace('["ring", "parameter_server"]', '["ring"]')
+    a.write_text(tiny_sweep_toml(["ring"], name="a", servers=2)
                  + SIMULATE)
     assert (simulate_sweep(a, out, log=io.StringIO())["status"] == "ok").all()
     before = {name: (out / name).read_bytes() for name in ("sweep.toml", "sweep.resolved.json")}
     runs_before = Store(out).runs()
     b = tmp_path / "b.toml"
-    b.write_text(TINY.replace('name = "old"', 'name = "b"') + SIMULATE)
+    b.write_text(tiny_sweep_toml(["ring", "parameter_server"], name="b", servers=2) + SIMULATE)
     capsys.readouterr()
     assert main(["simulate", str(b), "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err
@@ -356,7 +338,7 @@ def test_2mb_tmpfs_as_out(tmpfs_2mb, tmp_path, capsys):
 
     # through the command line: a simulation into a full --out is one line, and leaves no temporary file
     sweep_file = tmp_path / "sim.toml"
-    sweep_file.write_text(TINY.replace('["ring", "parameter_server"]', '["ring"]') + SIMULATE)
+    sweep_file.write_text(tiny_sweep_toml(["ring"], name="old", servers=2) + SIMULATE)
     out = tmpfs_2mb / "cli"
     _fill(tmpfs_2mb / "filler", leave_bytes=16384)
     capsys.readouterr()
