@@ -98,8 +98,9 @@ def intra_path(layout: Layout, numel: int, itemsize: int) -> tuple[int, int]:
 class Hierarchical(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        self.layout = Layout(workers, config.ranks_per_node)
-        self.node = next(node for node in self.layout.nodes() if comm.rank in node)
+        # not `layout`: the training loop takes a runtime's layout() for PowerSGD's per-parameter shapes
+        self.node_layout = Layout(workers, config.ranks_per_node)
+        self.node = next(node for node in self.node_layout.nodes() if comm.rank in node)
         self.inner = config.inner_config()
         self.scratch = Scratch()
         self._inner_runtimes: dict[tuple[int, ...], Strategy] = {}
@@ -111,7 +112,7 @@ class Hierarchical(Strategy):
         return self._inner_runtimes[key]
 
     def _sync(self, flat, op):
-        layout, node = self.layout, self.node
+        layout, node = self.node_layout, self.node
         chunks = chunk_bounds(flat.numel(), layout.k)
         slices = layout.slices(flat.numel(), len(node))
         # 1. inside the node: ring reduce-scatter over the node's slices; position p keeps slice (p + 1) mod r

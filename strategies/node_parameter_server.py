@@ -69,15 +69,15 @@ class NodeParameterServer(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
         self.plan = Plan(workers, config.ranks_per_node, config.servers, config.placement == "dedicated")
-        self.layout = Layout(workers, config.ranks_per_node)
-        self.node = None if self.is_server else next(n for n in self.layout.nodes() if comm.rank in n)
+        self.node_layout = Layout(workers, config.ranks_per_node)
+        self.node = None if self.is_server else next(n for n in self.node_layout.nodes() if comm.rank in n)
         self.server = comm.rank - workers if self.is_server else None
         self.scratch, self.incoming = Scratch(), Scratch()
 
     # -- worker ranks ------------------------------------------------------------------------------------
 
     def _sync(self, flat, op):
-        slices = self.layout.slices(flat.numel(), len(self.node))
+        slices = self.node_layout.slices(flat.numel(), len(self.node))
         # 1. inside the node: ring reduce-scatter; position p keeps the node's sum of slice (p + 1) mod r
         owned = ring_reduce_scatter(self.comm, flat, slices, op, self.node, self.scratch)
         # 2. across nodes: every chunk this rank owns is pushed to its servers and pulled back, in increasing c

@@ -43,6 +43,8 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "bypasses_link": not config.counted and network is not None and network.emulation == "python",
            "link_heterogeneous": bool(network and network.overrides),
            "ranks_per_node": spec.ranks_per_node,
+           "link_intra_bandwidth": network.intra.bandwidth if network and spec.ranks_per_node > 1 else math.nan,
+           "link_intra_latency_s": network.intra.latency if network and spec.ranks_per_node > 1 else math.nan,
            "straggler_ranks": tuple(straggler.get("ranks", ())),
            "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
            "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,

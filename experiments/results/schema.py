@@ -60,6 +60,10 @@ RUNS: tuple[Column, ...] = (
     Column("link_heterogeneous", BOOL, "some rank's NIC differs from the default link"),
     Column("ranks_per_node", INT, "ranks per node sharing one NIC (the run setting; 0 in results written before it "
                                   "existed: one rank per node)"),
+    Column("link_intra_bandwidth", FLOAT, "ranks_per_node > 1: the link between two ranks of a node in bytes/s (inf: "
+                                          "unlimited; NaN: one rank per node, no emulated link, or results before it)"),
+    Column("link_intra_latency_s", FLOAT, "ranks_per_node > 1: that link's per-message latency in seconds (NaN as "
+                                          "above)"),
     Column("straggler_ranks", INTS, "ranks whose compute is slowed"),
     Column("straggler_slowdown", FLOAT, "their compute time multiplier (1.0: no straggler)"),
     # compute and overlap
