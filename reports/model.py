@@ -30,6 +30,7 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     overlap_timeline,
     parallel_efficiency,
     parse_strategy,
+    sync_period,
 )
 from workloads.buckets import make_buckets
 from workloads.models import MODELS as WORKLOAD_MODELS
@@ -63,6 +64,11 @@ def inexact_note(config) -> str:
         return "NOT an allreduce: neighbour averaging (inexact)"
     if getattr(config, "staleness", 0) != 0 or getattr(config, "backups", 0):
         return "NOT exact: stale or dropped gradients"
+    kind = getattr(getattr(config, "compression", None), "compression", "none")
+    if kind != "none":
+        return f"NOT exact: {kind} compressed gradients"
+    if sync_period(config) > 1:
+        return f"NOT exact: local steps, parameters averaged every {sync_period(config)} steps"
     return ""
 
 

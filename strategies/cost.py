@@ -155,7 +155,7 @@ def _params_key(params: dict | str | None) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int) -> tuple[int, int, str]:
+def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int) -> tuple[float, float, str]:
     import strategies
 
     config = strategies.make(name, **json.loads(params_key))
@@ -163,12 +163,25 @@ def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int
     if not traffic.counted:  # the backend hides its bytes (native): model it as a ring allreduce
         ring = strategies.make("ring").traffic(workers, numel, itemsize)
         return ring.rounds, ring.path_bytes, "modelled as ring (the backend hides its bytes)"
+    period = sync_period(config)
+    if period > 1:  # local SGD: a sync's traffic on one step in H, none on the others
+        return (traffic.rounds / period, traffic.path_bytes / period,
+                f"one sync every {period} steps: its traffic / {period} per step")
     return traffic.rounds, traffic.path_bytes, ""
 
 
+def sync_period(config) -> int:
+    """H of a local-SGD strategy (strategies/local_sgd.py: it synchronizes on one step in H), 1 for any other."""
+    local = getattr(config, "local", None)
+    return int(getattr(local, "sync_every", 1))
+
+
 def critical_path(name: str, workers: int, numel: int, params: dict | str | None = None,
-                  itemsize: int = 4) -> tuple[int, int, str]:
-    """(rounds, path_bytes, note) of a strategy's analytic traffic; cached, as large n is slow to count."""
+                  itemsize: int = 4) -> tuple[float, float, str]:
+    """(rounds, path_bytes, note) of a strategy's analytic traffic per step; cached, as large n is slow to count.
+
+    Per step: local SGD (sync_every = H > 1) synchronizes on one step in H, so its rounds and bytes are a sync's
+    / H (what the run measures per step over whole periods); every other strategy's are its traffic()'s."""
     if workers < 1:
         raise ValueError(f"bad workers {workers!r}: expected a whole number >= 1")
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize)

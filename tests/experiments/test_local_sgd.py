@@ -107,6 +107,12 @@ def test_bytes_per_step_are_traffic_over_h_and_the_summary_checks_every_step(h):
     assert row["bytes_sent_per_worker"] == pytest.approx(per_worker / h, rel=1e-12)
     assert row["analytic_bytes_sent_per_worker"] == pytest.approx(per_worker / h, rel=1e-12)
     assert (row["sync_every"], row["compression"]) == (h, "none")
+    # the report's model prices a step as a sync's bytes / H: exactly what the run measured per step
+    from strategies.cost import critical_path
+
+    rounds, path_bytes, _ = critical_path("ring", WORKERS, int(row["numel"]), {"sync_every": h})
+    assert (path_bytes, rounds) == (row["analytic_path_bytes"], row["analytic_rounds"])
+    assert path_bytes == full.path_bytes / h
     # a step whose bytes disagree with its own step's traffic fails the run, naming the step
     results[1]["steps"][0]["bytes_sent"] = 4
     row, _ = summarize(spec, results, "", META)

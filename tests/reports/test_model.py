@@ -156,3 +156,19 @@ def test_a_setting_that_does_not_fit_the_workers_gets_a_row_saying_why():
     df = model_table(None, 1e6, workers=4, bandwidth=125e6, step_time=0.5,
                      strategies=["parameter_server:servers=5,placement=colocated"])
     assert math.isnan(df["comm_s"][0]) and "needs at least 5 workers" in df["note"][0]
+
+
+def test_local_sgd_is_priced_per_step_as_a_sync_over_h():
+    """sync_every = H: one sync's rounds and bytes / H per step in the model table (and a note saying so);
+    compression and local SGD are marked inexact."""
+    ring = strategies.make("ring").traffic(4, 1_000_000)
+    rows = model_table(None, 4e6, workers=4, bandwidth=125e6, step_time=0.1,
+                       strategies=["ring", "ring:sync_every=4", "ring:sync_every=16,outer_optimizer=nesterov",
+                                   "ring:compression=fp16"])
+    every, h4, h16, fp16 = (rows.iloc[i] for i in range(4))
+    assert (every["path_bytes"], every["rounds"]) == (ring.path_bytes, ring.rounds)
+    assert (h4["path_bytes"], h4["rounds"]) == (ring.path_bytes / 4, ring.rounds / 4)
+    assert h16["path_bytes"] == ring.path_bytes / 16 and h16["comm_s"] == pytest.approx(every["comm_s"] / 16)
+    assert "one sync every 4 steps" in h4["note"]
+    assert h4["exact"].startswith("NOT exact: local steps") and fp16["exact"] == "NOT exact: fp16 compressed gradients"
+    assert fp16["path_bytes"] == ring.path_bytes / 2 and every["exact"] == ""
