@@ -6,61 +6,78 @@ import pandas as pd
 import pytest
 
 import strategies
-from experiments.bench.collectives import verify
 from experiments.config import sweep as sweep_mod
 from experiments.pipeline.runner import run_sweep
 from experiments.pipeline.store import Store
 from experiments.results.dataset import read_steps
+from tests.helpers import tiny_sweep_toml
 
 pytestmark = pytest.mark.ray
 
-TINY = """
-name = "tiny"
-[defaults]
-workload = "tiny"
-image_size = 16
-batch_size = 8
-steps = 3
-warmup_steps = 1
-workers = 3
-[grid]
-strategy = {strategies}
-[strategy_params.parameter_server]
-servers = 1
-"""
-
-
 def tiny_sweep(tmp_path, names):
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY.format(strategies=json.dumps(names)))
+    path.write_text(tiny_sweep_toml(names, workers=3, link=None))
     return sweep_mod.load(path)
 
 
-@pytest.mark.parametrize("workers, op", [(3, "sum"), (4, "max")])
-def test_every_strategy_is_correct_over_gloo(ray_session, workers, op):
-    lines = []
-    assert verify(workers=workers, numel=1001, op=op, out=lines.append), "\n".join(lines)
-    assert len(lines) == 2 + len(strategies.registry.settings())
-
-
-@pytest.mark.parametrize("workers, op, dtype, names", [
+# (workers, op, dtype, names): every strategy that has the op when names is None. The float sum and max on 3 and 4
+# workers, the logical and bitwise ops on integer dtypes on awkward world sizes.
+VERIFY_CASES = [
+    (3, "sum", "float32", None),
+    (4, "max", "float32", None),
     (5, "bxor", "int32", None),
     (7, "land", "uint16", ["ring", "naive_ring", "halving_doubling", "all_to_all", "reduce_broadcast", "native"]),
-])
-def test_logical_and_bitwise_ops_over_gloo_on_awkward_world_sizes(ray_session, workers, op, dtype, names):
-    """The new ops on integer dtypes over gloo: exact results, bitwise identical ranks, every rank's bytes
-    (workers and servers, sent and received) equal to the analytic traffic."""
-    lines = []
-    ok = verify(workers=workers, numel=1001, op=op, dtype=dtype, names=names, out=lines.append, oversubscribe=True)
-    assert ok, "\n".join(lines)
-    assert all(" yes " in line for line in lines[2:]), "\n".join(lines)
+]
+
+
+def _verify_cases_on_rank(ctx, cases):
+    """verify's rank function once per case that needs this group's world size: per case, its rows."""
+    from experiments.bench.collectives import _verify_on_rank
+
+    return [_verify_on_rank(ctx, settings, workers, 1001, op, dtype) for workers, op, dtype, settings in cases]
+
+
+def test_every_strategy_and_op_is_correct_over_gloo_one_group_per_world_size(ray_session):
+    """verify's checks (the reference, exact for integers and min/max, bitwise identical ranks, every rank's bytes
+    and messages sent and received, workers' and servers', equal to the analytic traffic) for every case of
+    VERIFY_CASES, on one worker group per world size the cases need (a parameter server's world has its servers):
+    a group starts in seconds, a case runs in milliseconds. Every failing case is named in the assertion."""
+    import numpy as np
+
+    from experiments.bench.collectives import _check_setting, _groups, _setting_label
+    from experiments.cluster.group import WorkerGroup
+
+    by_world: dict[int, list] = {}
+    expected_labels = {}
+    for workers, op, dtype, names in VERIFY_CASES:
+        settings = [(n, p) for n, p in strategies.registry.settings()
+                    if (n in names if names else not strategies.get(n).exact or op in strategies.get(n).ops)]
+        assert names is None or {n for n, _ in settings} == set(names)
+        expected_labels[workers, op, dtype] = {_setting_label(n, p) for n, p in settings}
+        for world, group_settings in _groups(settings, workers):
+            by_world.setdefault(world, []).append((workers, op, dtype, group_settings))
+    failures, checked = [], {case: set() for case in expected_labels}
+    for world, cases in sorted(by_world.items()):
+        with WorkerGroup(world, timeout=60) as group:
+            per_rank = group.run(_verify_cases_on_rank, cases)
+        for index, (workers, op, dtype, group_settings) in enumerate(cases):
+            for name, params in group_settings:
+                label = _setting_label(name, params)
+                rows = [r for ranks in per_rank for r in ranks[index] if r["setting"] == label]
+                ok, error, why = _check_setting(name, params, workers, 1001, op, np.dtype(dtype), rows)
+                checked[workers, op, dtype].add(label)
+                if not ok:
+                    failures.append(f"{label} workers={workers} op={op} dtype={dtype} (world {world}): {why}")
+    assert not failures, f"{len(failures)} failing case(s):\n" + "\n".join(failures)
+    assert checked == expected_labels  # every setting of every case was run and checked
+    assert all(len(labels) >= 6 for labels in checked.values()), checked
 
 
 def test_a_sweep_over_p2p_trains_on_gloo_and_on_sockets(ray_session, tmp_path):
     """`p2p` is a sweep setting: the same strategies train over gloo and over syncbench's sockets, bytes exact."""
     path = tmp_path / "p2p.toml"
-    path.write_text(TINY.format(strategies='["ring", "parameter_server", "native"]').replace(
-        "[grid]", '[grid]\np2p = ["gloo", "sockets"]'))
+    path.write_text(tiny_sweep_toml(["ring", "parameter_server", "native"], workers=3, link=None,
+                                    grid='p2p = ["gloo", "sockets"]'))
     runs = run_sweep(sweep_mod.load(path), tmp_path / "out")
     assert (runs["status"] == "ok").all(), runs[["strategy", "transport", "error"]]
     # native's bytes are gloo's own allreduce whatever p2p says: its runs record gloo
