@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, ps, tables, tta, verdicts
+from reports import calibration, figures, levels, ps, tables, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -310,6 +310,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("scaling", "Scaling efficiency", scaling),
     Section("step-time", "Step time: compute and communication", step_time),
     Section("traffic", "Traffic: measured vs analytic", traffic),
+    Section("levels", "Traffic per level: the node's NIC and inside the node", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
