@@ -48,6 +48,26 @@ def _syncbench(*args: str, root: Path | None = None, timeout: float = 120) -> su
                           timeout=timeout, env=env)
 
 
+def _cli(capsys, *args: str, root: Path | None = None) -> subprocess.CompletedProcess:
+    """The command line in this process (experiments.cli.main; a process of its own costs seconds of imports):
+    its exit status and output, with SYNCBENCH_CLUSTER_DIR = `root` if given."""
+    from experiments.cli.main import main
+
+    saved = os.environ.get(netns.STATE_ENV)
+    if root:
+        os.environ[netns.STATE_ENV] = str(root)
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    finally:
+        if saved is None:
+            os.environ.pop(netns.STATE_ENV, None)
+        else:
+            os.environ[netns.STATE_ENV] = saved
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["syncbench", *args], code, out, err)
+
+
 def _one_line(stderr: str) -> str:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
@@ -124,7 +144,7 @@ def test_a_crafted_state_file_leaves_an_unrelated_namespace_bridge_process_and_d
 
 @needs_root
 def test_a_foreign_owned_state_directory_with_a_symlinked_tmp_is_refused_and_the_target_untouched(tmp_path,
-                                                                                                   state_root):
+                                                                                                   state_root, capsys):
     """Another user's directory (mode 0777 or 0755) with NAME.tmp and NAME.json symlinked to a root-owned file:
     `up`, `status` and `down` refuse it in one line before writing, reading or creating anything."""
     target = tmp_path / "root-owned"
@@ -137,13 +157,13 @@ def test_a_foreign_owned_state_directory_with_a_symlinked_tmp_is_refused_and_the
             (foreign / f"{name}.json").symlink_to(target)
             os.chown(foreign, 65534, 65534)
             os.chmod(foreign, mode)
-            up = _syncbench("cluster", "up", "--nodes", "1", "--bandwidth", "1Gbit", "--name", name,
-                            "--state-dir", str(foreign))
+            up = _cli(capsys, "cluster", "up", "--nodes", "1", "--bandwidth", "1Gbit", "--name", name,
+                      "--state-dir", str(foreign))
             assert up.returncode == 2
             line = _one_line(up.stderr)
             assert f"cluster state directory {foreign}" in line and "owned by uid 65534" in line, line
             for action in ("status", "down"):
-                done = _syncbench("cluster", action, "--name", name, root=foreign)
+                done = _cli(capsys, "cluster", action, "--name", name, root=foreign)
                 assert done.returncode == 2 and "owned by uid 65534" in _one_line(done.stderr)
             assert target.read_text() == "precious\n" and os.stat(target).st_uid == 0
             assert sorted(p.name for p in foreign.iterdir()) == [f"{name}.json", f"{name}.tmp"]
@@ -177,7 +197,7 @@ def test_a_state_directory_others_can_write_or_a_symlinked_state_file_is_refused
 
 @needs_ip
 def test_corrupt_and_list_shaped_state_files_are_one_line_each_and_other_clusters_unaffected(state_root,
-                                                                                              monkeypatch):
+                                                                                              monkeypatch, capsys):
     """Corrupt JSON, a list, an object without "head", JSON nested 100,000 deep and a FIFO: each is one line
     naming its file and the command that recovers; the good cluster beside them is found by status, by kernel
     sweeps and by `run --address`, and a new cluster's plan avoids its subnet."""
@@ -215,7 +235,7 @@ def test_corrupt_and_list_shaped_state_files_are_one_line_each_and_other_cluster
             shutil.rmtree(other.temp_dir)
 
         for action in ("status", "down"):
-            done = _syncbench("cluster", action, "--name", "listy", root=state_root)
+            done = _cli(capsys, "cluster", action, "--name", "listy", root=state_root)
             assert done.returncode == 2, done
             line = _one_line(done.stderr)
             assert f"{state_root}/listy.json: expected a JSON object, found a JSON list" in line
