@@ -6,6 +6,10 @@
 rank's `role`, measured `bytes_sent`, `bytes_recv`, `msgs_sent`, `msgs_recv`.
 
     check_strategy("my_ring")   # every world size 1-8 x size 0-4099 x op, results and bytes; raises on a mismatch
+
+check_strategy runs all the cases of one world size on one group of thread ranks (threads.ThreadRanks: the threads
+and the transport's connections built once, each case a fresh bind of the strategy with counters from zero) and
+names every failing case in one error.
 """
 
 from __future__ import annotations
@@ -19,18 +23,26 @@ import strategies
 from strategies.ops import ARITHMETIC, BITWISE, LOGICAL, reference
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S
 from strategies.transport.link import Network
-from strategies.transport.threads import run_threads
+from strategies.transport.threads import ThreadRanks, run_threads
 
 
 def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT_S,
-                   network: Network | None = None, repeat: int = 1, p2p: str = "threads", **params):
+                   network: Network | None = None, repeat: int = 1, p2p: str = "threads",
+                   ranks: ThreadRanks | None = None, **params):
     """Run strategy `name` once (or `repeat` times, feeding outputs back in) on len(inputs) worker threads.
     `p2p`: the transport that carries the messages between the threads: any name of strategies.transport.factory
-    that works over thread ranks ("threads", "sockets", "sockets-unix", "sockets-tcp", or one registered)."""
+    that works over thread ranks ("threads", "sockets", "sockets-unix", "sockets-tcp", or one registered).
+    `ranks`: run on this pool of thread ranks (its own world size, p2p and timeout) instead of fresh ones."""
     config = strategies.make(name, **params)
     workers = len(inputs)
     if workers < 1:
         raise ValueError("run_collective needs at least one input array (one per worker rank)")
+    if ranks is not None:
+        wanted = (config.world_size(workers), p2p, _nodes(config, network), None)
+        have = (ranks.world_size, ranks.p2p, ranks.ranks_per_node, network)
+        if have != wanted:
+            raise ValueError(f"run_collective: the pool of ranks has (world_size, p2p, ranks_per_node, network) "
+                             f"{have}, this run needs {wanted}")
     tensors = [torch.as_tensor(np.array(a, copy=True)) for a in inputs]
 
     def body(comm):
@@ -48,8 +60,11 @@ def run_collective(name: str, inputs, op: str = "sum", *, timeout: float = DEFAU
         role = "server" if runtime.is_server else "worker"
         return out, {"role": role, **counters.as_dict()}
 
-    results = run_threads(config.world_size(workers), body, timeout=timeout, network=network, p2p=p2p,
-                          ranks_per_node=_nodes(config, network))
+    if ranks is not None:
+        results = ranks.run(body)
+    else:
+        results = run_threads(config.world_size(workers), body, timeout=timeout, network=network, p2p=p2p,
+                              ranks_per_node=_nodes(config, network))
     outputs = [out for out, _ in results[:workers]]
     traffic = [t for _, t in results]
     return outputs, traffic
@@ -167,12 +182,13 @@ def check_identical(outputs: list[np.ndarray], case: str) -> None:
 
 
 def check_case(name: str, inputs: list[np.ndarray], op: str, case: str, p2p: str = "threads",
-               **params) -> list[np.ndarray]:
-    """One collective on thread ranks: roles, dtype and shape, the reference (exact for integers, min/max,
-    logical and bitwise ops), bitwise agreement between ranks (exact strategies) and traffic. Returns outputs."""
+               ranks: ThreadRanks | None = None, **params) -> list[np.ndarray]:
+    """One collective on thread ranks (fresh ones, or the pool `ranks`): roles, dtype and shape, the reference
+    (exact for integers, min/max, logical and bitwise ops), bitwise agreement between ranks (exact strategies) and
+    traffic. Returns outputs."""
     config = strategies.make(name, **params)
     workers, numel, dtype = len(inputs), inputs[0].size, inputs[0].dtype
-    outputs, traffic = run_collective(name, inputs, op=op, timeout=20, p2p=p2p, **params)
+    outputs, traffic = run_collective(name, inputs, op=op, timeout=20, p2p=p2p, ranks=ranks, **params)
     roles = ["worker"] * workers + ["server"] * config.num_servers(workers)
     if [t["role"] for t in traffic] != roles:
         raise StrategyCheckError(f"{case}: roles {[t['role'] for t in traffic]}, expected {roles}")
@@ -200,12 +216,34 @@ def check_strategy(name: str, world_sizes=WORLD_SIZES, numels=NUMELS, ops=None, 
     """Run `name` on every world size x size x op (default: all it supports) on threads; check every rank's
     result against numpy, bitwise agreement between ranks and the measured bytes against `traffic()`.
     `dtype` (default: float32 for arithmetic, int32 for logical and bitwise ops); `p2p` what carries the
-    messages between the threads (see run_collective). Returns the cases checked."""
+    messages between the threads (see run_collective). Returns the cases checked; raises StrategyCheckError
+    naming every failing case (up to MAX_FAILURES, then it stops)."""
     config = strategies.make(name, **params)
-    cases = 0
-    for workers, numel, op in itertools.product(world_sizes, numels, ops or config.ops):
-        case_dtype = np.dtype(dtype or default_dtype(op))
-        case = f"{name}{params or ''} workers={workers} numel={numel} op={op} dtype={case_dtype}"
-        check_case(name, make_inputs(workers, numel, op, case_dtype), op, f"{case} p2p={p2p}", p2p=p2p, **params)
-        cases += 1
+    cases, failures, names = 0, [], []
+    for workers in world_sizes:
+        with ThreadRanks(config.world_size(workers), timeout=20, p2p=p2p,
+                         ranks_per_node=_nodes(config, None)) as ranks:
+            for numel, op in itertools.product(numels, ops or config.ops):
+                case_dtype = np.dtype(dtype or default_dtype(op))
+                case = f"{name}{params or ''} workers={workers} numel={numel} op={op} dtype={case_dtype} p2p={p2p}"
+                cases += 1
+                try:
+                    check_case(name, make_inputs(workers, numel, op, case_dtype), op, case, p2p=p2p, ranks=ranks,
+                               **params)
+                except Exception as e:  # noqa: BLE001 - every failing case is named below
+                    failures.append(e)
+                    names.append(str(e) if isinstance(e, StrategyCheckError) else f"{case}: {type(e).__name__}: {e}")
+                    ranks.close()  # a message of the failed case may be left in flight: the next case starts afresh
+                if len(failures) >= MAX_FAILURES:
+                    break
+        if len(failures) >= MAX_FAILURES:
+            break
+    if failures:
+        left = len(world_sizes) * len(numels) * len(ops or config.ops) - cases
+        more = f" (stopped after {MAX_FAILURES}; {left} cases not run)" if left else ""
+        raise StrategyCheckError(f"{len(failures)} of {cases} cases failed{more}:\n" + "\n".join(names)) \
+            from failures[0]
     return cases
+
+
+MAX_FAILURES = 10  # a strategy that hangs costs its timeout per case: check_strategy stops after this many

@@ -35,23 +35,27 @@ class RankRun:
 
     `start(rank)` builds the rank's communicator (closed when fn returns or raises); `on_error(rank, error)` is
     told of each failure at once (threads abort their fabric with it). Errors of the types in `ignore` (how a
-    simulator ends a deadlocked rank) leave the rank unfinished instead of failed.
+    simulator ends a deadlocked rank) leave the rank unfinished instead of failed. `keep`: leave the communicator
+    open when fn returns, for the next run of a pool of ranks (threads.ThreadRanks); it is closed if fn fails, so
+    that peers waiting on this rank fail at once.
     """
 
     def __init__(self, world_size: int, fn: Callable[[Communicator], object],
                  start: Callable[[int], Communicator], on_error: Callable[[int, BaseException], None] | None = None,
-                 ignore: tuple[type[BaseException], ...] = ()):
+                 ignore: tuple[type[BaseException], ...] = (), keep: bool = False):
         self.world_size, self.fn, self.start, self.on_error, self.ignore = world_size, fn, start, on_error, ignore
+        self.keep = keep
         self.results: list = [None] * world_size
         self.finished = [False] * world_size
         self.failures: list[tuple[int, BaseException]] = []  # in the order they happened
 
     def rank(self, rank: int) -> None:
         """What rank `rank` runs (on its thread or actor)."""
-        comm = None
+        comm, failed = None, True
         try:
             comm = self.start(rank)
             self.results[rank] = self.fn(comm)
+            failed = False
         except BaseException as e:  # noqa: BLE001 - reported by outcome()
             if isinstance(e, self.ignore) or isinstance(e.__cause__, self.ignore):
                 return  # stays unfinished: outcome() names it
@@ -59,7 +63,7 @@ class RankRun:
             if self.on_error is not None:
                 self.on_error(rank, e)
         finally:
-            if comm is not None:
+            if comm is not None and (failed or not self.keep):
                 comm.close()
         self.finished[rank] = True
 

@@ -4,6 +4,9 @@ Fast, deterministic and Ray-free: the strategy tests and the plug-in harness run
 holds the queues; when one rank fails the fabric is aborted so its peers fail at once instead of waiting
 out their timeout. Its queues are also the control plane any other transport (the sockets, a plug-in's)
 is built over between thread ranks (strategies.transport.factory).
+
+run_threads runs fn once on fresh ranks; ThreadRanks keeps one group of ranks (threads, communicators, the
+sockets' connections) for many runs, as the test matrix's hundreds of cases per world size need.
 """
 
 from __future__ import annotations
@@ -126,3 +129,111 @@ def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network
     for t in threads:
         t.join(timeout + 30)
     return run.outcome(lambda stuck: f"thread ranks {stuck} still running {timeout + 30:g} s after their timeout")
+
+
+class ThreadRanks:
+    """`world_size` thread ranks whose communicators are built once and serve many runs.
+
+        with ThreadRanks(4, p2p="sockets", timeout=20) as ranks:
+            for fn in cases:
+                results = ranks.run(fn)   # as run_threads(4, fn, ...): each rank's result, or the root cause
+
+    Every run starts with every rank's counters at zero. A failed run leaves peers mid-message, so the group is
+    taken down with it and the next run builds a fresh one. No emulated network: its link clocks would carry one
+    run's time into the next (use run_threads).
+    """
+
+    def __init__(self, world_size: int, timeout: float = DEFAULT_TIMEOUT_S, p2p: str = "threads",
+                 ranks_per_node: int | None = None):
+        factory.check(p2p)
+        self.world_size, self.timeout, self.p2p, self.ranks_per_node = world_size, timeout, p2p, ranks_per_node
+        self.groups = 0  # how many groups were built (one unless a run failed)
+        self._comms: list | None = None
+
+    def __enter__(self) -> ThreadRanks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, fn) -> list:
+        """fn(comm) on every rank; each rank's result in rank order, or the root cause of the failure raised."""
+        if self._comms is None:
+            self._start()
+
+        def counted_from_zero(comm):
+            comm.reset_counters()
+            return fn(comm)
+
+        run = self._dispatch(counted_from_zero, lambda rank: self._comms[rank])
+        return self._outcome(run, "a run")
+
+    def close(self) -> None:
+        """Close every rank's communicator and end the threads."""
+        if self._comms is not None:
+            self._take_down(self._comms)
+
+    def _start(self) -> None:
+        self._fabric = Fabric(self.world_size)
+        self._inboxes = [queue.Queue() for _ in range(self.world_size)]
+        self._done: queue.Queue = queue.Queue()
+        self._busy: set[int] = set()
+        self._threads = [threading.Thread(target=self._serve, args=(r,), name=f"pooled-rank{r}", daemon=True)
+                         for r in range(self.world_size)]
+        for t in self._threads:
+            t.start()
+        self.groups += 1
+
+        def build(rank: int) -> Communicator:
+            control = ThreadCommunicator(self._fabric, rank, self.timeout)
+            comm = factory.build(self.p2p, control, timeout=self.timeout, network=None)
+            if self.ranks_per_node is not None:
+                comm.set_nodes(self.ranks_per_node)
+            return comm
+
+        run = self._dispatch(lambda comm: comm, build)
+        self._comms = self._outcome(run, "connecting")
+
+    def _serve(self, rank: int) -> None:
+        while (run := self._inboxes[rank].get()) is not None:
+            run.rank(rank)
+            self._done.put(rank)
+
+    def _dispatch(self, fn, start) -> RankRun:
+        """fn on every rank's thread; returns once all are done, or timeout + 30 s after it began."""
+        fabric = self._fabric
+        run = RankRun(self.world_size, fn, start, keep=True,
+                      on_error=lambda rank, e: fabric.abort(f"rank {rank} failed: {e}"))
+        self._busy = set(range(self.world_size))
+        for inbox in self._inboxes:
+            inbox.put(run)
+        deadline = time.monotonic() + self.timeout + 30
+        while self._busy:
+            try:
+                self._busy.discard(self._done.get(timeout=max(deadline - time.monotonic(), 0)))
+            except queue.Empty:
+                break
+        return run
+
+    def _outcome(self, run: RankRun, what: str) -> list:
+        try:
+            return run.outcome(lambda stuck: f"pooled thread ranks {stuck} still in {what} "
+                                             f"{self.timeout + 30:g} s after it began")
+        except BaseException:
+            # a failed rank closed its own communicator; the others' (built, or kept from earlier runs) close here
+            self._take_down(self._comms or [c for c in run.results if isinstance(c, Communicator)])
+            raise
+
+    def _take_down(self, comms: list) -> None:
+        """Close the communicators of the idle ranks and end their threads; a stuck rank is abandoned (a daemon
+        thread, its fabric aborted so that it fails at its next receive)."""
+        self._fabric.abort("the pool of thread ranks was taken down")
+        for rank, comm in enumerate(comms):
+            if rank not in self._busy and comm is not None:
+                comm.close()
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for rank, t in enumerate(self._threads):
+            if rank not in self._busy:
+                t.join(self.timeout)
+        self._comms = None

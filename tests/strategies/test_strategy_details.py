@@ -4,6 +4,7 @@ the halving-doubling schedule and the analytic critical path of the simple strat
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,62 @@ def test_analytic_rounds_and_paths():
     assert ps.servers()[0].bytes_recv == 4 * d // 2 and ps.rounds == 4 + 4  # a server's 4 replies, one fan-out
     native = strategies.make("native").traffic(4, 1000)
     assert not native.counted and native.rounds == strategies.make("ring").traffic(4, 1000).rounds
+
+
+# -- the harness itself: a pool of thread ranks, and check_strategy's report ----------------------------------
+
+@pytest.mark.parametrize("p2p", ["threads", "sockets"])
+def test_a_pool_of_ranks_serves_many_runs_each_counted_from_zero_and_starts_afresh_after_a_failure(p2p):
+    from strategies.transport.threads import ThreadRanks
+
+    def exchange(comm):
+        got = torch.empty(4)
+        handles = [comm.irecv(got, (comm.rank - 1) % 3), comm.isend(torch.full((4,), float(comm.rank)),
+                                                                      (comm.rank + 1) % 3)]
+        for h in handles:
+            h.wait()
+        return got.tolist(), comm.counters().as_dict()
+
+    def rank1_fails(comm):
+        if comm.rank == 1:
+            raise ValueError("rank 1 fails (test)")
+        comm.recv(torch.empty(4), 1)  # would wait out the timeout, but the failure aborts it at once
+
+    with ThreadRanks(3, timeout=20, p2p=p2p) as ranks:
+        for _ in range(3):
+            for rank, (got, counters) in enumerate(ranks.run(exchange)):
+                assert got == [float((rank - 1) % 3)] * 4
+                assert counters == {"bytes_sent": 16, "bytes_recv": 16, "msgs_sent": 1, "msgs_recv": 1}
+        assert ranks.groups == 1
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="rank 1 fails"):
+            ranks.run(rank1_fails)
+        assert time.monotonic() - start < 10
+        assert [got for got, _ in ranks.run(exchange)] == [[2.0] * 4, [0.0] * 4, [1.0] * 4]
+        assert ranks.groups == 2
+
+
+def test_check_strategy_names_every_failing_case_in_one_error(monkeypatch):
+    """A ring that is wrong at 7 elements and crashes at 3 elements under max: every such case named, the rest run."""
+    from strategies.testing import StrategyCheckError, check_strategy
+
+    runtime = strategies.get("ring").runtime
+    sync = runtime._sync
+
+    def planted(self, flat, op):
+        if flat.numel() == 3 and op == "max" and self.rank == 1:
+            raise RuntimeError("planted crash")
+        sync(self, flat, op)
+        if flat.numel() == 7:
+            flat[0] += 1
+
+    monkeypatch.setattr(runtime, "_sync", planted)
+    with pytest.raises(StrategyCheckError) as info:
+        check_strategy("ring", world_sizes=(2, 3), numels=(3, 7, 10), ops=("sum", "max"))
+    text = str(info.value)
+    assert text.startswith("6 of 12 cases failed:\n"), text
+    for workers in (2, 3):
+        for op in ("sum", "max"):
+            assert f"workers={workers} numel=7 op={op} dtype=float32 p2p=threads: rank 0 " in text, text
+        assert f"workers={workers} numel=3 op=max dtype=float32 p2p=threads: RuntimeError: planted crash" in text
+    assert "numel=10" not in text and "numel=3 op=sum" not in text

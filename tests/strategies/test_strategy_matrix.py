@@ -1,8 +1,13 @@
 """Every registered strategy x world size x size x op: results against a numpy reference, bytes against
 the strategy's analytic traffic. A newly registered strategy is picked up with no edits here.
 
-One test per (strategy settings, world size); the sizes and ops loop inside it and every assertion names
-its case, so a failure says exactly which one broke.
+One test per (strategy settings, world size); the sizes and ops loop inside it on one group of thread ranks
+(strategies.testing.check_strategy) and the failure names every case that broke.
+
+Within one strategy the ops differ only inside strategies.ops (reduce_into, finish_reduction, prescale,
+wire_form): every op runs at every world size on an awkward small size and the largest one; every size runs with
+one op of each kind (float sum: order-dependent; mean: the division each strategy places; max: exact; bxor: the
+int32 path).
 """
 
 from __future__ import annotations
@@ -21,11 +26,20 @@ from strategies.testing import (
     check_identical,
     check_strategy,
     check_traffic,
+    default_dtype,
     make_inputs,
     run_collective,
 )
 
 IDENTITY_DTYPES = (np.float16, np.float32, np.float64, np.int8, np.uint32, np.bool_)
+EVERY_SIZE_OPS = ("sum", "mean", "max", "bxor")
+EVERY_OP_NUMELS = (7, 4099)  # 7: fewer elements than 8 ranks, a multiple of none of 2-5; 4099: prime, the largest
+assert set(EVERY_OP_NUMELS) <= set(NUMELS) and 4099 in EVERY_OP_NUMELS and {3, 5, 8} <= set(WORLD_SIZES)
+# an identity case whose analytic messages per rank exceed this at 4099 elements (the partitioned parameter
+# server's 100-byte partitions: 4,424 at 8 ranks in float64; no other strategy sends over 32) runs at the largest
+# of IDENTITY_NUMELS under it
+IDENTITY_NUMELS = (4099, 1031, 257)  # primes: no partition or chunk divides them
+MAX_IDENTITY_MESSAGES = 150
 
 
 def settings():
@@ -40,8 +54,13 @@ def label(name, params):
 @pytest.mark.parametrize("workers", WORLD_SIZES)
 @pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
 def test_results_and_traffic(name, params, workers):
-    cases = check_strategy(name, world_sizes=(workers,), **params)
-    assert cases == len(NUMELS) * len(strategies.make(name, **params).ops)
+    ops = strategies.make(name, **params).ops
+    every_size = [op for op in ops if op in EVERY_SIZE_OPS] or list(ops[:1])
+    rest = [op for op in ops if op not in every_size]
+    cases = check_strategy(name, world_sizes=(workers,), ops=every_size, **params)
+    if rest:
+        cases += check_strategy(name, world_sizes=(workers,), numels=EVERY_OP_NUMELS, ops=rest, **params)
+    assert cases == len(NUMELS) * len(every_size) + len(EVERY_OP_NUMELS) * len(rest)
 
 
 @pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
@@ -62,18 +81,37 @@ def test_int64(name, params):
         check_traffic(config, workers, numel, 8, traffic, case)
 
 
+def identity_numel(config, workers: int, itemsize: int) -> int:
+    """4099 elements, or fewer (still prime) where the strategy would cut them into thousands of tiny messages."""
+    for numel in IDENTITY_NUMELS:
+        if max(r.msgs_sent + r.msgs_recv for r in config.traffic(workers, numel, itemsize).ranks) \
+                <= MAX_IDENTITY_MESSAGES:
+            return numel
+    return IDENTITY_NUMELS[-1]
+
+
 @pytest.mark.parametrize("name,params", list(settings()), ids=[label(*s) for s in settings()])
 def test_every_rank_bitwise_identical(name, params):
     """Every strategy that declares `identical` (every exact one must) gives every rank the same bits, for
-    every op it supports and every dtype that op accepts (naive_ring included: it reduces in rank order)."""
+    every op it supports and every dtype that op accepts (naive_ring included: it reduces in rank order).
+    float32 for an exact strategy is test_results_and_traffic's own case (the same inputs, every op at 4099 on
+    3, 5 and 8 ranks, check_identical), so it runs there only."""
     config = strategies.make(name, **params)
     if not config.identical:
         pytest.skip(f"{name} is a neighbour average: ranks are meant to differ")
+    failures = []
     for workers, op in itertools.product((3, 5, 8), config.ops):
         for dtype in IDENTITY_DTYPES:
             if op not in ACCEPTED[torch.from_numpy(np.zeros(1, dtype)).dtype]:
                 continue
-            case = f"{label(name, params)} workers={workers} op={op} dtype={np.dtype(dtype)}"
-            inputs = make_inputs(workers, 4099, op, dtype)
+            if config.exact and np.dtype(dtype) == default_dtype(op):
+                continue  # the matrix's own case: float32 is its arithmetic ops' dtype
+            numel = identity_numel(config, workers, np.dtype(dtype).itemsize)
+            case = f"{label(name, params)} workers={workers} op={op} dtype={np.dtype(dtype)} numel={numel}"
+            inputs = make_inputs(workers, numel, op, dtype)
             outputs, _ = run_collective(name, inputs, op=op, timeout=20, **params)
-            check_identical(outputs, case)
+            try:
+                check_identical(outputs, case)
+            except AssertionError as e:
+                failures.append(str(e))
+    assert not failures, f"{len(failures)} case(s) not bitwise identical:\n" + "\n".join(failures)
