@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from experiments.results.dataset import has_results, read_runs, read_steps
@@ -128,6 +129,40 @@ def load_steps(results_dir: Path) -> pd.DataFrame | None:
     return None if steps.empty else steps
 
 
+STEP_LEVEL = 0.95  # the per-step interval's confidence: Student's t over a run's timed steps
+
+
+def with_step_intervals(runs: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
+    """runs with each run's per-step interval: step_time_lo/hi = the mean step time +- t(0.975, k-1) x sd / sqrt(k)
+    over its k timed steps (a step's time: its slowest worker's compute + communication, as the summary
+    computes it), and throughput_step_lo/hi, the run's throughput scaled by mean / (mean +- that half-width)
+    (unbounded above when the half-width reaches the mean). NaN where the run has fewer than 2 timed steps
+    or no steps were recorded: no variation to measure."""
+    runs = runs.copy()
+    for col in ("step_time_lo", "step_time_hi", "throughput_step_lo", "throughput_step_hi"):
+        runs[col] = math.nan
+    runs["timed_steps"] = 0
+    if steps is None or steps.empty:
+        return runs
+    from scipy.special import stdtrit  # Student's t quantile (scipy.stats is slow to import)
+
+    workers = steps[(steps["role"] == "worker") & steps["timed"]]
+    per_step = (workers["compute_s"] + workers["comm_s"]).groupby([workers["run_id"], workers["step"]]).max()
+    stats = per_step.groupby(level="run_id").agg(["mean", "std", "count"])
+    stats = stats[stats["count"] >= 2]
+    half = stdtrit(stats["count"] - 1, 0.5 + STEP_LEVEL / 2) * stats["std"] / np.sqrt(stats["count"])
+    at = runs["run_id"].map(lambda run_id: run_id in half.index)
+    ids = runs.loc[at, "run_id"]
+    mean, h = stats.loc[ids, "mean"].to_numpy(), half.loc[ids].to_numpy()
+    throughput = runs.loc[at, "throughput"].to_numpy(dtype=float)
+    runs.loc[at, "timed_steps"] = stats.loc[ids, "count"].to_numpy()
+    runs.loc[at, "step_time_lo"] = mean - h
+    runs.loc[at, "step_time_hi"] = mean + h
+    runs.loc[at, "throughput_step_lo"] = throughput * mean / (mean + h)
+    runs.loc[at, "throughput_step_hi"] = np.where(mean > h, throughput * mean / np.maximum(mean - h, 1e-300), np.inf)
+    return runs
+
+
 def link_order(runs: pd.DataFrame) -> list[str]:
     """Link labels from the slowest emulated link to the fastest, 'full speed' (not emulated) last."""
     links = runs.groupby("link")["link_bandwidth"].first().fillna(math.inf).sort_values()
@@ -186,9 +221,10 @@ METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", 
 
 
 def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Mean metrics over the repeats (seeds) of each group, with the spread of throughput between them and
-    whether any run was distorted. `by` names typed keys ("config", "condition", "workers", ...); the
-    display columns that go with them (label, link) are carried along."""
+    """Mean metrics over the repeats (seeds) of each group, with the spread of throughput between them
+    (throughput_min/max), its interval (throughput_lo/hi: that spread widened by the runs' per-step intervals
+    when the runs carry them) and whether any run was distorted. `by` names typed keys ("config", "condition",
+    "workers", ...); the display columns that go with them (label, link) are carried along."""
     carried = [c for c in ("label", "config_label", "link", "condition_label", "strategy", "compute")
                if c not in by and c in ok]
     groups = ok.groupby(by, sort=False, dropna=False)
@@ -196,6 +232,12 @@ def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     agg[carried] = groups[carried].first()
     agg["throughput_min"] = groups["throughput"].min()
     agg["throughput_max"] = groups["throughput"].max()
+    # the interval: the spread between repeats widened by each run's per-step interval (with_step_intervals)
+    agg["throughput_lo"], agg["throughput_hi"] = agg["throughput_min"], agg["throughput_max"]
+    if "throughput_step_lo" in ok:
+        agg["throughput_lo"] = np.fmin(agg["throughput_min"], groups["throughput_step_lo"].min().to_numpy())
+        agg["throughput_hi"] = np.fmax(agg["throughput_max"], groups["throughput_step_hi"].max().to_numpy())
+        agg["timed_steps"] = groups["timed_steps"].min().to_numpy()
     agg["distorted"] = groups["distorted"].any()
     agg["bypasses"] = groups["bypasses_link"].any()
     agg["runs"] = groups.size()

@@ -15,7 +15,7 @@ import jinja2
 import plotly.offline
 from markupsafe import Markup
 
-from reports.load import link_order, load_runs, load_steps
+from reports.load import link_order, load_runs, load_steps, with_step_intervals
 from reports.sections import SECTIONS, Absent, Results
 
 ENV = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"), autoescape=True,
@@ -45,9 +45,10 @@ def render(r: Results) -> str:
 def build(results_dir: str | os.PathLike) -> Path:
     """Write results_dir/report.html from its runs.parquet (and steps.parquet, sweep.toml); return its path."""
     results_dir = Path(results_dir)
-    runs = load_runs(results_dir)
+    steps = load_steps(results_dir)
+    runs = with_step_intervals(load_runs(results_dir), steps)
     sweep_path = results_dir / "sweep.toml"
-    results = Results(runs=runs, ok=runs[runs["ok"]], steps=load_steps(results_dir),
+    results = Results(runs=runs, ok=runs[runs["ok"]], steps=steps,
                       sweep_text=sweep_path.read_text(encoding="utf-8", errors="replace")
                       if sweep_path.exists() else None, links=link_order(runs))
     out = results_dir / "report.html"

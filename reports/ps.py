@@ -1,7 +1,8 @@
 """Parameter server vs allreduce (issue 22.6): the PS runs of a sweep beside BytePS's optimum and beside the best
 exact allreduce measured in the same sweep, on the same link and workers; with a straggler, samples/s and the
 workers' idle fraction of synchronous, SSP, async and backups; one verdict per condition with the report's tie
-rule (a lead inside the spread between repeats is a tie). Shaped links only, grouped by typed param_* columns."""
+rule (a lead inside the intervals, repeats and their steps, is a tie). Shaped links only, grouped by typed
+param_* columns."""
 
 from __future__ import annotations
 
@@ -160,7 +161,7 @@ def straggler_frame(ok: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFram
                          "workers": int(row["workers"]), "configuration": row["config_label"],
                          "scheme": scheme(row) if row["_kind"] == "ps" else "allreduce", "runs": int(row["runs"]),
                          "samples/s": row["throughput"],
-                         "range samples/s": _pm(row["throughput_min"], row["throughput_max"], ",.1f", row["runs"]),
+                         "range samples/s": _pm(row["throughput_lo"], row["throughput_hi"], ",.1f", row["runs"]),
                          "workers idle %": w["idle"] * 100, "held at bound s/step": w["bound"],
                          "dropped pushes/step": w["dropped"], "staleness mean": w["stale_mean"],
                          "staleness max": w["stale_max"]})
@@ -170,7 +171,7 @@ def straggler_frame(ok: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFram
 def ps_verdicts(ok: pd.DataFrame) -> list[str]:
     """Per sweep, workload, condition and workers with both kinds: the PS configuration with the most samples/s
     against the allreduce (ring, or the best exact one) with the report's tie rule: a lead counts only outside the
-    spread between repeats (one run each: no spread, a tie)."""
+    intervals (the spread between repeats widened by their per-step intervals; one run each: a tie)."""
     out = []
     for _, group in _agg(_candidates(ok)).groupby(KEYS, sort=False, dropna=False):
         ref, ps = _reference(group), group[group["_kind"] == "ps"]
@@ -180,21 +181,21 @@ def ps_verdicts(ok: pd.DataFrame) -> list[str]:
         where = f"{best['workload']} on {best['condition_label']}, {int(best['workers'])} workers"
         ratio = best["throughput"] / ref["throughput"]
         numbers = (f"{best['config_label']} {best['throughput']:,.1f} samples/s "
-                   f"({_pm(best['throughput_min'], best['throughput_max'], ',.1f', best['runs'])}) against "
+                   f"({_pm(best['throughput_lo'], best['throughput_hi'], ',.1f', best['runs'])}) against "
                    f"{ref['config_label']} {ref['throughput']:,.1f} "
-                   f"({_pm(ref['throughput_min'], ref['throughput_max'], ',.1f', ref['runs'])})")
+                   f"({_pm(ref['throughput_lo'], ref['throughput_hi'], ',.1f', ref['runs'])})")
         stale = "" if scheme(best) in ("synchronous",) else \
             f" ({scheme(best)} trades gradient staleness for speed: see time to target for what it costs)"
         if best["runs"] < 2 or ref["runs"] < 2:
             out.append(f"{where}: tie, not distinguishable: {numbers}, {ratio:.2f}x; one run each, so there is no "
                        f"spread between repeats to measure a lead against.")
-        elif best["throughput_min"] > ref["throughput_max"]:
+        elif best["throughput_lo"] > ref["throughput_hi"]:
             out.append(f"{where}: the parameter server wins: {numbers}, {ratio:.2f}x {ref['config_label']}'s "
-                       f"samples/s, outside the spread between repeats{stale}.")
-        elif ref["throughput_min"] > best["throughput_max"]:
+                       f"samples/s, outside the intervals (repeats and their steps){stale}.")
+        elif ref["throughput_lo"] > best["throughput_hi"]:
             out.append(f"{where}: no PS configuration wins: {ref['config_label']} is "
                        f"{1 / ratio:.2f}x the best one: {numbers}.")
         else:
             out.append(f"{where}: tie, not distinguishable: {numbers}, {ratio:.2f}x, inside the spread between "
-                       f"repeats.")
+                       f"repeats and their steps.")
     return out

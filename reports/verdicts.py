@@ -1,8 +1,11 @@
 """The answer: the fastest strategy per workload, condition and worker count, with its uncertainty.
 
-A lead counts only when it is outside the spread between repeats (runs of one configuration with other seeds):
-with one run each there is no spread to compare, and overlapping ranges are a tie. Verdicts are per condition
-(link, straggler, compute mode, simulated platform), never averaged across conditions.
+Each configuration's throughput has an interval: the spread between its repeats (runs of one configuration with
+other seeds) widened by every repeat's per-step interval (reports/load.py, with_step_intervals: Student's t over
+the run's timed steps). A lead counts only when the best's interval lies wholly above every other's; overlapping
+intervals are a tie, and so is one run each (a run's steps say nothing of how the next run, on another seed and
+another moment of the machine, would go). Verdicts are per condition (link, straggler, compute mode, simulated
+platform), never averaged across conditions.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import math
 
 import pandas as pd
 
-from reports.load import is_server, mean_per_config
+from reports.load import STEP_LEVEL, is_server, mean_per_config
 from reports.model import MB
 
 SHOWN_IN_A_TIE = 3  # a tie names its fastest few; the best-strategy table has the rest
@@ -28,11 +31,11 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
         g = g.sort_values("throughput", ascending=False)
         best = g.iloc[0]
         others = g.iloc[1:]
-        tied = others[(others["runs"] < 2) | (best["runs"] < 2) | (others["throughput_max"] >= best["throughput_min"])]
+        tied = others[(others["runs"] < 2) | (best["runs"] < 2) | (others["throughput_hi"] >= best["throughput_lo"])]
         runner_up = others.iloc[0] if len(others) else None
         rows.append({"workload": best["workload"], "condition": best["condition_label"], "link": best["link"],
                      "workers": int(best["workers"]), "best strategy": best["config_label"],
-                     "samples/s": best["throughput"], "spread samples/s": spread(best), "runs": int(best["runs"]),
+                     "samples/s": best["throughput"], "interval samples/s": spread(best), "runs": int(best["runs"]),
                      "step time s": best["step_time_s"], "comm share %": best["comm_fraction"] * 100,
                      "lead over next %": (best["throughput"] / runner_up["throughput"] - 1) * 100
                      if runner_up is not None else math.nan,
@@ -48,10 +51,12 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
 
 
 def spread(row) -> str:
-    """'98.0-105.1' over repeats, or 'one run' when there is no spread to show."""
-    if row["runs"] < 2:
+    """'98.0-105.1': the interval (repeats and their steps); 'one run' when there is neither a spread between
+    repeats nor a per-step interval to show."""
+    lo, hi = row["throughput_lo"], row["throughput_hi"]
+    if row["runs"] < 2 and not lo < hi:
         return "one run"
-    return f"{row['throughput_min']:,.1f}-{row['throughput_max']:,.1f}"
+    return f"{lo:,.1f}-{hi:,.1f}" if math.isfinite(hi) else f"{lo:,.1f}-unbounded"
 
 
 def verdicts(best: pd.DataFrame) -> list[str]:
@@ -72,7 +77,8 @@ def verdicts(best: pd.DataFrame) -> list[str]:
             names = [winner, *(r for _, r in tied.iterrows())]
             why = ("one run each, so there is no spread between repeats to measure a lead against; repeat the "
                    "runs (repeats or seeds) to separate them" if (pd.Series([r["runs"] for r in names]) < 2).any()
-                   else f"a lead of {row['lead over next %']:.1f}% is inside the spread between repeats")
+                   else f"a lead of {row['lead over next %']:.1f}% is inside the intervals, which span the repeats "
+                        f"and each run's {STEP_LEVEL:.0%} per-step interval")
             shown = ", ".join(_measured(r) for r in names[:SHOWN_IN_A_TIE])
             more = f" and {len(names) - SHOWN_IN_A_TIE} more" if len(names) > SHOWN_IN_A_TIE else ""
             out.append(f"{where}: tie, not distinguishable: {shown}{more} ({why}).{distorted}")
@@ -85,8 +91,12 @@ def verdicts(best: pd.DataFrame) -> list[str]:
 
 
 def _measured(row) -> str:
-    """'ring 102.3 samples/s (98.0-105.1 over 3 runs)' or '... (one run)'."""
-    runs = "one run" if row["runs"] < 2 else f"{spread(row)} over {int(row['runs'])} runs"
+    """'ring 102.3 samples/s (98.0-105.1 over 3 runs)', '... (one run, its steps 99.0-104.2)' or '... (one run)'."""
+    interval = spread(row)
+    if row["runs"] < 2:
+        runs = "one run" if interval == "one run" else f"one run, its steps {interval}"
+    else:
+        runs = f"{interval} over {int(row['runs'])} runs"
     return f"{row['config_label']} {row['throughput']:,.1f} samples/s ({runs})"
 
 

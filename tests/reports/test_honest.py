@@ -188,7 +188,7 @@ def test_a_lead_inside_the_spread_between_repeats_is_a_tie(tmp_path, fake_result
     with_repeats(tmp_path, fake_results, spread=0.05, decentralized_share=0.99)
     for sentence in answers(tmp_path):
         assert "tie, not distinguishable: ring" in sentence and "decentralized" in sentence
-        assert "inside the spread between repeats" in sentence and "parameter_server" not in sentence
+        assert "inside the intervals" in sentence and "parameter_server" not in sentence
 
 
 def test_straggler_and_balanced_runs_get_one_verdict_each(results_dir):

@@ -91,7 +91,7 @@ def test_verdict_names_the_winner_and_its_ratio_when_the_lead_is_outside_the_spr
     assert row["best strategy"] == "ring" and row["next"] == "halving_doubling" and row["verdict"] == "clear"
     assert row["samples/s"] == pytest.approx(280.0)
     assert row["lead over next %"] == pytest.approx(40.0)
-    assert row["spread samples/s"] == "275.0-285.0"
+    assert row["interval samples/s"] == "275.0-285.0"
     [sentence] = verdicts.verdicts(best)
     assert ": use ring, ring 280.0 samples/s (275.0-285.0 over 3 runs) against halving_doubling 200.0 samples/s " \
            "(195.0-205.0 over 3 runs) for the next best, 1.40x" in sentence, sentence
@@ -106,7 +106,7 @@ def test_verdict_is_a_tie_when_the_ranges_overlap_or_there_is_one_run_each(tmp_p
     assert best.iloc[0]["verdict"] == "tie" and best.iloc[0]["best strategy"] == "ring"
     assert best.iloc[0]["lead over next %"] == pytest.approx(8.0)  # 270 / 250 - 1
     [sentence] = verdicts.verdicts(best)
-    assert "tie, not distinguishable" in sentence and "inside the spread between repeats" in sentence, sentence
+    assert "tie, not distinguishable" in sentence and "inside the intervals" in sentence, sentence
 
     ok = _load(tmp_path, [_run("r", "ring", 4, 280.0), _run("h", "halving_doubling", 4, 200.0)])
     best = verdicts.best_strategies(ok, load.link_order(ok))
@@ -122,6 +122,82 @@ def test_a_clear_lead_just_outside_the_spread_is_clear_and_touching_ranges_tie(t
         ok = _load(tmp_path, _repeats("ring", 4, [ring_low, 300.0]) + _repeats("halving_doubling", 4,
                                                                              [240.0, 260.0]))
         assert verdicts.best_strategies(ok, load.link_order(ok)).iloc[0]["verdict"] == verdict, ring_low
+
+
+# -- per-step intervals -------------------------------------------------------------------------------------------
+
+T975 = {2: 4.302653}  # Student's t, 97.5% quantile, by degrees of freedom (tables)
+
+
+def _steps(run_id: str, workers: int, times: list[float], warmup: float = 9.0) -> list[dict]:
+    """One warm-up step of `warmup` s (not timed: ignored) then `times`: rank 0 computes 0.2 s and communicates
+    the rest of each step; the other workers finish in 0.1 s (the step is its slowest worker's)."""
+    rows = []
+    for step, total in enumerate([warmup, *times]):
+        for rank in range(workers):
+            compute, comm = (0.2, total - 0.2) if rank == 0 else (0.1, 0.0)
+            rows.append(schema.row(schema.STEPS, run_id=run_id, step=step, rank=rank, role="worker",
+                                   timed=step > 0, compute_s=compute, comm_s=comm, samples=32))
+    return rows
+
+
+def _with_steps(tmp_path, runs: list[dict], steps: list[dict]) -> pd.DataFrame:
+    ok = _load(tmp_path, runs)
+    return load.with_step_intervals(ok, schema.conform(pd.DataFrame(steps), schema.STEPS))
+
+
+def test_a_runs_per_step_interval_is_students_t_over_its_timed_steps(tmp_path):
+    """Timed steps 0.5, 0.6, 0.7 s (the warm-up's 9 s and the faster workers ignored): mean 0.6, sd 0.1, k = 3,
+    half-width t(0.975, 2) x 0.1 / sqrt(3) = 4.302653 x 0.057735 = 0.248414 s: step time 0.351586-0.848414 s.
+    2 workers x 32 samples = 64 per step, 64 / 0.6 = 106.667 samples/s, interval 64 / 0.848414 = 75.435 to
+    64 / 0.351586 = 182.032. A run with one timed step has no interval (NaN)."""
+    runs = [_run("a", "ring", 2, 64 / 0.6), _run("b", "ring", 2, 64 / 0.5, seed=1)]
+    ok = _with_steps(tmp_path, runs, _steps("a", 2, [0.5, 0.6, 0.7]) + _steps("b", 2, [0.5]))
+    a, b = ok.set_index("run_id").loc["a"], ok.set_index("run_id").loc["b"]
+    half = T975[2] * 0.1 / math.sqrt(3)
+    assert half == pytest.approx(0.248414, abs=1e-6)
+    assert a["timed_steps"] == 3
+    assert (a["step_time_lo"], a["step_time_hi"]) == pytest.approx((0.6 - half, 0.6 + half), rel=1e-6)
+    assert (a["throughput_step_lo"], a["throughput_step_hi"]) == pytest.approx((75.435, 182.032), abs=1e-3)
+    assert b["timed_steps"] == 0 and math.isnan(b["throughput_step_lo"]) and math.isnan(b["step_time_hi"])
+    # steps wider than their mean: no upper bound
+    ok = _with_steps(tmp_path, [_run("c", "ring", 2, 64 / 0.4)], _steps("c", 2, [0.2, 0.2, 0.8]))
+    assert ok.iloc[0]["throughput_step_hi"] == math.inf
+
+
+def test_per_step_variation_turns_a_lead_outside_the_repeats_spread_into_a_tie(tmp_path):
+    """4 workers x 32 = 128 samples per step. Ring: two repeats, steps 0.46 x 3 and 0.40/0.46/0.52 (mean 0.46
+    each): 128 / 0.46 = 278.26 samples/s both. Halving-doubling: steps 0.5 x 3, twice: 256.0. Between repeats
+    alone ring's 278.26-278.26 is above 256-256: clear. The second ring run's steps: sd 0.06, half-width
+    4.302653 x 0.06 / sqrt(3) = 0.149048 s, so 128 / 0.609048 = 210.16 to 128 / 0.310952 = 411.64: ring's
+    interval 210.16-411.64 reaches below 256: a tie, and the sentence says why."""
+    thr = 128 / 0.46
+    runs = [_run("r0", "ring", 4, thr), _run("r1", "ring", 4, thr, seed=1),
+            _run("h0", "halving_doubling", 4, 256.0), _run("h1", "halving_doubling", 4, 256.0, seed=1)]
+    flat = _steps("r0", 4, [0.46] * 3) + _steps("h0", 4, [0.5] * 3) + _steps("h1", 4, [0.5] * 3)
+    steady = _with_steps(tmp_path, runs, flat + _steps("r1", 4, [0.46] * 3))
+    assert verdicts.best_strategies(steady, load.link_order(steady)).iloc[0]["verdict"] == "clear"
+
+    noisy = _with_steps(tmp_path, runs, flat + _steps("r1", 4, [0.40, 0.46, 0.52]))
+    best = verdicts.best_strategies(noisy, load.link_order(noisy))
+    row = best.iloc[0]
+    assert row["best strategy"] == "ring" and row["verdict"] == "tie"
+    assert row["interval samples/s"] == "210.2-411.6"
+    [sentence] = verdicts.verdicts(best)
+    assert "tie, not distinguishable: ring 278.3 samples/s (210.2-411.6 over 2 runs), halving_doubling 256.0 " \
+           "samples/s (256.0-256.0 over 2 runs)" in sentence, sentence
+    assert "inside the intervals, which span the repeats and each run's 95% per-step interval" in sentence
+
+
+def test_one_run_each_stays_a_tie_and_shows_its_steps_interval(tmp_path):
+    """Ring's one run (steps 0.5/0.6/0.7 at 2 workers: 75.4-182.0, as above) against halving-doubling's at a
+    steady 1.0 s (64 samples/s): the intervals are apart, but a run's steps say nothing of the next run: tie."""
+    runs = [_run("r", "ring", 2, 64 / 0.6), _run("h", "halving_doubling", 2, 64.0)]
+    ok = _with_steps(tmp_path, runs, _steps("r", 2, [0.5, 0.6, 0.7]) + _steps("h", 2, [1.0] * 3))
+    best = verdicts.best_strategies(ok, load.link_order(ok))
+    assert best.iloc[0]["verdict"] == "tie"
+    [sentence] = verdicts.verdicts(best)
+    assert "ring 106.7 samples/s (one run, its steps 75.4-182.0)" in sentence and "one run each" in sentence
 
 
 # -- bandwidth requirement ----------------------------------------------------------------------------------------
