@@ -14,10 +14,10 @@ from experiments.pipeline.substrate import Run, ThreadSubstrate
 from strategies.transport.link import Link
 
 
-def _sweep(**defaults):
+def _sweep(strategies=("hierarchical", "ring"), **defaults):
     base = {"workload": "tiny", "image_size": 16, "batch_size": 4, "steps": 3, "warmup_steps": 1,
             "workers": 4}
-    return sweep_mod.parse({"defaults": {**base, **defaults}, "grid": {"strategy": ["hierarchical", "ring"]}})
+    return sweep_mod.parse({"defaults": {**base, **defaults}, "grid": {"strategy": list(strategies)}})
 
 
 def test_the_run_setting_reaches_the_network_and_the_strategy():
@@ -50,12 +50,23 @@ def test_substrates_that_cannot_place_nodes_refuse_before_work():
     ThreadSubstrate.__new__(ThreadSubstrate).check(runs)  # accepted
 
 
-def test_a_hierarchical_run_on_thread_ranks_in_nodes(tmp_path):
-    sweep = _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit"})
+def test_node_aware_runs_on_thread_ranks_in_nodes(tmp_path):
+    sweep = _sweep(("hierarchical", "ring", "node_parameter_server"), ranks_per_node=2,
+                   link={"bandwidth": "1Gbit", "intra_bandwidth": "100Gbit", "intra_latency": "2us"})
     runs = run_sweep(sweep, tmp_path / "run", log=io.StringIO(), substrate=ThreadSubstrate())
-    assert (runs["status"] == "ok").all(), runs["error"].tolist()
-    assert runs["ranks_per_node"].tolist() == [2, 2]
-    assert runs.set_index("strategy").loc["hierarchical", "param_ranks_per_node"] == 2
+    assert (runs["status"] == "ok").all(), runs["error"].tolist()  # bytes per step equal to traffic(), checked
+    assert runs["ranks_per_node"].tolist() == [2, 2, 2]
+    assert runs["link_intra_bandwidth"].tolist() == [100e9 / 8] * 3 and runs["link_intra_latency_s"].eq(2e-6).all()
+    by = runs.set_index("strategy")
+    assert by.loc["hierarchical", "param_ranks_per_node"] == 2
+    assert by.loc["node_parameter_server", "param_ranks_per_node"] == 2
+
+
+def test_run_on_threads_refuses_a_ray_address(capsys):
+    from experiments.cli.main import main
+
+    assert main(["run", "experiments/config/sweeps/nodes.toml", "--substrate", "threads", "--address", "auto"]) == 2
+    assert "--substrate threads with --address auto" in capsys.readouterr().err
 
 
 def test_the_model_prices_each_level_for_nodes_of_eight(capsys):
