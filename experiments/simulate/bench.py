@@ -83,3 +83,94 @@ def _simgrid_version() -> str:
 
     version = load_simgrid().simgrid_version
     return ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)
+
+
+# -- the parameter-server family (issue 22.8): every mode, and k servers against BytePS's optimum ------------
+
+PS_MODES = (("dedicated update", {}), ("dedicated summation", {"mode": "summation"}),
+            ("colocated update", {"placement": "colocated"}),
+            ("colocated summation", {"placement": "colocated", "mode": "summation"}),
+            ("SSP s=2", {"staleness": 2}), ("async", {"staleness": "async"}), ("backups=1", {"backups": 1}))
+PS_PLATFORMS = {"star": {}, "fat_tree": {"topology": "fat_tree", "oversubscription": 4}}
+
+
+def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, log=sys.stderr,
+             network_model: str = "tcp", nic: str = "shared") -> list[dict]:
+    """One row per (workers n, servers k, platform, mode): one synchronization of ResNet-50's gradients (one
+    flat bucket, no compute: the step is the sync) on a 10 Gbit/s, 20 us star or 4:1 fat tree (16 hosts per
+    leaf): wall seconds, the simulated sync, its bytes against traffic(), BytePS's optimum (colocated: k = 0)
+    and the alpha-beta time of traffic(). A run the simulator refuses (SimGridSubstrate.problems) is a row
+    saying why, never simulated."""
+    from experiments.simulate.substrate import SimGridSubstrate, summarize_simulated
+    from strategies.cost import byteps_optimum
+    from workloads.profile import load_profile
+
+    profile = load_profile(PROFILE)
+    numel = Timeline.from_profile(profile).numel
+    timeline = Timeline(0.0, 0.0, 0.0, (numel,), (0.0,), "ResNet-50's gradients, no compute")
+    chosen = [(name, params) for name, params in PS_MODES if modes is None or name in modes]
+    rows = []
+    for n, k, topology in cells:
+        plat = Platform.parse({**LINK, "network_model": network_model, "nic": nic, **PS_PLATFORMS[topology]})
+        for name, params in chosen:
+            params = {"servers": k, **params}
+            spec = RunSpec(sweep="bench", workload=profile.model, image_size=profile.image_size,
+                           num_classes=profile.num_classes, batch_size=profile.batch_size, steps=1,
+                           warmup_steps=0, strategy="parameter_server", workers=n, link=LINK,
+                           strategy_params=params)
+            config = spec.strategy_config()
+            row = {"network_model": network_model, "nic": nic, "mode": name, "workers": n, "servers": k,
+                   "platform": topology, "ranks": 0, "messages": 0,
+                   "wall_s": float("nan"), "sim_sync_s": float("nan"), "optimum_s": float("nan"),
+                   "model_s": float("nan"), "bytes_ok": False, "error": ""}
+            substrate = SimGridSubstrate([(spec, SimSpec(plat, timeline))])
+            (run,) = substrate.runs()
+            problems = substrate.problems(run)
+            try:
+                config.check_workers(n)
+            except ValueError as e:
+                problems.append(str(e))
+            if problems:
+                rows.append({**row, "error": "refused: " + "; ".join(problems)})
+                print(f"[bench-ps] {name} n={n} k={k} {topology}: refused", file=log, flush=True)
+                continue
+            traffic = config.traffic(n, numel, 4)
+            row["ranks"], row["messages"] = config.world_size(n), sum(r.msgs_sent for r in traffic.ranks)
+            row["optimum_s"] = byteps_optimum(n, config.num_servers(n), numel * 4, plat.bandwidth)
+            row["model_s"] = traffic.rounds * plat.latency + traffic.path_bytes / plat.bandwidth
+            print(f"[bench-ps] {name} n={n} k={k} {topology} ranks={row['ranks']} messages={row['messages']:,} ...",
+                  file=log, flush=True)
+            results, error, wall = simulate_in_child(run.spec, run.settings)
+            summary, _ = summarize_simulated(run.spec, run.settings, results, error, wall, "now", run.run_id)
+            row["wall_s"], row["error"] = wall, summary["error"]
+            if summary["status"] == "ok":
+                row["sim_sync_s"] = summary["comm_s"]
+                row["bytes_ok"] = summary["bytes_sent_per_worker"] == summary["analytic_bytes_sent_per_worker"]
+            print(f"        -> {wall:.1f} s" + (f"  FAILED: {row['error']}" if row["error"] else ""), file=log,
+                  flush=True)
+            rows.append(row)
+    return rows
+
+
+def format_bench_ps(rows: list[dict]) -> str:
+    import os
+
+    lines = [f"# syncbench simulate --bench --ps: one sync of ResNet-50's gradients ({PROFILE.name}: one flat bucket, "
+             f"no compute), {LINK['bandwidth']} / {LINK['latency']} NICs, SimGrid {_simgrid_version()}, network model "
+             f"{', '.join(sorted({r['network_model'] for r in rows}))}, "
+             f"nic {', '.join(sorted({r['nic'] for r in rows}))}",
+             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; optimum s = BytePS's "
+             f"2n(n-1)M/((n^2+kn-2k)B) (colocated: k = 0), alpha-beta s = traffic()'s rounds x latency + path "
+             f"bytes / bandwidth; bytes = every rank's counted bytes equal traffic()",
+             f"{'mode':>20s} {'n':>5s} {'k':>4s} {'platform':>8s} {'ranks':>5s} {'messages':>9s} {'wall s':>7s} "
+             f"{'sim sync s':>10s} {'optimum s':>9s} {'alpha-beta s':>12s} {'bytes':>5s}"]
+    for r in rows:
+        if r["error"].startswith("refused"):
+            lines.append(f"{r['mode']:>20s} {r['workers']:5d} {r['servers']:4d} {r['platform']:>8s}  "
+                         f"{r['error'][:150]}")
+            continue
+        lines.append(f"{r['mode']:>20s} {r['workers']:5d} {r['servers']:4d} {r['platform']:>8s} {r['ranks']:5d} "
+                     f"{r['messages']:9,d} {r['wall_s']:7.1f} {r['sim_sync_s']:10.4f} {r['optimum_s']:9.4f} "
+                     f"{r['model_s']:12.4f} {'ok' if r['bytes_ok'] else 'DIFF':>5s}"
+                     + (f"  FAILED: {r['error'][:200]}" if r["error"] else ""))
+    return "\n".join(lines)

@@ -19,6 +19,14 @@ def add_arguments(p) -> None:
                         "corrections off)")
     p.add_argument("--strategies", help="with --bench: comma-separated names (default: halving_doubling, "
                                         "parameter_server with 8 servers, decentralized, ring, all_to_all)")
+    p.add_argument("--ps", action="store_true",
+                   help="with --bench: the parameter-server family instead: every mode (dedicated/colocated x "
+                        "update/summation, SSP s=2, async, backups=1) for each --servers k, against BytePS's optimum")
+    p.add_argument("--servers", default="8", help="with --bench --ps: server counts k (default 8)")
+    p.add_argument("--platforms", default="star", help="with --bench --ps: star and/or fat_tree (4:1), comma-separated")
+    p.add_argument("--modes", help="with --bench --ps: comma-separated modes (default: all)")
+    p.add_argument("--nic", default="shared", choices=("shared", "fifo"),
+                   help="with --bench --ps: a rank's concurrent sends share its NIC (default) or leave one at a time")
 
 
 def run(args) -> int:
@@ -34,6 +42,21 @@ def run(args) -> int:
         from experiments.simulate.bench import bench, format_bench
 
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        if args.ps:
+            from experiments.simulate.bench import PS_MODES, PS_PLATFORMS, bench_ps, format_bench_ps
+
+            servers = [int(k) for k in args.servers.split(",") if k.strip()]
+            platforms = [t.strip() for t in args.platforms.split(",") if t.strip()]
+            modes = [m.strip() for m in args.modes.split(",")] if args.modes else None
+            bad = [t for t in platforms if t not in PS_PLATFORMS] + [m for m in modes or [] if m not in
+                                                                       dict(PS_MODES)]
+            if bad:
+                raise ValueError(f"simulate --bench --ps: {bad} not accepted: platforms {', '.join(PS_PLATFORMS)}; "
+                                 f"modes {', '.join(name for name, _ in PS_MODES)}")
+            cells = [(n, k, t) for n in workers for t in platforms for k in servers]
+            print(format_bench_ps(bench_ps(cells, modes, log=sys.stderr, network_model=args.network_model,
+                                            nic=args.nic)))
+            return 0
         names = [n.strip() for n in args.strategies.split(",")] if args.strategies else None
         rows = bench(workers, names, log=sys.stderr, network_model=args.network_model)
         print(format_bench(rows))

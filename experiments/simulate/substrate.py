@@ -57,6 +57,18 @@ PLATFORM_KEYS = ("topology", "network_model", "nic", "hosts_per_leaf", "oversubs
 COMPUTE_KEYS = ("profile", "forward_s", "backward_s", "optimizer_s")
 RUN_KEYS = ("bucket_mb", "overlap")
 SIMULATE_KEYS = PLATFORM_KEYS + COMPUTE_KEYS + RUN_KEYS
+# SimGrid's Python actors are OS threads: the machine's thread and pid limits (pid_max is 32,768 by default) bound
+# a simulation's actors well before memory does; 16,384 leaves the rest of the machine room
+MAX_ACTORS = 16_384
+
+
+def simulated_actors(spec: RunSpec, config) -> int:
+    """The SimGrid actors a run needs: one per rank, and a server without a global barrier (parameter server
+    with staleness or backups) one more per worker it serves (strategies/parameter_server_async.py)."""
+    world = config.world_size(spec.workers)
+    if getattr(config, "asynchronous", False):
+        world += config.num_servers(spec.workers) * spec.workers
+    return world
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,15 @@ class SimGridSubstrate(Substrate):
         elif spec.link.get("emulation", "python") != "python":
             found.append(f"{what}: link emulation = {spec.link['emulation']!r}: the simulated platform is the "
                          f"network; leave emulation out")
+        actors = simulated_actors(spec, config := spec.strategy_config())
+        if actors > MAX_ACTORS:
+            found.append(f"{what}: {actors:,} SimGrid actors (each an OS thread) exceed this simulator's "
+                         f"{MAX_ACTORS:,}: a {spec.strategy} server without a global barrier (staleness="
+                         f"{getattr(config, 'staleness', 0)!r}, backups={getattr(config, 'backups', 0)}) serves "
+                         f"each of its {spec.workers} workers from an actor of its own, "
+                         f"{config.num_servers(spec.workers)} servers x {spec.workers} workers; accepted: "
+                         f"servers x workers + ranks <= {MAX_ACTORS:,} (fewer servers or workers), or staleness=0 "
+                         f"and backups=0")
         if spec.device != "cpu":
             found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
                          f"device = \"cpu\" (the default)")
