@@ -303,4 +303,6 @@ def compress(config: StrategyConfig, settings: Compression) -> StrategyConfig:
     """The strategy with `settings` applied: itself for compression = 'none' (today's path, untouched)."""
     if settings.compression == "none":
         return config
+    if hasattr(config, "compressed"):  # a strategy with its own compression path (ddp: DDP's comm hooks)
+        return config.compressed(settings)
     return CompressedConfig(inner=config, compression=settings)

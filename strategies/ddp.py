@@ -15,12 +15,25 @@ DDP communication hook runs the strategy on the bucket synchronously and hands b
 then runs over a local one-rank process group (its broadcasts and hooks stay local), the run is counted, and its
 traffic is the strategy's summed over the buckets the hook saw (recorded per step: DDP rebuilds its buckets after
 the first iteration).
+
+Compression (the run settings `compression`, `powersgd_*`, `topk_ratio`, `error_feedback`; strategies.make hands
+them to `compressed()`) goes through DDP's own comm hooks where torch has them:
+- comm = "gloo": torch's hooks over the backend (bytes uncounted, as ever): fp16 -> fp16_compress_hook, bf16 ->
+  bf16_compress_hook, powersgd -> powerSGD_hook with PowerSGDState(matrix_approximation_rank = powersgd_rank,
+  start_powerSGD_iter = powersgd_start, warm_start = powersgd_warm_start, use_error_feedback = error_feedback).
+  topk is refused (torch has no top-k hook), and powersgd_start < 2 with error feedback or warm start (torch's
+  PowerSGDState refuses it: DDP rebuilds its buckets after the first iteration).
+- comm = "<strategy>": syncbench's codecs (strategies/compression.py) around that strategy, one runtime per bucket,
+  over the counted transport: fp16, bf16 and topk, traffic exact per bucket. powersgd is refused: its bytes depend
+  on each bucket's tensor layout and on the step (warm-up), which the hook's recorded bucket sizes do not carry;
+  accepted instead are comm = "gloo" (torch's powerSGD_hook) or the strategy itself with compression = "powersgd".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
+from strategies.compression import Compression, compress
 from strategies.native import NativeConfig
 
 MIB = 2**20
@@ -34,10 +47,18 @@ class _Counted:
 
 
 class HookState:
-    """The comm strategy bound to this rank's communicator and the bucket sizes its hook saw, per step."""
+    """The comm strategy bound to this rank's communicator, one runtime per bucket (a compressed strategy's
+    residual is its bucket's), and the bucket sizes its hook saw, per step."""
 
-    def __init__(self, runtime):
-        self.runtime, self.steps = runtime, [[]]
+    def __init__(self, bind):
+        self.bind, self.runtimes, self.steps = bind, {}, [[]]
+
+    def runtime(self, index: int, numel: int):
+        """Bucket `index`'s runtime; a bucket DDP rebuilt (after the first iteration) to another size starts anew."""
+        key = (index, numel)
+        if key not in self.runtimes:
+            self.runtimes[key] = self.bind()
+        return self.runtimes[key]
 
     def new_step(self) -> None:
         self.steps.append([])
@@ -48,7 +69,7 @@ def _hook(state: HookState, bucket):
 
     buffer = bucket.buffer()
     state.steps[-1].append(int(buffer.numel()))
-    state.runtime.sync(buffer, "mean")
+    state.runtime(bucket.index(), int(buffer.numel())).sync(buffer, "mean")
     future = torch.futures.Future()
     future.set_result(buffer)
     return future
@@ -75,33 +96,61 @@ class DdpConfig(NativeConfig):
     summary = "torch DistributedDataParallel: backend allreduce per bucket inside backward (bytes uncounted)"
     wraps_model = True  # training wraps the model (wrap()) instead of calling sync() on a buffer
     comm: str = "gloo"
+    compression: Compression = Compression()  # a run setting (compressed()), not a parameter of ddp's own
     counted = _Counted()
+
+    @classmethod
+    def parameters(cls):
+        return {f.name: f.default for f in fields(cls) if f.name != "compression"}
 
     def validate(self):
         if self.comm != "gloo" and self.comm not in _hookable():
             raise ValueError(f"ddp: comm = {self.comm!r} is not accepted (accepted: \"gloo\", "
                              f"{', '.join(repr(n) for n in _hookable())})")
+        s = self.compression
+        if self.comm == "gloo" and s.compression == "topk":
+            raise ValueError("ddp comm = 'gloo': compression = 'topk' has no DDP comm hook in torch (accepted with "
+                             "comm = 'gloo': 'none', 'fp16', 'bf16', 'powersgd'; top-k: ddp with comm = a "
+                             "strategy, e.g. comm = 'ring', or the strategy itself)")
+        if (self.comm == "gloo" and s.compression == "powersgd" and s.powersgd_start < 2
+                and (s.error_feedback or s.powersgd_warm_start)):
+            raise ValueError(f"ddp comm = 'gloo': powersgd_start = {s.powersgd_start} with error feedback or warm "
+                             f"start: torch's PowerSGDState needs start_powerSGD_iter >= 2 (DDP rebuilds its buckets "
+                             f"after the first iteration; accepted: powersgd_start >= 2, or both off)")
+        if self.comm != "gloo" and s.compression == "powersgd":
+            raise ValueError(f"ddp comm = {self.comm!r}: compression = 'powersgd' is not offered through a strategy "
+                             f"(its bytes depend on each bucket's tensor layout and warm-up, which the hook's "
+                             f"recorded bucket sizes do not carry; accepted: comm = 'gloo' for torch's "
+                             f"powerSGD_hook, or strategy = {self.comm!r} with compression = 'powersgd')")
+
+    def compressed(self, settings: Compression) -> DdpConfig:
+        """This ddp with `settings` applied through its comm hook (refused here, before any work, if unsupported)."""
+        return replace(self, compression=settings)
 
     def comm_strategy(self):
+        """The strategy each bucket goes through (comm = a strategy), with the run's compression around it."""
         from strategies import registry
 
-        return registry.make(self.comm)
+        return compress(registry.make(self.comm), self.compression)
 
     def traffic(self, workers, numel, itemsize=4):
-        if self.comm == "gloo":
-            return super().traffic(workers, numel, itemsize)
+        if self.comm == "gloo":  # the backend's (uncounted); a 16-bit hook halves what it carries
+            half = self.compression.compression in ("fp16", "bf16")
+            return super().traffic(workers, numel, 2 if half else itemsize)
         return self.comm_strategy().traffic(workers, numel, itemsize)
 
-    def wrap(self, model, bucket_mb: float | None, device, comm=None, workers: int | None = None):
-        """`model` in DistributedDataParallel over the default process group, buckets as syncbench's; with a comm
-        strategy over a local group, each bucket through the strategy on `comm` (syncbench's communicator)."""
+    def wrap(self, model, bucket_mb: float | None, device, comm=None, workers: int | None = None,
+             process_group=None):
+        """`model` in DistributedDataParallel over `process_group` (default: the default group), buckets as
+        syncbench's, with torch's compression hook if any; with a comm strategy over a local group, each bucket
+        through the (compressed) strategy on `comm` (syncbench's communicator)."""
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         hooked = self.comm != "gloo"
         if hooked and comm is None:
             raise RuntimeError(f"ddp comm = {self.comm!r} needs syncbench's communicator to wrap the model")
-        if not hooked and not dist.is_initialized():
+        if not hooked and process_group is None and not dist.is_initialized():
             raise RuntimeError("ddp needs ranks joined by torch.distributed (Ray actors, `syncbench run`); "
                                "thread ranks cannot run it: accepted strategies there are the others")
         if bucket_mb is None:  # one flat bucket: a cap above the whole model
@@ -111,11 +160,33 @@ class DdpConfig(NativeConfig):
             caps = {"bucket_cap_mb_list": [min(1.0, bucket_mb), bucket_mb]}
         device_ids = [device.index or 0] if device.type == "cuda" else None
         if not hooked:
-            return DistributedDataParallel(model, device_ids=device_ids, **caps)
+            wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group, **caps)
+            hook = _torch_hook(self.compression, process_group)
+            if hook is not None:
+                wrapped.register_comm_hook(*hook)
+            return wrapped
         wrapped = DistributedDataParallel(model, device_ids=device_ids, process_group=_local_group(), **caps)
-        wrapped.hook_state = HookState(self.comm_strategy().bind(comm, workers or comm.world_size))
+        strategy, workers = self.comm_strategy(), workers or comm.world_size
+        wrapped.hook_state = HookState(lambda: strategy.bind(comm, workers))
         wrapped.register_comm_hook(wrapped.hook_state, _hook)
         return wrapped
+
+
+def _torch_hook(settings: Compression, process_group):
+    """(state, hook) of torch's DDP comm hook for these compression settings, None for 'none'."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if settings.compression == "fp16":
+        return process_group, default_hooks.fp16_compress_hook
+    if settings.compression == "bf16":
+        return process_group, default_hooks.bf16_compress_hook
+    if settings.compression == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=process_group, matrix_approximation_rank=settings.powersgd_rank,
+            start_powerSGD_iter=settings.powersgd_start, warm_start=settings.powersgd_warm_start,
+            use_error_feedback=settings.error_feedback)
+        return state, powerSGD_hook.powerSGD_hook
+    return None
 
 
 def _hookable() -> list[str]:

@@ -156,7 +156,7 @@ def test_bad_values_are_refused_naming_value_and_accepted(settings, match):
         strategies.make("ring", **settings)
 
 
-@pytest.mark.parametrize("name", ["decentralized", "parameter_server", "ddp"])
+@pytest.mark.parametrize("name", ["decentralized", "parameter_server"])
 def test_compression_on_a_strategy_that_does_not_average_gradients_is_refused(name):
     with pytest.raises(ValueError, match=rf"compression = 'fp16' applies to strategies that average gradients.*"
                                          rf"{name!r}"):
@@ -260,3 +260,87 @@ def test_a_layout_that_does_not_fit_the_buffer_is_refused_naming_both_sizes():
         _run_layout("ring", [_inputs(2, 145)], [(12, 3, 2, 2)], powersgd_start=0)
     with pytest.raises(ValueError, match=r"layout \[\(2, -1\)\]: a dimension is negative"):
         _run_layout("ring", [_inputs(2, 4)], [(2, -1)], powersgd_start=0)
+
+
+# ---- ddp: DDP's own comm hooks (comm = "gloo"), syncbench's codecs around the strategy (comm = a strategy) -------
+
+@pytest.mark.parametrize("settings, match", [
+    ({"compression": "topk"}, r"ddp comm = 'gloo': compression = 'topk' has no DDP comm hook in torch"),
+    ({"compression": "powersgd", "comm": "ring"}, r"ddp comm = 'ring': compression = 'powersgd' is not offered"),
+    ({"compression": "powersgd", "powersgd_start": 1}, r"powersgd_start = 1 .*start_powerSGD_iter >= 2"),
+    ({"sync_every": 4}, r"sync_every = 4 applies to strategies that average through sync\(\).*'ddp'"),
+])
+def test_ddp_combinations_torch_has_no_hook_for_are_refused_naming_the_value(settings, match):
+    with pytest.raises(ValueError, match=match):
+        strategies.make("ddp", **settings)
+
+
+def _gloo_groups(world):
+    """A gloo process group per thread rank over one in-process store (no global torch.distributed state)."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+
+    def group(rank):
+        g = dist.ProcessGroup(store, rank, world)
+        g._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        g._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                            dist.ProcessGroupGloo(store, rank, world))
+        return g
+
+    return group
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16", "powersgd"])
+def test_ddp_over_gloo_runs_torchs_hook(kind):
+    """Two ranks' DDP over gloo with the run's compression: fp16/bf16 gradients are representable in that format
+    and within its rounding of the mean; PowerSGD rank 1 (from step 2) leaves the weight's gradient rank 1 where
+    the exact mean's rank is higher."""
+    config = strategies.make("ddp", compression=kind, powersgd_rank=1, powersgd_start=2)
+    group = _gloo_groups(2)
+    data = [torch.randn(8, 6, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+
+    def body(comm):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 5)
+        ddp = config.wrap(model, None, torch.device("cpu"), process_group=group(comm.rank))
+        grads = []
+        for _ in range(3):
+            ddp.zero_grad()
+            ddp(data[comm.rank]).pow(2).sum().backward()
+            grads.append(model.weight.grad.clone())
+        local = torch.nn.Linear(6, 5)
+        local.load_state_dict(model.state_dict())
+        local(data[comm.rank]).pow(2).sum().backward()  # this rank's own last gradient, uncompressed
+        return grads, local.weight.grad
+
+    out = run_threads(2, body, timeout=30)
+    exact = (out[0][1] + out[1][1]) / 2
+    got = out[0][0][-1]
+    assert torch.equal(got, out[1][0][-1])
+    if kind == "powersgd":
+        assert torch.linalg.matrix_rank(exact) > 1 and torch.linalg.matrix_rank(got, rtol=1e-5) == 1
+        np.testing.assert_allclose(out[0][0][0], ((out[0][0][0] + out[1][0][0]) / 2))  # warm-up: allreduce
+    else:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[kind]
+        assert torch.equal(got.to(dtype).float(), got)
+        assert (got - exact).abs().max() <= (2e-2 if kind == "bf16" else 2e-3) * exact.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["fp16", "topk"])
+def test_ddp_through_ring_compresses_and_counts_the_compressed_bytes(kind):
+    """comm = 'ring': the hook runs syncbench's codec around ring on the counted transport; the summary checks
+    every rank's bytes in every step against the compressed traffic summed over DDP's buckets."""
+    import dataclasses
+
+    from experiments.pipeline.summary import summarize
+    from tests.experiments.test_overlap import META, on_threads, spec_for
+
+    spec = dataclasses.replace(spec_for("ddp", workers=2, steps=2), strategy_params={"comm": "ring"},
+                               compression=kind, topk_ratio=0.05)
+    results = on_threads(spec)
+    row, steps = summarize(spec, results, "", META)
+    assert row["status"] == "ok", row["error"]
+    assert row["compression"] == kind and row["bytes_counted"]
+    exact = strategies.make("ring").traffic(2, int(row["numel"])).worker_bytes_sent
+    assert 0 < row["bytes_sent_per_worker"] < exact / (1.9 if kind == "fp16" else 4)
