@@ -5,14 +5,17 @@
     .venv/bin/python tests/mutations.py --only throughput-doubled,verdict-ratio-inverted
     .venv/bin/python tests/mutations.py --check           # only check that every bug can still be planted
 
-Each mutation replaces one exact piece of code (it must occur exactly once; if the code moved, the mutation is
-reported STALE and needs updating here) and runs the tests that should catch it (thread ranks, no Ray, `-x`). The
-tests are first run on the unmutated copy: a mutation whose tests fail already is reported BASELINE-FAILS, not
-as caught. The working tree is never touched; the copy is removed at the end. Exit status 1 if any mutation
-survived, was stale or could not be judged.
+The bugs are one table, MUTATIONS: each row is a bug's name, its area, the file, the exact code it replaces (it
+must occur exactly once; if the code moved, the row is reported STALE and needs updating here), the code planted
+instead, the tests to run (thread ranks, no Ray, `-x`) and, where one is stated, the test that must be the one to
+fail (`expect`, a test id or its prefix): failing another one is reported CAUGHT-ELSEWHERE (the table or the tests
+drifted). The tests are first run on the unmutated copy: a mutation whose tests fail already is reported
+BASELINE-FAILS, not as caught. The working tree is never touched; the copy is removed at the end. Exit status 1 if
+any mutation survived, was stale, was caught elsewhere or could not be judged.
 
-The bugs are those of issue 28 (the report's tables, the run summary, training, the emulation) and three the
-suite caught before it (kept as controls).
+The bugs are those of issue 28 (the report's tables, the run summary, training, the emulation), three the suite
+caught before it (kept as controls) and the test harness's own (a pool of thread ranks that carries one case's
+counters into the next, a check that stops at its first failing case).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ SUMMARY_TESTS = ("tests/experiments/test_run_metrics.py", "tests/experiments/tes
                  "test_summary_row_is_complete_and_plausible")
 TRAINING_TESTS = ("tests/experiments/test_training_reference.py",)
 EMULATION_TESTS = ("tests/strategies/test_link_per_rank.py",)  # lower bounds only: test_emulation.py is load-sensitive
+HARNESS_TESTS = ("tests/strategies/test_strategy_details.py::test_a_pool_of_ranks_serves_many_runs_each_counted_from"
+                 "_zero_and_starts_afresh_after_a_failure",
+                 "tests/strategies/test_strategy_details.py::test_check_strategy_names_every_failing_case_in_one_error")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+    expect: str = ""  # the test (id or prefix) that must fail; "" for any of `tests`
 
 
 MUTATIONS = (
@@ -100,6 +107,18 @@ MUTATIONS = (
              "hops = [1 << k for k in range((n - 1).bit_length()) if 1 << k < n]",
              "hops = [1 << k for k in range((n - 1).bit_length() - 1) if 1 << k < n]",
              ("tests/strategies/test_strategy_details.py", "tests/strategies/test_strategy_matrix.py")),
+    # -- the test harness: strategies.testing and the pool of thread ranks it runs the matrix on ----------------------
+    Mutation("pool-counters-carry-over", "harness", "strategies/transport/threads.py",
+             "            comm.reset_counters()\n            return fn(comm)", "            return fn(comm)",
+             HARNESS_TESTS, "tests/strategies/test_strategy_details.py::test_a_pool_of_ranks"),
+    Mutation("check-stops-at-first-failure", "harness", "strategies/testing.py",
+             "                if len(failures) >= MAX_FAILURES:\n                    break\n        if",
+             "                if failures:\n                    break\n        if", HARNESS_TESTS,
+             "tests/strategies/test_strategy_details.py::test_check_strategy_names_every_failing_case"),
+    Mutation("traffic-unchecked-on-the-pool", "harness", "strategies/testing.py",
+             "    check_traffic(config, workers, numel, dtype.itemsize, traffic, case)\n    return outputs",
+             "    return outputs", HARNESS_TESTS,
+             "tests/strategies/test_strategy_details.py::test_check_strategy_names_every_failing_case"),
 )
 
 
@@ -178,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     finally:
                         path.write_text(original)
                     verdict = {"fail": "caught", "pass": "SURVIVED", "error": "ERROR"}[outcome]
+                    if verdict == "caught" and not why.startswith(m.expect):
+                        verdict, why = "CAUGHT-ELSEWHERE", f"{why} failed, the table expects {m.expect}"
                     results.append((m, verdict, why, time.monotonic() - start))
             m_, verdict, why, took = results[-1]
             print(f"{m.name:36s} {m.area:10s} {verdict:15s} {took:6.0f}s  {why}", flush=True)

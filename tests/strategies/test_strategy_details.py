@@ -208,7 +208,8 @@ def test_a_pool_of_ranks_serves_many_runs_each_counted_from_zero_and_starts_afre
 
 
 def test_check_strategy_names_every_failing_case_in_one_error(monkeypatch):
-    """A ring that is wrong at 7 elements and crashes at 3 elements under max: every such case named, the rest run."""
+    """A ring that is wrong at 7 elements, crashes at 3 under max and sends one message too many at 10 under sum
+    (right results, wrong bytes): every such case named, the rest run."""
     from strategies.testing import StrategyCheckError, check_strategy
 
     runtime = strategies.get("ring").runtime
@@ -220,14 +221,21 @@ def test_check_strategy_names_every_failing_case_in_one_error(monkeypatch):
         sync(self, flat, op)
         if flat.numel() == 7:
             flat[0] += 1
+        if flat.numel() == 10 and op == "sum":
+            extra = flat.clone()
+            if self.rank == 0:
+                self.comm.send(extra, 1)
+            elif self.rank == 1:
+                self.comm.recv(extra, 0)
 
     monkeypatch.setattr(runtime, "_sync", planted)
     with pytest.raises(StrategyCheckError) as info:
         check_strategy("ring", world_sizes=(2, 3), numels=(3, 7, 10), ops=("sum", "max"))
     text = str(info.value)
-    assert text.startswith("6 of 12 cases failed:\n"), text
+    assert text.startswith("8 of 12 cases failed:\n"), text
     for workers in (2, 3):
         for op in ("sum", "max"):
             assert f"workers={workers} numel=7 op={op} dtype=float32 p2p=threads: rank 0 " in text, text
         assert f"workers={workers} numel=3 op=max dtype=float32 p2p=threads: RuntimeError: planted crash" in text
-    assert "numel=10" not in text and "numel=3 op=sum" not in text
+        assert f"workers={workers} numel=10 op=sum dtype=float32 p2p=threads: rank 0 analytic " in text
+    assert "numel=10 op=max" not in text and "numel=3 op=sum" not in text
