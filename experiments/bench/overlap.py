@@ -42,32 +42,16 @@ def predict_step(profile: Profile, strategy: str, workers: int, bucket_mb: float
     timed = []
     for bucket in buckets:
         ready = max(profile.params[i].ready_s for i in bucket.params)
-        if config.role == SERVER and len(buckets) == 1:
-            rounds, path_bytes = server_steady_path(config, workers, bucket.numel, profile.itemsize)
-        else:
-            rounds, path_bytes, _ = critical_path(strategy, workers, bucket.numel, params, profile.itemsize)
+        # a parameter server too: its partitions stream full duplex, so one sync's critical path (traffic(): the
+        # busiest link, a worker's M or a server's n M / k, plus one partition's fan-out) is also its step's in
+        # training (the next step's pushes wait for this step's compute)
+        rounds, path_bytes, _ = critical_path(strategy, workers, bucket.numel, params, profile.itemsize)
         comm = 0.0 if network is None or workers == 1 else comm_time(rounds, path_bytes, network.default.bandwidth,
                                                                       network.default.latency)
         timed.append((ready, comm))
     optimizer = 0.0 if config.role == SERVER else profile.optimizer_s
     return overlap_timeline(profile.forward_s, profile.backward_s, optimizer, timed,
                             overlap=overlap and config.role != PARAMETERS, after_step=config.role == PARAMETERS)
-
-
-def server_steady_path(config, workers: int, numel: int, itemsize: int) -> tuple[int, int]:
-    """(rounds, path bytes) of a parameter server's training step in steady state, one bucket.
-
-    The one-shot critical path (every worker's push, then every reply: 2 n shards on a server's link) is one
-    isolated sync. In training the NICs are full duplex and a worker pushes its next step as soon as its own
-    reply is in, while the server is still replying to the others: the next pushes overlap this step's replies.
-    A worker's step is then its compute, its own push (its bytes on its link) and the busiest server's n
-    replies: with 1 server and 4 workers 5 shard times instead of 8 (measured 0.67x of the one-shot model at
-    4 workers, 1 Gbit). With as many servers as workers the two agree.
-    """
-    traffic = config.traffic(workers, numel, itemsize)
-    worker = next(r for r in traffic.ranks if r.role == "worker")
-    server = max((r for r in traffic.ranks if r.role == "server"), key=lambda r: r.bytes_sent)
-    return worker.msgs_sent + server.msgs_sent, worker.bytes_sent + server.bytes_sent
 
 
 def _measure_on_rank(ctx, model, batch_size, image_size):

@@ -10,6 +10,7 @@ Units: MB = 10^6 bytes, Gbit = 10^9 bits.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import threading
@@ -102,33 +103,37 @@ class Port:
         self.tx_free = 0.0
         self.rx_free = 0.0
         self.lock = threading.Lock()
-        # a node's NIC: its ranks book receives in whatever order their threads get there, not in the order the
-        # messages arrive, so the receive side keeps its busy intervals and a message takes the first gap after
-        # its first byte (one rank's own NIC books its receives in order: rx_free is enough)
+        # receives are booked when a thread waits for them, which need not be the order they arrive in: a node's
+        # ranks wait in whatever order their threads get there, and one rank waiting on several peers (a parameter
+        # server, all_to_all) waits in its own order while a later-waited message may be on the wire first. So the
+        # receive side keeps its busy intervals and a message takes the first gap after its first byte (in-order
+        # waits book exactly as a single "free at" time would); `rx_floor`: the end of intervals dropped as old
         self.shared = shared
         self.rx_busy: list[tuple[float, float]] = []
+        self.rx_floor = 0.0
 
     def __getstate__(self):  # a Network travels to Ray actors by pickle: the lock does not
-        return {"link": self.link, "tx_free": 0.0, "rx_free": 0.0, "shared": self.shared, "rx_busy": []}
+        return {"link": self.link, "tx_free": 0.0, "rx_free": 0.0, "shared": self.shared, "rx_busy": [],
+                "rx_floor": 0.0}
 
     def book_receive(self, nbytes: int, first_byte: float, sender_done: float) -> float:
         """Book the receive side (caller holds the lock); returns when the message is fully received."""
         duration = nbytes / self.link.bandwidth
-        if not self.shared:
-            start = max(first_byte, self.rx_free)
+        start = max(first_byte, self.rx_floor)
+        if start >= self.rx_free:  # after everything booked (waits in arrival order): no gap to look for
             done = max(sender_done, start + duration)
-            self.rx_free = done
-            return done
-        start = first_byte
-        for lo, hi in self.rx_busy:  # sorted by start: the first gap from first_byte that fits
-            if start + duration <= lo:
-                break
-            start = max(start, hi)
-        done = max(sender_done, start + duration)
-        self.rx_busy.append((start, done))
-        self.rx_busy.sort()
+            self.rx_busy.append((start, done))
+        else:
+            for lo, hi in self.rx_busy:  # sorted by start: the first gap from first_byte that fits
+                if start + duration <= lo:
+                    break
+                start = max(start, hi)
+            done = max(sender_done, start + duration)
+            bisect.insort(self.rx_busy, (start, done))
+        self.rx_free = max(self.rx_free, done)
         horizon = time.time() - 1.0  # intervals long past cannot hold a gap any new message could use
-        self.rx_busy = [iv for iv in self.rx_busy if iv[1] >= horizon]
+        while self.rx_busy and self.rx_busy[0][1] < horizon:
+            self.rx_floor = max(self.rx_floor, self.rx_busy.pop(0)[1])
         return done
 
     def __setstate__(self, state):

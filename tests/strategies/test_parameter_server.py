@@ -215,3 +215,18 @@ def test_training_in_every_synchronous_mode_ends_where_ring_does(bucket_mb, over
                 assert torch.equal(r["params"], results[0]["params"]), params
             diff = float((results[0]["params"] - reference).abs().max())
             assert diff <= 1e-5, (params, diff)
+
+
+def test_a_receive_waited_out_of_arrival_order_is_not_queued_behind_a_later_message():
+    """A server waits for its workers' partitions in its own order; a partition already on the wire while it
+    waits for a later one is received then, not after it (a single "free at" time queued it behind: the
+    training path paid every late worker's delay once per partition after it)."""
+    from strategies.transport.link import Link, Port
+
+    port, size = Port(Link.parse("1Gbit")), 125_000  # 1 ms on the wire
+    now = time.time() + 10.0  # stamps in the future: nothing is pruned as past
+    late = port.book_receive(size, now + 0.050, now + 0.051)  # waited first, arrives 50 ms later
+    early = port.book_receive(size, now, now + 0.001)  # waited second, already on the wire
+    assert late == pytest.approx(now + 0.051) and early == pytest.approx(now + 0.001)
+    third = port.book_receive(size, now + 0.0505, now + 0.0515)  # overlaps the late one: it waits for it
+    assert third == pytest.approx(now + 0.052)
