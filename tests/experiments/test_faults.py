@@ -17,7 +17,8 @@ from experiments.results.dataset import read_runs, read_steps
 from tests.helpers import resources_back, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 10  # the communicator's timeout in these runs: a dead peer must fail the run within it
+TIMEOUT_S = 30  # the communicator's timeout in these runs: generous, so that a machine under load does not time out
+DETECTED_S = 10  # a killed rank must fail the run within this: its death is seen (a reset connection), not waited out
 KILL_AT_STEP = 5  # rank 1 is killed once rank 0 has finished this many steps: past the warm-up, inside the loop
 LONG = 100_000  # steps: a run that only a fault ends
 
@@ -114,7 +115,7 @@ def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds
     assert killed["error"].startswith("run(train) failed on rank 1"), killed["error"]
     took = record["ended_at"] - record["killed_at"]
     print(f"{strategy}: rank 1 killed, run failed {took:.1f} s later")
-    assert took < TIMEOUT_S, f"the run took {took:.1f} s to fail after rank 1 was killed"
+    assert took < DETECTED_S, f"the run took {took:.1f} s to fail after rank 1 was killed"
     assert after["status"] == "ok", after["error"]
     # the broken group's actors are gone and every placement group is removed
     alive = lambda: [p for p in record["pids"] if psutil.pid_exists(p)  # noqa: E731
@@ -136,10 +137,11 @@ batch_size = 8
 warmup_steps = 1
 workers = 2
 strategy = "ring"
-link = { bandwidth = "100Mbit" }
+link = {{ bandwidth = "100Mbit" }}
 [grid]
-steps = [3, 500, 4]   # SIGTERM lands while the 500-step run (~10 s) is in flight
+steps = [3, {long}, 4]   # SIGTERM lands while the long run (~3 s) is in flight
 """
+STOP_LONG = 150
 
 
 def _syncbench(*args: str) -> list[str]:
@@ -150,7 +152,7 @@ def _syncbench(*args: str) -> list[str]:
 def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(ray_session, tmp_path):
     before = ray_session.available_resources()
     sweep = tmp_path / "stopped.toml"
-    sweep.write_text(STOP_SWEEP)
+    sweep.write_text(STOP_SWEEP.format(long=STOP_LONG))
     out = tmp_path / "out"
     # the sweep processes join the session's Ray (--address) rather than each starting one of their own
     address = ["--address", ray_session.get_runtime_context().gcs_address]
@@ -181,10 +183,10 @@ def test_sigterm_keeps_finished_runs_and_resume_completes_only_what_is_missing(r
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "3 runs, 1 already done" in resumed.stderr, resumed.stderr
     runs, steps = read_runs(out), read_steps(out)
-    assert sorted(runs["steps"]) == [3, 4, 500] and set(runs["status"]) == {"ok"}
+    assert sorted(runs["steps"]) == [3, 4, STOP_LONG] and set(runs["status"]) == {"ok"}
     assert runs["run_id"].is_unique
     assert runs.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]  # not run again
-    assert len(steps) == (3 + 500 + 4) * 2
+    assert len(steps) == (3 + STOP_LONG + 4) * 2
     assert not steps.duplicated(["run_id", "step", "rank"]).any()
     # both sweep processes' actors and placement groups are released (Ray frees them asynchronously)
     assert wait_until(lambda: resources_back(ray_session, before)), ray_session.available_resources()

@@ -37,6 +37,7 @@ def _verify_cases_on_rank(ctx, cases):
     return [_verify_on_rank(ctx, settings, workers, 1001, op, dtype) for workers, op, dtype, settings in cases]
 
 
+@pytest.mark.timeout(600)  # four tests of 300 s each before: 6 groups of 3-8 ranks on a loaded machine
 def test_every_strategy_and_op_is_correct_over_gloo_one_group_per_world_size(ray_session):
     """verify's checks (the reference, exact for integers and min/max, bitwise identical ranks, every rank's bytes
     and messages sent and received, workers' and servers', equal to the analytic traffic) for every case of
