@@ -18,13 +18,16 @@ BytePS's optimum needs as many server nodes as worker nodes (servers = workers);
 multiple of ranks_per_node, else the first server would share the last worker node's NIC (colocation, not
 dedication).
 
-The servers sum (BytePS's summation mode: the workers run the optimizer, role GRADIENTS); one message per shard
-and chunk. With ranks_per_node = 1 it is parameter_server in summation mode with one partition per shard: the
-same bytes, messages and bits (tests/strategies/test_nodes.py).
+The servers sum (BytePS's summation mode: the workers run the optimizer, role GRADIENTS), partition by partition
+(`partition_mb`, BytePS's 4 MiB): a server answers each partition once every owner's push of it is in, so the
+replies stream while later pushes arrive (without partitions a lone server's node would take every push, then
+send every reply: twice the NIC time). With ranks_per_node = 1 it is parameter_server in summation mode: the same
+bytes, messages and bits (tests/strategies/test_nodes.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +35,7 @@ import torch
 from strategies.base import GRADIENTS, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
 from strategies.hierarchical import Layout, intra_path, intra_traffic
 from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
+from strategies.parameter_server import partitions
 from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
 
 PLACEMENTS = ("colocated", "dedicated")
@@ -39,36 +43,50 @@ PLACEMENTS = ("colocated", "dedicated")
 
 @dataclass(frozen=True)
 class Plan:
-    """Where every shard of every chunk is served: the across-node step both workers and servers walk."""
+    """Where every partition of every shard of every chunk is served: the across-node step workers and servers walk.
+
+    Chunk c is cut into `servers` shards and every shard into partitions of at most partition_mb MiB
+    (parameter_server.partitions): a server answers a partition as soon as every owner's push of it is in, so its
+    replies stream while later pushes arrive (full duplex), as BytePS does."""
 
     workers: int
     k: int
     servers: int
     dedicated: bool
+    partition_mb: float
 
     def host(self, s: int, group: list[int]) -> int:
         return self.workers + s if self.dedicated else group[s % len(group)]
 
-    def steps(self, numel: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """Per non-empty chunk, in increasing c: its group (one owner per node) and its shards (lo, hi)."""
+    def steps(self, numel: int, itemsize: int) -> list[tuple[list[int], list[list[tuple[int, int]]]]]:
+        """Per non-empty chunk, in increasing c: its group (one owner per node) and per shard its partitions."""
         layout, out = Layout(self.workers, self.k), []
         for c, (lo, hi) in enumerate(chunk_bounds(numel, self.k)):
             if hi > lo:
-                out.append((layout.group(c), [(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, self.servers)]))
+                parts = partitions(hi - lo, self.servers, itemsize, self.partition_mb)
+                out.append((layout.group(c), [[(lo + a, lo + b) for a, b in p] for p in parts]))
         return out
 
-    def push_order(self, shards: list[tuple[int, int]], group: list[int], member: int) -> list[int]:
-        """The shards `member` pushes, hosts visited from its own position on (spreads the incast), each host's
-        shards in increasing s: the order that host waits for them."""
+    @staticmethod
+    def rounds(parts: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+        """(shard, partition) in wire order: partition by partition, shards in increasing s within each."""
+        return [(s, r) for r in range(max((len(p) for p in parts), default=0)) for s in range(len(parts))
+                if r < len(parts[s])]
+
+    def push_order(self, parts: list[list[tuple[int, int]]], group: list[int], member: int) -> list[tuple[int, int]]:
+        """What `member` pushes: partition by partition, hosts visited from its own position on (spreads the
+        incast); to any one host in wire order, the order that host waits for them."""
         me, hosts = group.index(member), len(group) if not self.dedicated else self.servers
-        mine = [s for s, (lo, hi) in enumerate(shards) if hi > lo and self.host(s, group) != member]
-        return sorted(mine, key=lambda s: (((s % hosts) - me) % hosts, s))
+        mine = [(s, r) for s, r in self.rounds(parts) if self.host(s, group) != member]
+        return sorted(mine, key=lambda sr: (sr[1], ((sr[0] % hosts) - me) % hosts, sr[0]))
 
 
 class NodeParameterServer(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        self.plan = Plan(workers, config.ranks_per_node, config.servers, config.placement == "dedicated")
+        self.plan = Plan(workers, config.ranks_per_node, config.servers, config.placement == "dedicated",
+                         config.partition_mb)
+        # not `layout`: the training loop takes a runtime's layout() for PowerSGD's per-parameter shapes
         self.node_layout = Layout(workers, config.ranks_per_node)
         self.node = None if self.is_server else next(n for n in self.node_layout.nodes() if comm.rank in n)
         self.server = comm.rank - workers if self.is_server else None
@@ -81,29 +99,30 @@ class NodeParameterServer(Strategy):
         # 1. inside the node: ring reduce-scatter; position p keeps the node's sum of slice (p + 1) mod r
         owned = ring_reduce_scatter(self.comm, flat, slices, op, self.node, self.scratch)
         # 2. across nodes: every chunk this rank owns is pushed to its servers and pulled back, in increasing c
-        for group, shards in self.plan.steps(flat.numel()):
+        for group, parts in self.plan.steps(flat.numel(), flat.element_size()):
             if self.rank in group:
-                self._push_pull(flat, group, shards, op)
+                self._push_pull(flat, group, parts, op)
         # 3. inside the node: ring all-gather, every rank ends with the whole array
         ring_allgather(self.comm, flat, slices, self.node, owned)
 
-    def _push_pull(self, flat, group, shards, op):
+    def _push_pull(self, flat, group, parts, op):
         plan = self.plan
-        pushes = [self.comm.isend(flat[slice(*shards[s])], plan.host(s, group))
-                  for s in plan.push_order(shards, group, self.rank)]
-        # colocated: serve the shards hosted here (the other owners' pushes come in), then take the replies
+        pushes = [self.comm.isend(flat[slice(*parts[s][r])], plan.host(s, group))
+                  for s, r in plan.push_order(parts, group, self.rank)]
+        # colocated: serve the partitions hosted here as the other owners' pushes come in, then take the replies
         replies = []
-        for s, (lo, hi) in enumerate(shards):
-            if hi > lo and plan.host(s, group) == self.rank:
-                replies += self._serve_shard(flat[lo:hi], group, op, local=flat[lo:hi])
-        for s, (lo, hi) in enumerate(shards):
-            if hi > lo and plan.host(s, group) != self.rank:
-                self.comm.recv(flat[lo:hi], plan.host(s, group))
+        for s, r in plan.rounds(parts):
+            if plan.host(s, group) == self.rank:
+                lo, hi = parts[s][r]
+                replies += self._serve_partition(flat[lo:hi], group, op, local=flat[lo:hi])
+        for s, r in plan.rounds(parts):
+            if plan.host(s, group) != self.rank:
+                self.comm.recv(flat[slice(*parts[s][r])], plan.host(s, group))
         for handle in pushes + replies:
             handle.wait()
 
-    def _serve_shard(self, like, group, op, local=None):
-        """Sum one shard's node sums in node order (the owner's own `local` moves no bytes), finish the mean,
+    def _serve_partition(self, like, group, op, local=None):
+        """Sum one partition's node sums in node order (the owner's own `local` moves no bytes), finish the mean,
         answer every other owner at once; returns the reply sends."""
         size = like.numel()
         peers = [w for w in group if w != self.rank]
@@ -126,18 +145,17 @@ class NodeParameterServer(Strategy):
     # -- dedicated server ranks ---------------------------------------------------------------------------
 
     def serve(self, numel, dtype, op="mean", update=None, device="cpu"):
-        """Take this server's shard of every chunk from the chunk's owners, sum it, answer it (summation mode:
-        `update` is not used, the workers step)."""
+        """Take this server's shard of every chunk, partition by partition, from the chunk's owners, sum it,
+        answer it (summation mode: `update` is not used, the workers step)."""
         check_op(op, dtype, self.config.ops)
         self._check_size(numel)
         like = torch.empty(0, dtype=wire_dtype(dtype), device=device)  # as the workers send it (Strategy.sync)
         if numel == 0:
             return
         replies = []
-        for group, shards in self.plan.steps(numel):
-            lo, hi = shards[self.server]
-            if hi > lo:  # each reply is a fresh tensor: the sends of earlier chunks may still be in flight
-                replies += self._serve_shard(like.new_empty(hi - lo), group, op)
+        for group, parts in self.plan.steps(numel, like.element_size()):
+            for lo, hi in parts[self.server]:  # each reply a fresh tensor: earlier sends may still be in flight
+                replies += self._serve_partition(like.new_empty(hi - lo), group, op)
         for handle in replies:
             handle.wait()
 
@@ -149,11 +167,12 @@ class NodeParameterServerConfig(StrategyConfig):
                "node's sum of a slice to the servers (colocated or dedicated) and pulls, all-gather in the node")
     role = GRADIENTS  # summation servers: the workers run the optimizer
     runtime = NodeParameterServer
-    variants = ({"ranks_per_node": 2}, {"ranks_per_node": 3, "servers": 2},
-                {"ranks_per_node": 1, "servers": 2, "placement": "dedicated"})
+    variants = ({"ranks_per_node": 2}, {"ranks_per_node": 3, "servers": 2, "partition_mb": 1e-4},
+                {"ranks_per_node": 1, "servers": 2, "placement": "dedicated", "partition_mb": 3e-4})
     ranks_per_node: int = 2
     servers: int = 1
     placement: str = "colocated"
+    partition_mb: float = 4.0
 
     def validate(self):
         k = self.ranks_per_node
@@ -164,6 +183,10 @@ class NodeParameterServerConfig(StrategyConfig):
         if self.placement not in PLACEMENTS:
             raise ValueError(f"node_parameter_server placement = {self.placement!r}: accepted are "
                              f"{', '.join(map(repr, PLACEMENTS))}")
+        if (isinstance(self.partition_mb, bool) or not isinstance(self.partition_mb, (int, float))
+                or not 0 < self.partition_mb < math.inf):
+            raise ValueError(f"node_parameter_server partition_mb = {self.partition_mb!r}: expected a number of MiB "
+                             f"> 0 (BytePS uses 4)")
 
     def check_workers(self, workers: int) -> None:
         if self.placement == "dedicated" and self.ranks_per_node > 1 and workers % self.ranks_per_node:
@@ -186,13 +209,14 @@ class NodeParameterServerConfig(StrategyConfig):
         """Per rank (workers, then dedicated servers), per level: bytes and messages inside its node ('intra': the
         two ring phases) and through its node's NIC ('nic': pushes and replies; rank i is in node i // k)."""
         k, world = self.ranks_per_node, self.world_size(workers)
-        plan = Plan(workers, k, self.servers, self.placement == "dedicated")
+        plan = Plan(workers, k, self.servers, self.placement == "dedicated", self.partition_mb)
         totals = {"intra": [[0, 0, 0, 0] for _ in range(world)], "nic": [[0, 0, 0, 0] for _ in range(world)]}
         for rank, t in enumerate(intra_traffic(Layout(workers, k), numel, itemsize)):
             totals["intra"][rank] = [t.bytes_sent, t.bytes_recv, t.msgs_sent, t.msgs_recv]
-        for group, shards in plan.steps(numel):
-            for s, (lo, hi) in enumerate(shards):
-                host, size = plan.host(s, group), (hi - lo) * itemsize
+        for group, parts in plan.steps(numel, itemsize):
+            for s, r in plan.rounds(parts):
+                (lo, hi), host = parts[s][r], plan.host(s, group)
+                size = (hi - lo) * itemsize
                 for member in (w for w in group if w != host and size):
                     level = totals["intra" if member // k == host // k else "nic"]
                     for src, dst in ((member, host), (host, member)):  # the push, then the reply

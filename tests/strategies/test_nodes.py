@@ -236,19 +236,20 @@ def test_the_model_says_hierarchical_is_two_thirds_of_the_flat_ring_on_two_nodes
 # -- the node-aware parameter server --------------------------------------------------------------------------------
 
 # the generic matrix (tests/strategies/test_strategy_matrix.py) runs the declared variants, (k, placement,
-# servers) = (2, colocated, 1), (3, colocated, 2), (1, dedicated, 2), on every size and op: here the others
-NODE_PS = [(1, "colocated", 3), (2, "colocated", 2), (4, "colocated", 1), (4, "colocated", 3), (2, "dedicated", 2),
-           (3, "dedicated", 1), (4, "dedicated", 2)]
+# servers, partition_mb) = (2, colocated, 1, 4), (3, colocated, 2, 1e-4), (1, dedicated, 2, 3e-4), on every size
+# and op: here the others (1e-4 MiB: partitions of 26 float32)
+NODE_PS = [(1, "colocated", 3, 4.0), (2, "colocated", 2, 1e-4), (4, "colocated", 1, 4.0), (4, "colocated", 3, 1e-4),
+           (2, "dedicated", 2, 1e-4), (3, "dedicated", 1, 4.0), (4, "dedicated", 2, 1e-4)]
 
 
-@pytest.mark.parametrize("k,placement,servers", NODE_PS)
-def test_node_parameter_server_against_the_reference_on_every_world_size(k, placement, servers):
+@pytest.mark.parametrize("k,placement,servers,partition_mb", NODE_PS)
+def test_node_parameter_server_against_the_reference_on_every_world_size(k, placement, servers, partition_mb):
     """World sizes 1-8 in nodes of k (short last nodes included; dedicated servers need whole nodes): results
     against numpy, every rank bitwise identical, bytes and messages per rank equal traffic()."""
     worlds = [w for w in range(1, 9) if placement == "colocated" or w % k == 0]
     assert check_strategy("node_parameter_server", world_sizes=worlds, numels=(0, 1, 7, 1001),
-                          ops=("sum", "mean", "max"), ranks_per_node=k, servers=servers,
-                          placement=placement) == len(worlds) * 4 * 3
+                          ops=("sum", "mean", "max"), ranks_per_node=k, servers=servers, placement=placement,
+                          partition_mb=partition_mb) == len(worlds) * 4 * 3
 
 
 def _per_level_all(name, inputs, k, **params):
@@ -276,7 +277,7 @@ def _per_level_all(name, inputs, k, **params):
                                                          (8, 4, "dedicated", 2), (6, 3, "dedicated", 1),
                                                          (4, 2, "dedicated", 3)])
 def test_node_parameter_server_bytes_per_level_equal_its_levels(workers, k, placement, servers):
-    params = {"ranks_per_node": k, "placement": placement, "servers": servers}
+    params = {"ranks_per_node": k, "placement": placement, "servers": servers, "partition_mb": 2e-4}
     levels = cost.node_levels(strategies.make("node_parameter_server", **params), workers, 1001, 4, k)
     measured = _per_level_all("node_parameter_server", make_inputs(workers, 1001, "sum"), k, **params)
     for level in ("intra", "nic"):
@@ -302,16 +303,16 @@ def test_node_parameter_server_sends_a_node_sum_through_the_nic():
     assert (node.nic_bytes, node.bottleneck) == (4000, "nic")
 
 
-@pytest.mark.parametrize("placement,servers", [("colocated", 1), ("colocated", 3), ("dedicated", 1),
-                                               ("dedicated", 2)])
-def test_node_parameter_server_with_one_rank_per_node_is_the_flat_ps(placement, servers):
+@pytest.mark.parametrize("placement,servers,partition_mb", [("colocated", 1, 4.0), ("colocated", 3, 1e-4),
+                                                            ("dedicated", 1, 1e-4), ("dedicated", 2, 4.0)])
+def test_node_parameter_server_with_one_rank_per_node_is_the_flat_ps(placement, servers, partition_mb):
     """k = 1: no intra-node phase, one chunk; the same bytes, messages and bits as parameter_server in summation
-    mode with one partition per shard."""
+    mode with the same partitions."""
     inputs = make_inputs(5, 1003, "mean")
     ours, our_traffic = run_collective("node_parameter_server", inputs, op="mean", ranks_per_node=1,
-                                       placement=placement, servers=servers)
+                                       placement=placement, servers=servers, partition_mb=partition_mb)
     theirs, their_traffic = run_collective("parameter_server", inputs, op="mean", mode="summation",
-                                           placement=placement, servers=servers)
+                                           placement=placement, servers=servers, partition_mb=partition_mb)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(ours, theirs))
     assert our_traffic == their_traffic
 
@@ -330,6 +331,8 @@ def test_node_parameter_server_refuses_bad_values_before_work():
         strategies.make("node_parameter_server", servers=0)
     with pytest.raises(ValueError, match="placement = 'remote'"):
         strategies.make("node_parameter_server", placement="remote")
+    with pytest.raises(ValueError, match="partition_mb = 0"):
+        strategies.make("node_parameter_server", partition_mb=0)
     dedicated = strategies.make("node_parameter_server", ranks_per_node=2, placement="dedicated")
     with pytest.raises(ValueError, match="workers = 5 and ranks_per_node = 2"):
         dedicated.world_size(5)
