@@ -194,11 +194,11 @@ class NodeCost:
     """One allreduce on nodes of k ranks: the busiest node NIC's and intra-node port's bytes, each level's time
     (bytes / that level's bandwidth, the level's share of the rounds x its latency) and which one bounds it."""
 
-    nic_bytes: int      # max over nodes of the bytes its NIC transmits or receives (the node's ranks summed)
-    intra_bytes: int    # max over ranks of the bytes it sends or receives inside its node
+    nic_bytes: float    # max over nodes of the bytes its NIC transmits or receives (the node's ranks summed)
+    intra_bytes: float  # max over ranks of the bytes it sends or receives inside its node (local SGD: / H)
     nic_s: float
     intra_s: float
-    rounds: int
+    rounds: float
 
     @property
     def bottleneck(self) -> str:
@@ -254,6 +254,9 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
     rounds = config.traffic(workers, numel, itemsize).rounds
     alpha = latency if nic else intra_latency
+    period = sync_period(config)
+    if period > 1:  # local SGD: a sync's levels on one step in H
+        nic, intra, rounds = nic / period, intra / period, rounds / period
     return NodeCost(nic, intra, nic / nic_bandwidth + rounds * alpha, intra / intra_bandwidth + rounds * intra_latency,
                     rounds)
 

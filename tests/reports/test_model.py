@@ -172,3 +172,11 @@ def test_local_sgd_is_priced_per_step_as_a_sync_over_h():
     assert "one sync every 4 steps" in h4["note"]
     assert h4["exact"].startswith("NOT exact: local steps") and fp16["exact"] == "NOT exact: fp16 compressed gradients"
     assert fp16["path_bytes"] == ring.path_bytes / 2 and every["exact"] == ""
+
+
+def test_local_sgd_on_nodes_is_priced_as_a_sync_over_h():
+    every, h4 = (model_table(None, 4e6, workers=4, bandwidth=125e6, step_time=0.1, strategies=[s], ranks_per_node=2)
+                 .iloc[0] for s in ("ring", "ring:sync_every=4"))
+    assert (h4["nic_bytes"], h4["intra_bytes"], h4["rounds"]) == (every["nic_bytes"] / 4, every["intra_bytes"] / 4,
+                                                                  every["rounds"] / 4)
+    assert h4["comm_s"] == pytest.approx(every["comm_s"] / 4)
