@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-RAY_FIXTURES = {"ray_session", "group2", "_shared_groups"}
+RAY_FIXTURES = {"ray_session", "group2", "_shared_groups", "lend_groups"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,9 +50,15 @@ def ray_session():
     starts (verify at 5 workers: 5 workers + 3 parameter servers) fits beside the shared 2-rank group."""
     import ray
 
-    from experiments.cluster.ray_runtime import ensure_ray
+    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 
-    started = ensure_ray(num_cpus=10)
+    try:
+        started = ensure_ray(num_cpus=10)
+    except Exception as e:  # Ray gives its raylet 30 s to register, fixed: at load 40 on 2 cores that can pass
+        if "timed out during startup" not in str(e):
+            raise
+        stop_ray()  # what the first attempt started, its temp dir too
+        started = ensure_ray(num_cpus=10)
     yield ray
     if started:
         ray.shutdown()
@@ -66,17 +72,67 @@ def _shared_groups():
         group.shutdown()
 
 
-@pytest.fixture
-def group2(ray_session, _shared_groups):
-    """A healthy 2-rank gloo WorkerGroup shared across tests; replaced if an earlier test broke it.
+def _shared_group(groups: dict, world: int):
+    """The session's shared CPU group of `world` ranks, started on first use; replaced if a test broke it.
 
     It lives for the whole session, so its ranks reserve a token 0.01 CPU each: at 1 CPU each they held 2 of the
     session's CPUs for good and a test's own 8-rank group waited for a placement that never came."""
     from experiments.cluster.group import WorkerGroup
 
-    group = _shared_groups.get(2)
+    group = groups.get(world)
     if group is None or group.broken:
         if group is not None:
             group.shutdown()
-        group = _shared_groups[2] = WorkerGroup(2, num_cpus=0.01, timeout=20)
+        group = groups[world] = WorkerGroup(world, num_cpus=0.01, timeout=20)
     return group
+
+
+@pytest.fixture
+def group2(ray_session, _shared_groups):
+    """A healthy 2-rank gloo WorkerGroup shared across tests; replaced if an earlier test broke it."""
+    return _shared_group(_shared_groups, 2)
+
+
+LENT_WORLD_SIZES = (1, 2)  # larger shared groups would keep an actor (~300 MB) per rank alive all session
+
+
+class _Lent:
+    """A shared group lent to code that starts and stops its own: stopping it leaves it running for the next test."""
+
+    def __init__(self, group):
+        object.__setattr__(self, "_group", group)
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def __setattr__(self, name, value) -> None:  # e.g. broken = True: the shared group is replaced next time
+        setattr(self._group, name, value)
+
+    def shutdown(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+@pytest.fixture
+def lend_groups(ray_session, _shared_groups, monkeypatch):
+    """lend_groups(module, ...): in those modules, WorkerGroup(n) of 1 or 2 CPU ranks lends the session's shared
+    group of n ranks instead of starting one (an actor holding torch costs seconds to start); any other group
+    (more ranks, GPUs, pinned to nodes) starts as usual. For tests of what a command does with its group, not of
+    the group's own start and stop (tests/experiments/test_group.py)."""
+    from experiments.cluster.group import WorkerGroup
+
+    def make(world_size, num_cpus=1, num_gpus=0, node_resources=None, **kwargs):
+        if world_size in LENT_WORLD_SIZES and not num_gpus and node_resources is None:
+            return _Lent(_shared_group(_shared_groups, world_size))
+        return WorkerGroup(world_size, num_cpus=num_cpus, num_gpus=num_gpus, node_resources=node_resources, **kwargs)
+
+    def lend(*modules):
+        for module in modules:
+            monkeypatch.setattr(module, "WorkerGroup", make)
+
+    return lend

@@ -247,11 +247,14 @@ def test_an_unknown_verb_is_a_usage_error(capsys):
     assert "invalid choice" in _usage_error(capsys, "train")
 
 
-# -- bench and verify on Ray (one short run per mode, sharing the session's Ray) ---------------------------------
+# -- bench and verify on Ray (one short run per mode, sharing the session's Ray and its 1- and 2-rank groups) ------
 
 
-def test_bench_collectives_prints_one_row_per_strategy_and_size_with_the_model(capsys, ray_session):
+def test_bench_collectives_prints_one_row_per_strategy_and_size_with_the_model(capsys, lend_groups):
     """One worker group (both strategies need 2 ranks), sockets, an emulated link: the model column is exact."""
+    from experiments.bench import collectives
+
+    lend_groups(collectives)
     status, out, _ = _run(capsys, "bench", "--workers", "2", "--sizes", "4K,64K", "--strategies",
                           "ring,halving_doubling", "--iters", "2", "--p2p", "sockets", "--bandwidth", "1Gbit",
                           "--latency", "100us")
@@ -267,15 +270,20 @@ def test_bench_collectives_prints_one_row_per_strategy_and_size_with_the_model(c
     assert float(table[65536, "ring"][-1]) >= 0.9  # never faster than the emulated link allows
 
 
-def test_verify_checks_a_strategy_on_ray_actors(capsys, ray_session):
+def test_verify_checks_a_strategy_on_ray_actors(capsys, lend_groups):
+    from experiments.bench import collectives
+
+    lend_groups(collectives)
     status, out, _ = _run(capsys, "verify", "--workers", "2", "--numel", "1001", "--strategies", "ring")
     assert status == 0
     line = next(line for line in out.splitlines() if line.startswith("ring"))
     assert line.split()[1] == "yes" and "4,004" in line  # 2 x 1/2 x 1001 floats, uneven chunks: 501 + 500
 
 
-def test_bench_transport_prints_latency_and_bandwidth_rows(capsys, ray_session, monkeypatch):
+def test_bench_transport_prints_latency_and_bandwidth_rows(capsys, lend_groups, monkeypatch):
     from experiments.bench import transport
+
+    lend_groups(transport)
 
     monkeypatch.setattr(transport, "STREAM_BYTES", 1_000_000)
     monkeypatch.setattr(transport, "transport_bench", functools.partial(transport.transport_bench,
@@ -285,8 +293,10 @@ def test_bench_transport_prints_latency_and_bandwidth_rows(capsys, ray_session, 
     assert "latency" in out and "100000" in out.replace(",", "")
 
 
-def test_bench_harness_compares_syncbench_to_a_plain_loop(capsys, ray_session, monkeypatch):
+def test_bench_harness_compares_syncbench_to_a_plain_loop(capsys, lend_groups, monkeypatch):
     from experiments.bench import transport
+
+    lend_groups(transport)
 
     monkeypatch.setattr(transport, "harness_bench", functools.partial(transport.harness_bench, steps=6, rounds=2))
     status, out, _ = _run(capsys, "bench", "--harness", "--workload", "tiny", "--batch-size", "4", "--image-size",
@@ -298,8 +308,12 @@ def test_bench_harness_compares_syncbench_to_a_plain_loop(capsys, ray_session, m
     assert "median ratio" in out
 
 
-def test_bench_overlap_runs_profile_mode_with_overlapped_buckets(capsys, ray_session, tmp_path, monkeypatch):
+def test_bench_overlap_runs_profile_mode_with_overlapped_buckets(capsys, lend_groups, tmp_path, monkeypatch):
     from experiments.bench import overlap
+    from experiments.cluster import group
+    from experiments.pipeline import ray_substrate
+
+    lend_groups(group, ray_substrate)  # bench --overlap imports WorkerGroup when it measures the profile
 
     monkeypatch.setattr(overlap, "SETTINGS", [(True, 0.01)])  # one run: buckets of 10 KB, overlapped
     status, out, err = _run(capsys, "bench", "--overlap", "--models", "tiny", "--links", "none", "--strategies",
