@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from strategies.compression import Compression, compress
-from strategies.native import NativeConfig
+from strategies.native import Native, NativeConfig
 
 MIB = 2**20
 
@@ -88,6 +88,18 @@ def _local_group():
     return group
 
 
+class DdpCollective(Native):
+    """ddp as a collective (verify, bench): the backend's allreduce. Compression lives in DDP's comm hook, which a
+    bare collective does not run: refused rather than reported as compressed."""
+
+    def _sync(self, flat, op):
+        kind = self.config.compression.compression
+        if kind != "none":
+            raise ValueError(f"ddp with compression = {kind!r} compresses inside DDP's comm hook during training; as "
+                             f"a collective (verify, bench) it has no hook (accepted there: compression = 'none')")
+        super()._sync(flat, op)
+
+
 @dataclass(frozen=True)
 class DdpConfig(NativeConfig):
     """As a collective, native's: the backend's allreduce, its bytes hidden (counted = False), ring's path."""
@@ -95,6 +107,7 @@ class DdpConfig(NativeConfig):
     name = "ddp"
     summary = "torch DistributedDataParallel: backend allreduce per bucket inside backward (bytes uncounted)"
     wraps_model = True  # training wraps the model (wrap()) instead of calling sync() on a buffer
+    runtime = DdpCollective
     comm: str = "gloo"
     compression: Compression = Compression()  # a run setting (compressed()), not a parameter of ddp's own
     counted = _Counted()

@@ -344,3 +344,8 @@ def test_ddp_through_ring_compresses_and_counts_the_compressed_bytes(kind):
     assert row["compression"] == kind and row["bytes_counted"]
     exact = strategies.make("ring").traffic(2, int(row["numel"])).worker_bytes_sent
     assert 0 < row["bytes_sent_per_worker"] < exact / (1.9 if kind == "fp16" else 4)
+
+
+def test_ddp_as_a_collective_refuses_the_compression_only_its_hook_applies():
+    with pytest.raises(ValueError, match=r"ddp with compression = 'fp16' compresses inside DDP's comm hook"):
+        run_collective("ddp", _inputs(2, 4), op="mean", compression="fp16", timeout=20)
