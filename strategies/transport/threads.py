@@ -178,8 +178,8 @@ class ThreadRanks:
         self._inboxes = [queue.Queue() for _ in range(self.world_size)]
         self._done: queue.Queue = queue.Queue()
         self._busy: set[int] = set()
-        self._threads = [threading.Thread(target=self._serve, args=(r,), name=f"pooled-rank{r}", daemon=True)
-                         for r in range(self.world_size)]
+        self._threads = [threading.Thread(target=_serve, args=(r, self._inboxes[r], self._done), daemon=True,
+                                          name=f"pooled-rank{r}") for r in range(self.world_size)]
         for t in self._threads:
             t.start()
         self.groups += 1
@@ -193,11 +193,6 @@ class ThreadRanks:
 
         run = self._dispatch(lambda comm: comm, build)
         self._comms = self._outcome(run, "connecting")
-
-    def _serve(self, rank: int) -> None:
-        while (run := self._inboxes[rank].get()) is not None:
-            run.rank(rank)
-            self._done.put(rank)
 
     def _dispatch(self, fn, start) -> RankRun:
         """fn on every rank's thread; returns once all are done, or timeout + 30 s after it began."""
@@ -237,3 +232,11 @@ class ThreadRanks:
             if rank not in self._busy:
                 t.join(self.timeout)
         self._comms = None
+
+
+def _serve(rank: int, inbox: queue.Queue, done: queue.Queue) -> None:
+    """A pooled rank's thread: each run put in its inbox, until None (its own group's queues: a rank abandoned
+    stuck in a taken-down group never reports into the next group's)."""
+    while (run := inbox.get()) is not None:
+        run.rank(rank)
+        done.put(rank)
