@@ -160,7 +160,9 @@ class ParameterServer(Strategy):
             for w in arrival:
                 pending[r, w].wait()
             rows = [local[lo:hi] if w == self.rank else incoming[r, w, :hi - lo] for w in range(n)]
-            reduced = rows[0].clone()
+            # summed into worker 0's receive slot (this step's scratch): no copy; the colocated worker's own
+            # buffer is cloned instead (it receives the result)
+            reduced = rows[0].clone() if self.rank == 0 and local is not None else rows[0]
             for row in rows[1:]:  # worker-rank order: the same bits whichever push came first
                 reduce_into(reduced, row, op)
             finish_reduction(reduced, op, n)

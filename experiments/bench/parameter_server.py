@@ -1,12 +1,15 @@
-"""`syncbench bench --ps`: the parameter server's communication time against BytePS's optimum and ring, one sweep.
+"""`syncbench bench --ps`: the parameter server's communication time against BytePS's optimum and ring, one sweep
+per overlap setting.
 
-4 workers train resnet18 in profile mode (its 44.7 MB of fp32 gradients, one flat bucket unless overlap is on)
-over emulated 1 Gbit NICs; the sweep's strategy parameters are lists (servers 1, 2, 4 x dedicated, colocated x
-summation, update x partition sizes), ring runs in the same sweep. The table prints each run's communication
-time per step (the slowest worker's, mean over timed steps) beside the model (traffic()'s critical path over the
-link), BytePS's optimum for its k extra server NICs, the ratio to ring, and the issue's target where it has one:
-dedicated k = n within 15% of M / B and <= 0.75x ring; k = 1 within 15% of n M / B; colocated k = n within 15%
-of ring.
+4 workers train resnet18 in profile mode (its 44.7 MB of fp32 gradients) over emulated 1 Gbit NICs; the sweep's
+strategy parameters are lists (servers 1, 2, 4 x dedicated, colocated x summation, update x partition sizes), ring
+runs in the same sweep. Overlap off: one flat bucket, synced after backward; overlap on: 4 MiB buckets synced as
+backward makes them (partition 4 MiB only). The table prints each run's exposed communication time per step (the
+slowest worker's, mean over timed steps: without overlap, all of it) beside the model (traffic()'s critical path
+over the link, one flat bucket), BytePS's optimum for its k extra server NICs, the ratio to ring of the same
+sweep, and the issue's target where it has one. Without overlap: dedicated k = n within 15% of M / B and
+<= 0.75x ring; k = 1 within 15% of n M / B; colocated k = n within 15% of ring. With overlap: the PS's exposed
+time relative to ring's no worse than the same configuration's without overlap.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ MODES = ("summation", "update")
 
 
 def ps_bench(workers: int = 4, bandwidth: str = "1Gbit", latency: str = "50us", partition_mb=(4.0, 1.0),
-             servers=SERVERS, overlap: bool = False, steps: int = 4, warmup_steps: int = 1, batch_size: int = 16,
-             model: str = "resnet18", out: str | Path | None = None, log=None) -> pd.DataFrame:
-    """Measure the profile once, run the sweep on thread ranks (python-emulated links), return one row per run."""
+             servers=SERVERS, overlaps=(False, True), bucket_mb: float = 4.0, steps: int = 4, warmup_steps: int = 1,
+             batch_size: int = 16, model: str = "resnet18", out: str | Path | None = None, log=None) -> pd.DataFrame:
+    """Measure the profile once, run one sweep per overlap setting on thread ranks (python-emulated links), return
+    one row per run. Overlap on: `bucket_mb` buckets and the first partition size only."""
     from experiments.config.sweep import parse
     from experiments.pipeline.runner import run_sweep
     from experiments.pipeline.substrate import ThreadSubstrate
@@ -39,26 +43,36 @@ def ps_bench(workers: int = 4, bandwidth: str = "1Gbit", latency: str = "50us", 
     out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="syncbench-ps-"))
     profile = measure_profile(model, batch_size, 32)
     path = save_profile(profile, out_dir / "profiles" / f"{profile.id}.json")
-    sweep = parse({
-        "name": "ps-bench",
-        "defaults": {"workload": model, "batch_size": batch_size, "image_size": 32, "steps": steps,
-                     "warmup_steps": warmup_steps, "workers": workers, "compute": "profile", "profile": str(path),
-                     "overlap": overlap, "link": {"bandwidth": bandwidth, "latency": latency}, "timeout": 300.0},
-        "grid": {"strategy": ["ring", "parameter_server"]},
-        "strategy_params": {"parameter_server": {  # lists: one grid axis each (the sweep expands them)
-            "servers": list(servers), "placement": list(PLACEMENTS), "mode": list(MODES),
-            "partition_mb": [float(p) for p in partition_mb]}},
-    })
     kwargs = {"log": log} if log else {}
-    runs = run_sweep(sweep, out_dir / "results", overwrite=True, substrate=ThreadSubstrate(), **kwargs)
-    return table(runs, workers, sum(profile.numels) * profile.itemsize, parse_bandwidth(bandwidth),
-                 parse_latency(latency))
+    frames = []
+    for overlap in overlaps:
+        defaults = {"workload": model, "batch_size": batch_size, "image_size": 32, "steps": steps,
+                    "warmup_steps": warmup_steps, "workers": workers, "compute": "profile", "profile": str(path),
+                    "overlap": overlap, "link": {"bandwidth": bandwidth, "latency": latency}, "timeout": 300.0}
+        if overlap:
+            defaults["bucket_mb"] = bucket_mb
+        parts = [float(p) for p in (partition_mb[:1] if overlap else partition_mb)]
+        sweep = parse({
+            "name": f"ps-bench-overlap-{'on' if overlap else 'off'}", "defaults": defaults,
+            "grid": {"strategy": ["ring", "parameter_server"]},
+            "strategy_params": {"parameter_server": {  # lists: one grid axis each (the sweep expands them)
+                "servers": list(servers), "placement": list(PLACEMENTS), "mode": list(MODES), "partition_mb": parts}},
+        })
+        results = out_dir / f"results-overlap-{'on' if overlap else 'off'}"
+        runs = run_sweep(sweep, results, overwrite=True, substrate=ThreadSubstrate(), **kwargs)
+        frames.append(table(runs, workers, sum(profile.numels) * profile.itemsize, parse_bandwidth(bandwidth),
+                            parse_latency(latency)).assign(overlap=overlap))
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs.update(frames[0].attrs, bucket_mb=bucket_mb)
+    return overlap_verdicts(df)
 
 
 def table(runs: pd.DataFrame, workers: int, nbytes: int, bandwidth: float, latency: float) -> pd.DataFrame:
-    """One row per run: measured comm, modelled comm, BytePS's optimum, ratio to ring, the target and its verdict."""
+    """One row per run of one sweep: measured comm, modelled comm, BytePS's optimum, ratio to the sweep's ring,
+    the target and its verdict (overlap off; with overlap see overlap_verdicts)."""
     n, m_over_b = workers, nbytes / bandwidth
-    ring = runs[runs["strategy"] == "ring"]["comm_s"]
+    overlapped = bool(runs["overlap"].any()) if "overlap" in runs else False
+    ring = runs[(runs["strategy"] == "ring") & (runs["status"] == "ok")]["comm_s"]
     ring_s = float(ring.iloc[0]) if len(ring) else math.nan
     rows = []
     for _, run in runs.iterrows():
@@ -73,19 +87,21 @@ def table(runs: pd.DataFrame, workers: int, nbytes: int, bandwidth: float, laten
         modelled = comm_time(traffic.rounds, traffic.path_bytes, bandwidth, latency)
         optimum = byteps_optimum(n, config.num_servers(n), nbytes, bandwidth)
         target, goal = "", math.nan
-        if run["strategy"] == "parameter_server" and placement == "dedicated" and k == n:
+        ps = run["strategy"] == "parameter_server" and not overlapped
+        if ps and placement == "dedicated" and k == n:
             target, goal = f"<= 1.15 x M/B = {1.15 * m_over_b:.3f} and <= 0.75 x ring", min(1.15 * m_over_b,
                                                                                            0.75 * ring_s)
-        elif run["strategy"] == "parameter_server" and placement == "dedicated" and k == 1:
+        elif ps and placement == "dedicated" and k == 1:
             target, goal = f"within 15% of n M/B = {n * m_over_b:.3f}", 1.15 * n * m_over_b
-        elif run["strategy"] == "parameter_server" and placement == "colocated" and k == n:
+        elif ps and placement == "colocated" and k == n:
             target, goal = "within 15% of ring", 1.15 * ring_s
         comm = float(run["comm_s"]) if run["status"] == "ok" else math.nan
         met = "" if not target else ("met" if comm <= goal and (k != 1 or comm >= 0.85 * n * m_over_b)
                                      and (placement != "colocated" or comm >= 0.85 * ring_s) else "MISSED")
         rows.append({"strategy": run["strategy"], "servers": k, "placement": placement, "mode": mode,
                      "partition_mb": part, "comm_s": comm, "model_s": modelled, "optimum_s": optimum,
-                     "vs_ring": comm / ring_s, "target": target, "verdict": met, "status": run["status"]})
+                     "vs_ring": comm / ring_s, "target": target, "verdict": met, "status": run["status"],
+                     "step_s": float(run["step_time_s"]) if run["status"] == "ok" else math.nan})
     order = {"ring": 0, "parameter_server": 1}
     df = pd.DataFrame(rows)
     df = df.sort_values(["strategy", "partition_mb", "placement", "servers", "mode"], key=lambda c: (
@@ -94,26 +110,43 @@ def table(runs: pd.DataFrame, workers: int, nbytes: int, bandwidth: float, laten
     return df.reset_index(drop=True)
 
 
+def overlap_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """Overlap on: each PS configuration's exposed time relative to ring's against the same configuration's
+    without overlap (target: no worse, i.e. on / off of vs_ring <= 1; 5% allowed for the shared machine)."""
+    key = ["servers", "placement", "mode", "partition_mb"]
+    off = df[(~df["overlap"]) & (df["strategy"] == "parameter_server")].set_index(key)["vs_ring"]
+    for i, r in df[df["overlap"] & (df["strategy"] == "parameter_server")].iterrows():
+        before = off.get(tuple(r[k] for k in key), math.nan)
+        if math.isnan(before) or math.isnan(r["vs_ring"]):
+            continue
+        df.loc[i, "target"] = f"vs ring <= {before:.2f} (without overlap)"
+        df.loc[i, "verdict"] = "met" if r["vs_ring"] <= 1.05 * before else "MISSED"
+    return df
+
+
 def format_table(df: pd.DataFrame) -> str:
     a = df.attrs
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     lines = [f"# {a['workers']} workers, resnet18 profile ({a['nbytes'] / 1e6:.1f} MB fp32 gradients), "
              f"{a['bandwidth'] * 8 / 1e9:g} Gbit python-emulated NICs, latency {a['latency'] * 1e6:g} us; "
-             f"thread ranks of one process on {os.cpu_count()} cores (load average {load:.1f}: shared machine)",
-             "# comm: the slowest worker's per step, mean over timed steps; model: traffic()'s critical path over the "
-             "link; optimum: BytePS 2n(n-1)M/((n^2+kn-2k)B), k = extra server NICs; MB = 10^6 bytes",
-             f"{'strategy':>16} {'k':>2} {'placement':>9} {'mode':>9} {'part MiB':>8} {'comm s':>7} {'model s':>7} "
-             f"{'optimum s':>9} {'vs ring':>7}  target"]
+             f"thread ranks of one process on {os.cpu_count()} cores (load average {load[0]:.1f}, {load[1]:.1f}, "
+             f"{load[2]:.1f} at the end: shared machine)",
+             "# comm: exposed communication, the slowest worker's per step, mean over timed steps (overlap off: all "
+             "of it; on: what outlasts backward, buckets of "
+             f"{a.get('bucket_mb', 4.0):g} MiB); model: traffic()'s critical path over the link, one flat bucket; "
+             "optimum: BytePS 2n(n-1)M/((n^2+kn-2k)B), k = extra server NICs; vs ring: the same sweep's ring; "
+             "MB = 10^6 bytes",
+             f"{'overlap':>7} {'strategy':>16} {'k':>2} {'placement':>9} {'mode':>9} {'part MiB':>8} {'comm s':>7} "
+             f"{'step s':>7} {'model s':>7} {'optimum s':>9} {'vs ring':>7}  target"]
     for r in df.itertuples():
         part = "-" if math.isnan(r.partition_mb) else f"{r.partition_mb:g}"
         comm = "failed" if r.status != "ok" else f"{r.comm_s:.3f}"
         k = "-" if r.strategy == "ring" else str(r.servers)
         target = f"{r.target}: {r.verdict}" if r.target else ""
-        lines.append(f"{r.strategy:>16} {k:>2} {r.placement:>9} {r.mode:>9} {part:>8} {comm:>7} {r.model_s:>7.3f} "
-                     f"{r.optimum_s:>9.3f} {r.vs_ring:>7.2f}  {target}")
+        overlap = "on" if getattr(r, "overlap", False) else "off"
+        lines.append(f"{overlap:>7} {r.strategy:>16} {k:>2} {r.placement:>9} {r.mode:>9} {part:>8} {comm:>7} "
+                     f"{r.step_s:>7.3f} {r.model_s:>7.3f} {r.optimum_s:>9.3f} {r.vs_ring:>7.2f}  {target}")
     return "\n".join(lines)
-
-
 
 
 STRAGGLER_SETTINGS = ({"staleness": 0}, {"staleness": 2}, {"staleness": 8}, {"staleness": "async"}, {"backups": 1})

@@ -59,11 +59,15 @@ def test_a_straggler_stretches_its_compute_and_the_synchronous_step_waits_for_it
     assert slow_row["throughput"] < 0.8 * base_row["throughput"]
 
 
-@pytest.mark.parametrize("name", ["stragglers.toml", "stragglers_links.toml"])
+@pytest.mark.parametrize("name", ["stragglers.toml", "stragglers_links.toml", "ssp_digits.toml"])
 def test_the_straggler_sweeps_parse(name):
     sweep = load(SWEEPS / name)
     assert sweep.runs
-    if name == "stragglers.toml":
+    if name == "ssp_digits.toml":  # synchronous, SSP 4 and 8, async x update, summation; one straggler
+        assert sorted((str(s.strategy_params["staleness"]), s.strategy_params["mode"]) for s in sweep.runs) == sorted(
+            (str(st), mode) for st in (0, 4, 8, "async") for mode in ("update", "summation"))
+        assert all(s.straggler == {"ranks": [3], "slowdown": 2.0} and s.dataset == "digits" for s in sweep.runs)
+    elif name == "stragglers.toml":
         assert {s.straggler["slowdown"] for s in sweep.runs} == {1.0, 2.0, 3.0}
     else:
         labels = {s.link_label for s in sweep.runs}
