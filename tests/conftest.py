@@ -50,15 +50,9 @@ def ray_session():
     starts (verify at 5 workers: 5 workers + 3 parameter servers) fits beside the shared 2-rank group."""
     import ray
 
-    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
+    from experiments.cluster.ray_runtime import ensure_ray
 
-    try:
-        started = ensure_ray(num_cpus=10)
-    except Exception as e:  # Ray gives its raylet 30 s to register, fixed: at load 40 on 2 cores that can pass
-        if "timed out during startup" not in str(e):
-            raise
-        stop_ray()  # what the first attempt started, its temp dir too
-        started = ensure_ray(num_cpus=10)
+    started = ensure_ray(num_cpus=10)  # started twice if Ray's 30 s raylet registration times out (load)
     yield ray
     if started:
         ray.shutdown()

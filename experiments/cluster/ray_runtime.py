@@ -20,6 +20,7 @@ from pathlib import Path
 import ray
 
 CONNECT_TIMEOUT_S = 30.0  # how long `--address` (or RAY_ADDRESS) may take to answer before we give up
+START_ATTEMPTS = 2  # an embedded Ray whose raylet does not register in time is started once more
 
 _OWN_TEMP_DIRS: list[str] = []  # temp dirs of embedded sessions this process started: removed by stop_ray()
 
@@ -39,19 +40,30 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
     if address:
         _connect(address, connect_timeout)
         return False
-    own_temp_dir = temp_dir is None
-    if temp_dir is None:
-        temp_dir = tempfile.mkdtemp(prefix="syncbench-ray-")
-        if not _OWN_TEMP_DIRS:
-            atexit.register(stop_ray)  # registered after ray's own exit hook, so it runs first
-        _OWN_TEMP_DIRS.append(temp_dir)
     sigterm = signal.getsignal(signal.SIGTERM)
-    ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
-             include_dashboard=False,
-             _temp_dir=temp_dir,
-             logging_level=logging.WARNING,
-             configure_logging=True)
-    _start_reaper(temp_dir, remove=own_temp_dir)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        own_temp_dir = temp_dir is None
+        session_dir = tempfile.mkdtemp(prefix="syncbench-ray-") if own_temp_dir else temp_dir
+        if own_temp_dir:
+            if not _OWN_TEMP_DIRS:
+                atexit.register(stop_ray)  # registered after ray's own exit hook, so it runs first
+            _OWN_TEMP_DIRS.append(session_dir)
+        _start_reaper(session_dir, remove=own_temp_dir)  # before ray.init: it also ends what a failed start left
+        try:
+            ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
+                     include_dashboard=False,
+                     _temp_dir=session_dir,
+                     logging_level=logging.WARNING,
+                     configure_logging=True)
+            break
+        except Exception as e:  # noqa: BLE001 - only Ray's start timeout is retried, anything else re-raised
+            if attempt == START_ATTEMPTS or "timed out during startup" not in str(e):
+                stop_ray()
+                raise
+            # Ray gives its raylet a fixed 30 s to register: on a machine loaded far beyond its cores that can pass
+            print(f"Ray did not start within its 30 s ({e}); load average {os.getloadavg()[0]:.0f} on "
+                  f"{os.cpu_count()} cores: trying once more", file=sys.stderr, flush=True)
+            stop_ray()  # the reaper ends what this attempt started and removes its temp dir
     if threading.current_thread() is threading.main_thread():
         # ray.init's SIGTERM handler drains the node for up to 30 s before exiting; SIGTERM raises KeyboardInterrupt
         # naming it instead (finished runs are saved, Ray is shut down on the way out), or keeps the caller's handler

@@ -248,3 +248,49 @@ def test_ranks_that_disagree_on_the_size_fail_saying_so(ray_session):
     assert "different sizes" in text and "rank 0: 10" in text and "rank 1: 11" in text, text
     # (a point-to-point receive of the wrong size over gloo: tests/strategies/test_transport_torch.py)
     assert wait_until(lambda: resources_back(ray_session, before)), ray_session.available_resources()
+
+
+# -- an embedded Ray that does not start in time -----------------------------------------------------------
+
+def test_an_embedded_ray_whose_start_times_out_is_started_once_more_and_the_failed_attempt_removed(monkeypatch,
+                                                                                                  capsys):
+    """Ray gives its raylet a fixed 30 s to register; at load 40-60 on 2 cores that passed. ensure_ray starts it
+    once more, saying so with the load average, after removing what the failed attempt made (its temp dir);
+    any other error, or a second timeout, is raised. ray.init faked: no Ray starts here."""
+    import os
+
+    import ray
+
+    from experiments.cluster import ray_runtime
+
+    monkeypatch.setattr(ray_runtime, "_REAPERS", [])  # this test's own: the session's Ray is left alone
+    monkeypatch.setattr(ray_runtime, "_OWN_TEMP_DIRS", [])
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    handler = signal.getsignal(signal.SIGTERM)
+    dirs = []
+
+    def init(outcomes):
+        def fake(**kwargs):
+            dirs.append(kwargs["_temp_dir"])
+            outcome = outcomes.pop(0)
+            if outcome:
+                raise outcome
+        return fake
+
+    timeout = Exception("The current node timed out during startup. This could happen because ...")
+    try:
+        monkeypatch.setattr(ray, "init", init([timeout, None]))
+        assert ray_runtime.ensure_ray(num_cpus=2) is True
+        assert len(dirs) == 2 and not os.path.exists(dirs[0]) and os.path.isdir(dirs[1])
+        assert "trying once more" in capsys.readouterr().err
+        ray_runtime.stop_ray()
+        assert not os.path.exists(dirs[1])
+        for outcomes in ([timeout, timeout], [ValueError("bad num_cpus")]):
+            monkeypatch.setattr(ray, "init", init(outcomes))
+            with pytest.raises(Exception, match="timed out|bad num_cpus"):
+                ray_runtime.ensure_ray(num_cpus=2)
+            assert not [d for d in dirs if os.path.exists(d)] and not ray_runtime._REAPERS
+    finally:
+        ray_runtime.stop_ray()
+        signal.signal(signal.SIGTERM, handler)
