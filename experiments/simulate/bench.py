@@ -146,9 +146,8 @@ def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, 
             if summary["status"] == "ok":
                 row["sim_sync_s"] = summary["comm_s"]
                 row["bytes_ok"] = summary["bytes_sent_per_worker"] == summary["analytic_bytes_sent_per_worker"]
-            print(f"        -> {wall:.1f} s" + (f"  FAILED: {row['error']}" if row["error"] else ""), file=log,
-                  flush=True)
             rows.append(row)
+            print("        -> " + format_bench_ps([row]).splitlines()[-1].strip(), file=log, flush=True)
     return rows
 
 

@@ -130,6 +130,7 @@ class SimGridSubstrate(Substrate):
     servers = True
     stragglers = True  # the simulated clock scales the straggler's compute
     wall_clock = False  # simulated seconds: a long timeline costs no wall time
+    nodes = True  # ranks_per_node = k: the `nodes` platform, k ranks behind one NIC (load() places them)
 
     def __init__(self, pairs: list[tuple[RunSpec, SimSpec]]):
         self.pairs = pairs
@@ -228,9 +229,26 @@ def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec
         for combo in itertools.product(*[values for _, values in axes]):
             point = dict(zip([k for k, _ in axes], combo))
             plat = Platform.parse({"bandwidth": spec.link["bandwidth"], "latency": spec.link.get("latency", "0s"),
-                                   **{k: v for k, v in point.items() if k in PLATFORM_KEYS}})
+                                   **{k: v for k, v in point.items() if k in PLATFORM_KEYS},
+                                   **_nodes_of(spec, point, path)})
             pairs.append((spec, SimSpec(plat, timeline, point.get("bucket_mb"), bool(point.get("overlap", False)))))
     return sweep, pairs
+
+
+def _nodes_of(spec: RunSpec, point: dict, where) -> dict:
+    """The platform keys that place a run's ranks_per_node = k: the `nodes` topology with k ranks per node,
+    the sweep's link.intra_* inside it ([simulate]'s intra_* where the link has none); {} for k = 1. A
+    [simulate] topology or gpus_per_node that says otherwise is refused, naming both."""
+    k = spec.ranks_per_node
+    if k == 1:
+        return {}
+    topology, gpus = point.get("topology", "nodes"), point.get("gpus_per_node", k)
+    if topology != "nodes" or gpus != k:
+        raise ValueError(f"{where}: ranks_per_node = {k} places ranks in nodes of {k}, but [simulate] says "
+                         f"topology = {topology!r}, gpus_per_node = {gpus!r}: leave them out or give topology = "
+                         f"\"nodes\", gpus_per_node = {k}")
+    intra = {key: spec.link[key] for key in ("intra_bandwidth", "intra_latency") if spec.link.get(key)}
+    return {"topology": "nodes", "gpus_per_node": k, **intra}
 
 
 def _timeline(spec: RunSpec, fixed: dict, where: Path) -> Timeline:
@@ -285,6 +303,8 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
     buckets = make_buckets(sim.timeline.numels, spec.bucket_mb)
 
     def rank_main(comm):
+        if spec.ranks_per_node > 1:  # node-aware strategies group by it (the platform's nodes are the same)
+            comm.set_nodes(spec.ranks_per_node)
         if comm.rank >= spec.workers:
             return server_loop(config)(comm, spec, config, buckets, SimulatedUpdate(comm, sim.timeline))
         compute = SimulatedCompute(comm, spec, sim.timeline, buckets)

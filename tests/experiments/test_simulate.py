@@ -377,3 +377,40 @@ def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
         if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
+
+
+def test_ranks_per_node_places_ranks_in_nodes_and_bytes_per_level_equal_the_model(tmp_path):
+    """ranks_per_node = 2 on SimGrid (issue 26): the run goes on the `nodes` platform (2 ranks behind one NIC, the
+    link's intra_* inside), hierarchical groups by it, its bytes equal traffic(), and per level (inside a node,
+    through the NIC) every rank's bytes equal cost.node_levels; a [simulate] topology that disagrees is refused."""
+    from strategies import cost
+
+    sweep = tmp_path / "nodes.toml"
+    sweep.write_text('name = "n"\n[defaults]\nworkload = "tiny"\nworkers = 4\nsteps = 1\nwarmup_steps = 0\n'
+                     'ranks_per_node = 2\nlink = { bandwidth = "1Gbit", intra_bandwidth = "100Gbit" }\n'
+                     '[grid]\nstrategy = ["hierarchical"]\n[simulate]\nforward_s = 0.0\nbackward_s = 0.0\n'
+                     'optimizer_s = 0.0\nnetwork_model = "alpha_beta"\n')
+    _, [(spec, sim)] = load(sweep)
+    assert (sim.platform.topology, sim.platform.gpus_per_node, sim.platform.intra_bandwidth) == ("nodes", 2, 12.5e9)
+    results, error, wall = simulate_in_child(spec, sim)
+    row, _ = summarize_simulated(spec, sim, results, error, wall, "now")
+    assert row["status"] == "ok" and row["ranks_per_node"] == 2, row["error"]
+    assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"] > 0
+    config, workers, numel = strategies.make("hierarchical", ranks_per_node=2), 5, 1001
+
+    def per_level(comm):
+        comm.set_nodes(2)
+        config.bind(comm, workers).sync(torch.ones(numel), "sum")
+        peers = comm.counters().per_peer
+        return [sum(c.bytes_sent for p, c in peers.items() if (comm.node_of(p) == comm.node_of(comm.rank)) == inside)
+                for inside in (True, False)]
+
+    nodes = Platform.parse({"topology": "nodes", "gpus_per_node": 2, "bandwidth": "1Gbit"})
+    measured = _child_call(per_level, workers, nodes)
+    levels = cost.node_levels(config, workers, numel, 4, 2)
+    assert [m[0] for m in measured] == [t.bytes_sent for t in levels["intra"]]
+    assert [m[1] for m in measured] == [t.bytes_sent for t in levels["nic"]]
+    sweep.write_text(sweep.read_text() + 'topology = "star"\n')
+    with pytest.raises(ValueError, match=r"ranks_per_node = 2 places ranks in nodes of 2, but \[simulate\] says "
+                                         r"topology = 'star'"):
+        load(sweep)
