@@ -9,11 +9,20 @@ SimGrid is not installed. The kernel-shaped cluster: one tiny sweep of the modes
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
+from experiments.cluster import netns
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.substrate import Run
+from experiments.results.dataset import read_runs, read_steps
 from experiments.simulate.platform import Platform
 from experiments.simulate.substrate import (
     MAX_ACTORS,
@@ -25,6 +34,8 @@ from experiments.simulate.substrate import (
 )
 from strategies.cost import byteps_optimum
 from strategies.transport.simgrid import simgrid_available
+
+REPO = Path(__file__).resolve().parents[2]
 
 SIMGRID = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
 # alpha_beta: a lone message takes exactly latency + bytes / bandwidth; fifo: a rank's sends leave one at a time,
@@ -163,3 +174,84 @@ def test_a_barrier_free_server_past_the_actor_limit_is_refused_before_work():
         else:
             assert len(problems) == 1 and f"132,224 SimGrid actors (each an OS thread) exceed this simulator's " \
                 f"{MAX_ACTORS:,}" in problems[0] and "staleness='async'" in problems[0], problems
+
+
+# -- the kernel-shaped cluster ---------------------------------------------------------------------------------
+
+NETNS_PROBLEM = netns.support_problem()
+NODES = 3
+PS_SWEEP = """
+name = "kernel-ps-{name}"
+[defaults]
+workload = "tiny"
+image_size = 16
+batch_size = 8
+steps = 2
+warmup_steps = 1
+workers = 2
+timeout = 60
+link = {{ bandwidth = "1Gbit", emulation = "kernel" }}
+[grid]
+strategy = ["parameter_server"]
+[strategy_params.parameter_server]
+servers = 1
+{params}
+"""
+# every mode, in sweeps whose grids hold only valid combinations (barrier-free servers are dedicated; backups
+# are synchronous): 2 workers and at most 1 server, 3 shaped nodes
+PS_SWEEPS = {"sync": 'placement = ["dedicated", "colocated"]\nmode = ["update", "summation"]',
+             "stale": 'mode = ["update", "summation"]\nstaleness = [2, "async"]',
+             "backups": 'mode = ["update", "summation"]\nbackups = 1'}
+
+
+@pytest.fixture(scope="module")
+def ps_cluster():
+    """A 3-node, 1 Gbit/s namespace cluster under a name and state directory of this module's own; always down."""
+    saved = os.environ.get(netns.STATE_ENV)
+    root = tempfile.mkdtemp(prefix="sbp", dir="/tmp")  # short: Ray's socket paths in it must fit in 107 bytes
+    os.environ[netns.STATE_ENV] = root
+    name = f"p{os.getpid() % 100000}"
+    try:
+        up = _syncbench("cluster", "up", "--nodes", str(NODES), "--bandwidth", "1Gbit", "--name", name)
+        assert up.returncode == 0, up.stderr[-3000:]
+        yield netns.Cluster.load(name)
+    finally:
+        netns.down(name, log=lambda *_: None)
+        shutil.rmtree(root, ignore_errors=True)
+        if saved is None:
+            os.environ.pop(netns.STATE_ENV, None)
+        else:
+            os.environ[netns.STATE_ENV] = saved
+
+
+def _syncbench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.ray
+@pytest.mark.netns
+@pytest.mark.timeout(1800)  # a cluster up and three sweeps: minutes on a loaded machine
+@pytest.mark.skipif(NETNS_PROBLEM is not None, reason=f"no namespace cluster here: {NETNS_PROBLEM}")
+def test_every_parameter_server_mode_runs_across_kernel_shaped_nodes(ps_cluster, tmp_path):
+    """Dedicated/colocated x update/summation, SSP, async and backups on 2 workers (+1 server node) over real TCP
+    through tc-shaped links: every run ok with traffic()'s bytes, the barrier-free ones with their staleness
+    recorded on the server rows, and the namespaces gone after `down` (the fixture)."""
+    runs = []
+    for name, params in PS_SWEEPS.items():
+        sweep = tmp_path / f"{name}.toml"
+        sweep.write_text(PS_SWEEP.format(name=name, params=params))
+        done = _syncbench("run", str(sweep), "--out", str(tmp_path / name), "--no-report", "--address",
+                          ps_cluster.address)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs.append(read_runs(tmp_path / name).assign(sweep=name))
+        steps = read_steps(tmp_path / name)
+        servers = steps[steps["role"] == "server"]
+        if name != "sync":  # one server row per run and step, every push of the stale runs recorded
+            assert len(servers) == (8 if name == "stale" else 4), servers
+            if name == "stale":
+                assert all(len(s) == 2 for s in servers["staleness"]), servers["staleness"].tolist()
+    runs = pd.concat(runs)
+    assert len(runs) == 12 and (runs["status"] == "ok").all(), runs[["run_id", "error"]].to_string()
+    assert set(runs["link"]) == {"1Gbit kernel"}
+    assert (runs["bytes_sent_per_worker"] == runs["analytic_bytes_sent_per_worker"]).all()
