@@ -112,15 +112,21 @@ def table(runs: pd.DataFrame, workers: int, nbytes: int, bandwidth: float, laten
 
 def overlap_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     """Overlap on: each PS configuration's exposed time relative to ring's against the same configuration's
-    without overlap (target: no worse, i.e. on / off of vs_ring <= 1; 5% allowed for the shared machine)."""
+    without overlap (target: no worse, i.e. on / off of vs_ring <= 1; 5% allowed for the shared machine).
+    A ratio to a ring that hides nearly everything is noise: within 5% of the step of ring's exposed time counts
+    as met too (both hidden), and the target says which held."""
     key = ["servers", "placement", "mode", "partition_mb"]
     off = df[(~df["overlap"]) & (df["strategy"] == "parameter_server")].set_index(key)["vs_ring"]
+    ring_on = df[df["overlap"] & (df["strategy"] == "ring")]["comm_s"]
+    ring_s = float(ring_on.iloc[0]) if len(ring_on) else math.nan
     for i, r in df[df["overlap"] & (df["strategy"] == "parameter_server")].iterrows():
         before = off.get(tuple(r[k] for k in key), math.nan)
         if math.isnan(before) or math.isnan(r["vs_ring"]):
             continue
-        df.loc[i, "target"] = f"vs ring <= {before:.2f} (without overlap)"
-        df.loc[i, "verdict"] = "met" if r["vs_ring"] <= 1.05 * before else "MISSED"
+        ratio_ok, hidden = r["vs_ring"] <= 1.05 * before, r["comm_s"] - ring_s <= 0.05 * r["step_s"]
+        df.loc[i, "target"] = (f"vs ring <= {before:.2f} (without overlap), or exposed <= ring's + 5% of the step"
+                               + (" (both hidden)" if hidden and not ratio_ok else ""))
+        df.loc[i, "verdict"] = "met" if ratio_ok or hidden else "MISSED"
     return df
 
 
