@@ -29,9 +29,11 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
 	.venv/bin/syncbench bench --ps
 
-# The correctness core for iteration (budget 3 minutes on 2 cores; 203 s measured 2026-11-23): strategies against their references on thread
+# The correctness core for iteration (budget 3 minutes on 2 cores): strategies against their references on thread
 # ranks (the generic matrix and errors), sweep parsing, the results schema and store, run metrics, report numbers.
-# No Ray, no namespaces.
+# No Ray, no namespaces. 203 s on the quiet machine (2026-11-23) before the matrix ran its cases on a pool of thread
+# ranks with duplicate op coverage cut; since, under a load average of 20-60 (wall times meaningless): the whole set
+# 79 s of CPU, the matrix and errors 54 s of CPU (97 s before).
 FAST_TESTS := tests/strategies/test_strategy_matrix.py tests/strategies/test_strategy_errors.py \
 	tests/reports/test_report_numbers.py tests/reports/test_honest.py tests/experiments/test_sweep.py \
 	tests/experiments/test_store.py tests/experiments/test_run_metrics.py
