@@ -235,7 +235,10 @@ def parameter_types(strategy: str) -> dict[str, tuple[pa.DataType, object]]:
     except Exception:  # noqa: BLE001 - an annotation that does not resolve: fall back to the default's type
         hints = {}
     out = {}
+    declared_names = cls.parameters()  # fields that are run settings (ddp's compression) are no param_* column
     for f in fields(cls):
+        if f.name not in declared_names:
+            continue
         declared = hints.get(f.name, type(f.default))
         members = {a for a in typing.get_args(declared) if a is not type(None)} or {declared}
         if not members <= set(_SCALARS):
