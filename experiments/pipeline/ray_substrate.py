@@ -35,6 +35,18 @@ class RaySubstrate(Substrate):
         is passed only when the log is a terminal); `oversubscribe` lifts the ranks-per-core limit."""
         self.address, self.train_fn, self.oversubscribe = address, train_fn, oversubscribe
 
+    def problems(self, run: Run) -> list[str]:
+        found = super().problems(run)
+        spec = run.spec
+        config = spec.strategy_config()
+        if getattr(config, "asynchronous", False) and spec.p2p == "sockets":
+            # its server receives from every worker at once, from a thread per worker; the sockets transport
+            # drives all of a rank's transfers from one thread at a time (measured: "concurrent poll() invocation")
+            found.append(f"run {spec.strategy} x {spec.workers} workers: staleness={config.staleness!r}, backups="
+                         f"{config.backups} serves each worker from a thread of its own, and p2p = 'sockets' moves "
+                         f"a rank's messages from one thread at a time; accepted: p2p = \"gloo\" for these runs")
+        return found
+
     def order(self, runs: list[Run]) -> list[Run]:
         return sorted(runs, key=lambda run: run.world_size())
 
