@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -257,6 +257,8 @@ class WorkerGroup:
                 except RayTaskError as e:
                     cause = e.cause if e.cause is not None else e
                     errors[rank] = f"{type(cause).__name__}: {cause}"
+                except RayError as e:  # Ray killed the task (OutOfMemoryError: its memory monitor): the run fails,
+                    errors[rank] = f"its actor died ({type(e).__name__}): {_first_line(e)}"  # the sweep goes on
         if errors or pending:
             self.broken = True
             # the cause: a rank whose actor died (its peers then fail on a broken connection, often first),
