@@ -32,8 +32,8 @@ bench: $(VENV_STAMP)
 # The correctness core for iteration (budget 3 minutes on 2 cores): strategies against their references on thread
 # ranks (the generic matrix and errors), sweep parsing, the results schema and store, run metrics, report numbers.
 # No Ray, no namespaces. 203 s on the quiet machine (2026-11-23) before the matrix ran its cases on a pool of thread
-# ranks with duplicate op coverage cut; since, under a load average of 20-60 (wall times meaningless): the whole set
-# 79 s of CPU, the matrix and errors 54 s of CPU (97 s before).
+# ranks with duplicate op coverage cut; since: 128 s at a load average of 21 falling to 10 (2026-11-24), 80 s of CPU
+# (the matrix and errors alone: 97 s of CPU before, under 54 s after).
 FAST_TESTS := tests/strategies/test_strategy_matrix.py tests/strategies/test_strategy_errors.py \
 	tests/reports/test_report_numbers.py tests/reports/test_honest.py tests/experiments/test_sweep.py \
 	tests/experiments/test_store.py tests/experiments/test_run_metrics.py
