@@ -11,10 +11,11 @@ backend's allreduce of the buffer.
 
 `comm = "<a registered gradient strategy>"` (default "gloo": the above) keeps DDP's reducer (its buckets, order
 and overlap) but moves each bucket through that strategy over syncbench's counted, emulated communicator: a
-DDP communication hook runs the strategy on the bucket synchronously and hands back a completed Future. DDP
-then runs over a local one-rank process group (its broadcasts and hooks stay local), the run is counted, and its
-traffic is the strategy's summed over the buckets the hook saw (recorded per step: DDP rebuilds its buckets after
-the first iteration).
+DDP communication hook hands the bucket to a communication thread that runs the strategy on it (buckets in the
+order DDP hands them over, while backward goes on) and completes the Future DDP waits for. DDP then runs over a
+local one-rank process group (its broadcasts and hooks stay local), the run is counted, and its traffic is the
+strategy's summed over the buckets the hook saw (recorded per step: DDP rebuilds its buckets after the first
+iteration).
 
 Compression (the run settings `compression`, `powersgd_*`, `topk_ratio`, `error_feedback`; strategies.make hands
 them to `compressed()`) goes through DDP's own comm hooks where torch has them:
@@ -31,6 +32,9 @@ them to `compressed()`) goes through DDP's own comm hooks where torch has them:
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from dataclasses import dataclass, fields, replace
 
 from strategies.compression import Compression, compress
@@ -48,10 +52,15 @@ class _Counted:
 
 class HookState:
     """The comm strategy bound to this rank's communicator, one runtime per bucket (a compressed strategy's
-    residual is its bucket's), and the bucket sizes its hook saw, per step."""
+    residual is its bucket's), the bucket sizes its hook saw, per step, and the communication thread that syncs
+    the buckets while backward goes on (as the backend does for DDP over gloo)."""
 
     def __init__(self, bind):
         self.bind, self.runtimes, self.steps = bind, {}, [[]]
+        self.busy_s = 0.0  # this step's seconds of syncing on the communication thread
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="ddp-comm-hook", daemon=True)
+        self._thread.start()
 
     def runtime(self, index: int, numel: int):
         """Bucket `index`'s runtime; a bucket DDP rebuilt (after the first iteration) to another size starts anew."""
@@ -61,7 +70,35 @@ class HookState:
         return self.runtimes[key]
 
     def new_step(self) -> None:
-        self.steps.append([])
+        """A step begins: a new list of bucket sizes (unless the last step saw none), no busy time yet."""
+        if self.steps[-1]:
+            self.steps.append([])
+        self.busy_s = 0.0
+
+    def submit(self, runtime, buffer, future) -> None:
+        self._queue.put((runtime, buffer, future))
+
+    def close(self) -> None:
+        """Stop the communication thread (the run is over; DDP waited for every future it was handed)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        """Sync buckets one at a time in the order DDP hands them over (the order every rank sees), each future
+        completed as its bucket is reduced; DDP's reducer waits for them at the end of backward."""
+        while (item := self._queue.get()) is not None:
+            runtime, buffer, future = item
+            start = time.perf_counter()
+            try:
+                runtime.sync(buffer, "mean")
+            except BaseException as e:  # noqa: BLE001 - DDP's wait() raises it in the training thread
+                future.set_exception(e)
+                continue
+            finally:
+                self.busy_s += time.perf_counter() - start
+            future.set_result(buffer)
 
 
 def _hook(state: HookState, bucket):
@@ -69,9 +106,8 @@ def _hook(state: HookState, bucket):
 
     buffer = bucket.buffer()
     state.steps[-1].append(int(buffer.numel()))
-    state.runtime(bucket.index(), int(buffer.numel())).sync(buffer, "mean")
     future = torch.futures.Future()
-    future.set_result(buffer)
+    state.submit(state.runtime(bucket.index(), int(buffer.numel())), buffer, future)
     return future
 
 

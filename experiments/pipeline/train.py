@@ -147,7 +147,9 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             if compute.trains and not math.isfinite(loss_value):  # diverged: fail, never record a NaN as ok
                 raise FloatingPointError(f"loss is {loss_value} at step {step} on rank {comm.rank} "
                                          f"(lr = {spec.lr:g}, momentum = {spec.momentum:g}): the training diverged")
-            busy = syncer.busy_s if syncer is not None else (math.nan if compute.wraps else 0.0)
+            hook = getattr(compute, "hook_state", None)  # ddp through a strategy: its communication thread's time
+            busy = syncer.busy_s if syncer is not None else (hook.busy_s if hook is not None
+                                                             else math.nan if compute.wraps else 0.0)
             row = _row(spec, step, comm.rank, "worker", compute_s, comm_s, counters, clock() - run_start,
                        loss=loss_value, samples=samples, backward_end_s=backward_end - step_start, comm_busy_s=busy,
                        overlap_fraction=_overlap_fraction(busy, comm_s))
@@ -161,6 +163,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     finally:
         if syncer is not None:
             syncer.close()
+        if getattr(compute, "hook_state", None) is not None:
+            compute.hook_state.close()
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
     final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
              "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
@@ -374,8 +378,8 @@ class MeasuredCompute:
         return self._optimizer
 
     def begin_step(self) -> None:
-        if self.hook_state is not None and self.hook_state.steps[-1]:
-            self.hook_state.new_step()  # the bucket sizes ddp's hook sees, per step
+        if self.hook_state is not None:
+            self.hook_state.new_step()  # the bucket sizes ddp's hook sees, per step, and its time
         if self.replay is not None:
             self.replay.begin_step()  # the replayed forward ends forward_s after this, zeroing included
         if self.flat is not None:
