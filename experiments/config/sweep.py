@@ -293,6 +293,11 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     runs, seen = [], {}
     for i, combo in enumerate(itertools.product(*[values for _, values in axes]), 1):
         point = {**defaults, **dict(zip([k for k, _ in axes], combo))}
+        if _crosses_compute(grid):  # real runs and their profile twins: each takes only the settings of its mode
+            if point.get("compute") == "profile" and "target" not in grid and point.get("target") is not None:
+                del point["target"]  # a replayed profile does not train: the twin gives seconds per step
+            if point.get("compute") == "real" and "profile" not in grid and point.get("profile") is not None:
+                del point["profile"]  # the real run computes: the profile is its twin's
         # a list under [strategy_params.<strategy>] is one more grid axis, for that strategy's runs only
         strategy = _setting(point, "strategy")
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
@@ -615,8 +620,18 @@ def _check_target(point: dict, errors: list[str]) -> dict | None:
                       f"data (accepted: dataset = \"digits\")")
     if _setting(point, "compute") != "real":
         errors.append(f"target with compute = {point.get('compute')!r}: a replayed profile does not train "
-                      f"(accepted: compute = \"real\"; its profile twin gives the seconds per step)")
+                      f"(accepted: compute = \"real\"; or [grid] compute = [\"real\", \"profile\"]: the profile "
+                      f"runs become the real ones' twins, without a target, and give the seconds per step)")
     return {"metric": value["metric"], "value": float(number)}
+
+
+def _crosses_compute(grid: dict) -> bool:
+    """[grid] compute = ["real", "profile"]: every profile point is the twin of the real point with the same other
+    settings (reports/tta.py). A [defaults] target then applies to the real runs only (a replayed profile does not
+    train; the twin gives the seconds per step) and a [defaults] profile to the profile runs only. Set per point (in
+    [grid]), a target on a profile run or a profile on a real run is still refused."""
+    compute = grid.get("compute")
+    return isinstance(compute, list) and "real" in compute and "profile" in compute
 
 
 def _check_straggler(value, errors: list[str]) -> dict | None:

@@ -1,6 +1,7 @@
 """Sweep files: every bad-config kind is rejected with its key, value and what is accepted, before Ray."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,23 @@ def test_repeats_expand_each_run_with_the_next_seeds():
 def test_bad_repeats_are_refused_naming_the_value(value, fragment):
     with pytest.raises(SweepError, match=fragment.replace("(", r"\(")):
         sweep_mod.parse({"defaults": {"workload": "tiny", "repeats": value}})
+
+
+def test_profile_runs_crossed_with_real_ones_under_a_target_are_their_twins_without_a_target():
+    """[grid] compute = ["real", "profile"] under a [defaults] target: the real runs train to it, the profile runs
+    (which do not train) run without it and give the real runs' seconds per step (reports/tta.py); alone, a profile
+    run with a target is still refused."""
+    data = {"name": "twins", "defaults": {"workload": "tiny", "dataset": "digits", "image_size": 8, "steps": 4,
+                                          "target": {"metric": "accuracy", "value": 0.9}},
+            "grid": {"compute": ["real", "profile"], "strategy": ["ring"], "workers": [2]}}
+    runs = sweep_mod.parse(data).runs
+    assert {(r.compute, r.target is not None) for r in runs} == {("real", True), ("profile", False)}
+    # a [defaults] profile goes to the twins only (the real runs compute)
+    profile = str(Path(__file__).resolve().parents[2] / "workloads/profiles/tiny-b32-s16-synthetic.json")
+    runs = sweep_mod.parse({**data, "defaults": {**data["defaults"], "image_size": 16, "batch_size": 32,
+                                                 "profile": profile}}).runs
+    assert {(r.compute, r.target is not None, r.profile) for r in runs} == {("real", True, None),
+                                                                          ("profile", False, profile)}
+    alone = {**data, "grid": {"compute": ["profile"], "strategy": ["ring"], "workers": [2]}}
+    with pytest.raises(SweepError, match="target with compute = 'profile'"):
+        sweep_mod.parse(alone)

@@ -75,3 +75,33 @@ def test_the_section_renders_its_verdict_and_table(tmp_path):
     html = ENV.get_template("sections/time-to-target.html.j2").render(**body)
     assert "ring + fp16 reaches the target first: 0.490 ± 0.099 s" in html
     assert "<th>steps to target</th>" in html and "<td>0.700 ± 0.141</td>" in html
+
+
+def _twin(run_id, seed, step_s, **kw):
+    """A profile-mode twin: the same configuration with compute = "profile" and no target (it does not train)."""
+    row = _run(run_id, seed, 0, step_s, **kw)
+    row.update(compute="profile", target_metric="", target_value=math.nan, target_reached=False,
+               steps_to_target=math.nan, time_to_target_s=math.nan, profile_device="example GPU")
+    return row
+
+
+def test_a_profile_twin_gives_the_seconds_per_step_and_the_table_says_so(tmp_path):
+    ok = _ok(tmp_path, [
+        # ring: real runs reach the target at 60 and 80 steps (at this machine's 10 ms); its twins step in 30 and
+        # 50 ms on the emulated link: time to target = 60 x 0.04 and 80 x 0.04 = 2.4 and 3.2 s
+        _run("a", 0, 60, 0.010), _run("b", 1, 80, 0.010), _twin("ta", 0, 0.030), _twin("tb", 1, 0.050),
+        # a profile run on another link is nobody's twin
+        {**_twin("tx", 0, 0.500), "link_bandwidth": 125e6},
+        # fp16 has no twin: both factors from its real runs, 70 x 6 ms and 70 x 8 ms
+        _run("c", 0, 70, 0.006, compression="fp16"), _run("d", 1, 70, 0.008, compression="fp16"),
+    ])
+    by = tta.tta_frame(ok).set_index("configuration")
+    assert set(by.index) == {"ring", "ring + fp16"}  # twins are no rows of their own
+    assert by.loc["ring", "ms per step"] == "40.00 ± 14.14"
+    assert by.loc["ring", "time to target s"] == "2.800 ± 0.566"
+    assert by.loc["ring", "seconds per step from"] == "profile twin (2 runs, example GPU)"
+    assert by.loc["ring + fp16", "time to target s"] == "0.490 ± 0.099"
+    assert by.loc["ring + fp16", "seconds per step from"] == "these real runs"
+    (verdict,) = tta.tta_verdicts(tta.tta_frame(ok))
+    assert "ring + fp16 reaches the target first" in verdict
+    assert "(seconds per step from these real runs)" in verdict
