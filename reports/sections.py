@@ -310,7 +310,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("scaling", "Scaling efficiency", scaling),
     Section("step-time", "Step time: compute and communication", step_time),
     Section("traffic", "Traffic: measured vs analytic", traffic),
-    Section("levels", "Traffic per level: the node's NIC and inside the node", levels.section),
+    Section("levels", "Traffic per level: node NICs and inside the nodes", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
