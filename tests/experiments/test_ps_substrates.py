@@ -180,8 +180,12 @@ def test_a_barrier_free_server_past_the_actor_limit_is_refused_before_work():
 
 NETNS_PROBLEM = netns.support_problem()
 NODES = 3
+# every mode in one sweep whose variants hold only valid combinations (barrier-free servers are dedicated; backups
+# are synchronous): 2 workers and 1 server, 3 shaped nodes, over gloo (a barrier-free server receives from a thread
+# per worker, which the sockets transport refuses; the synchronous server over sockets crosses the shaped nodes in
+# test_cluster_netns's sweep of every strategy)
 PS_SWEEP = """
-name = "kernel-ps-{name}"
+name = "kernel-ps"
 [defaults]
 workload = "tiny"
 image_size = 16
@@ -190,19 +194,23 @@ steps = 2
 warmup_steps = 1
 workers = 2
 timeout = 60
-p2p = "{p2p}"
-link = {{ bandwidth = "1Gbit", emulation = "kernel" }}
+p2p = "gloo"
+link = { bandwidth = "1Gbit", emulation = "kernel" }
 [grid]
 strategy = ["parameter_server"]
-[strategy_params.parameter_server]
+[[strategy_params.parameter_server]]
 servers = 1
-{params}
+placement = ["dedicated", "colocated"]
+mode = ["update", "summation"]
+[[strategy_params.parameter_server]]
+servers = 1
+mode = ["update", "summation"]
+staleness = [2, "async"]
+[[strategy_params.parameter_server]]
+servers = 1
+mode = ["update", "summation"]
+backups = 1
 """
-# every mode, in sweeps whose grids hold only valid combinations (barrier-free servers are dedicated; backups
-# are synchronous): 2 workers and at most 1 server, 3 shaped nodes
-PS_SWEEPS = {"sync": 'placement = ["dedicated", "colocated"]\nmode = ["update", "summation"]',
-             "stale": 'mode = ["update", "summation"]\nstaleness = [2, "async"]',
-             "backups": 'mode = ["update", "summation"]\nbackups = 1'}
 
 
 @pytest.fixture(scope="module")
@@ -235,29 +243,33 @@ def _syncbench(*args: str, timeout: float = 600, env: dict | None = None) -> sub
 
 @pytest.mark.ray
 @pytest.mark.netns
-@pytest.mark.timeout(1800)  # a cluster up and three sweeps: minutes on a loaded machine
+@pytest.mark.timeout(1800)  # a cluster up and a sweep: minutes on a loaded machine
 @pytest.mark.skipif(NETNS_PROBLEM is not None, reason=f"no namespace cluster here: {NETNS_PROBLEM}")
 def test_every_parameter_server_mode_runs_across_kernel_shaped_nodes(ps_cluster, tmp_path):
-    """Dedicated/colocated x update/summation, SSP, async and backups on 2 workers (+1 server node) over real TCP
-    through tc-shaped links: every run ok with traffic()'s bytes, the barrier-free ones with their staleness
+    """Dedicated/colocated x update/summation, SSP, async and backups on 2 workers (+1 server node) in one sweep over
+    real TCP through tc-shaped links: every run ok with traffic()'s bytes, the barrier-free ones with their staleness
     recorded on the server rows, and the namespaces gone after `down` (the fixture)."""
-    runs = []
-    for name, params in PS_SWEEPS.items():
-        sweep = tmp_path / f"{name}.toml"
-        # barrier-free servers receive from a thread per worker: over gloo (the sockets transport is refused)
-        sweep.write_text(PS_SWEEP.format(name=name, params=params, p2p="sockets" if name == "sync" else "gloo"))
-        done = _syncbench("run", str(sweep), "--out", str(tmp_path / name), "--no-report", "--address",
-                          ps_cluster.address)
-        assert done.returncode == 0, done.stderr[-4000:]
-        runs.append(read_runs(tmp_path / name).assign(sweep=name))
-        steps = read_steps(tmp_path / name)
-        servers = steps[steps["role"] == "server"]
-        if name != "sync":  # one server row per run and step, every push of the stale runs recorded
-            assert len(servers) == (8 if name == "stale" else 4), servers
-            if name == "stale":
-                assert all(len(s) == 2 for s in servers["staleness"]), servers["staleness"].tolist()
-    runs = pd.concat(runs)
+    sweep = tmp_path / "ps.toml"
+    sweep.write_text(PS_SWEEP)
+    done = _syncbench("run", str(sweep), "--out", str(tmp_path / "ps"), "--no-report", "--address",
+                      ps_cluster.address)
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs, steps = read_runs(tmp_path / "ps"), read_steps(tmp_path / "ps")
     assert len(runs) == 10 and (runs["status"] == "ok").all(), runs[["run_id", "error"]].to_string()  # 4 + 4 + 2
+    servers = steps[steps["role"] == "server"]
+    barrier_free = 0
+    for run in runs.to_dict("records"):
+        staleness = run["param_staleness"]  # a union (int | str): a value, or a struct with one member set
+        if isinstance(staleness, dict):
+            staleness = next((v for v in staleness.values() if v is not None), None)
+        stale = staleness not in (None, 0)
+        mine = servers[servers["run_id"] == run["run_id"]]
+        if stale or (run["param_backups"] or 0) > 0:  # one server row per step, every stale push recorded
+            barrier_free += 1
+            assert len(mine) == 2, (run["run_id"], mine)
+            if stale:
+                assert all(len(s) == 2 for s in mine["staleness"]), mine["staleness"].tolist()
+    assert barrier_free == 6  # 4 stale (SSP, async x update, summation) + 2 with backups
     assert set(runs["link"]) == {"1Gbit kernel"}
     assert (runs["bytes_sent_per_worker"] == runs["analytic_bytes_sent_per_worker"]).all()
 
