@@ -112,6 +112,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
                 runtime.start(syncer.buffer[bucket.lo:bucket.hi])
             if hasattr(runtime, "layout"):  # PowerSGD: each parameter of the bucket a matrix of its own shape
                 runtime.layout(_bucket_shapes(compute.flat, bucket))
+    hook = getattr(compute, "hook_state", None)  # ddp through a strategy: DDP's buckets on a communication thread
     rows = []
     loss_value = math.nan
     if spec.target and not hasattr(compute, "evaluate"):
@@ -147,7 +148,6 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             if compute.trains and not math.isfinite(loss_value):  # diverged: fail, never record a NaN as ok
                 raise FloatingPointError(f"loss is {loss_value} at step {step} on rank {comm.rank} "
                                          f"(lr = {spec.lr:g}, momentum = {spec.momentum:g}): the training diverged")
-            hook = getattr(compute, "hook_state", None)  # ddp through a strategy: its communication thread's time
             busy = syncer.busy_s if syncer is not None else (hook.busy_s if hook is not None
                                                              else math.nan if compute.wraps else 0.0)
             row = _row(spec, step, comm.rank, "worker", compute_s, comm_s, counters, clock() - run_start,
@@ -163,8 +163,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     finally:
         if syncer is not None:
             syncer.close()
-        if getattr(compute, "hook_state", None) is not None:
-            compute.hook_state.close()
+        if hook is not None:
+            hook.close()
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
     final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
              "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
