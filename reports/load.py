@@ -46,10 +46,10 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     runs["bypasses_link"] = runs["bypasses_link"].astype(bool) | derived if "bypasses_link" in runs else derived
     # strategy parameters only: param_norm is a measured column of the schema, and would split every seed apart
     params = sorted(c for c in runs.columns if c.startswith("param_") and c not in RUN_COLUMNS)
-    runs["strategy_key"] = [_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]
-    runs["config"] = [key + _key(row) for key, row in zip(runs["strategy_key"],
-                                                           runs[list(MACHINE_COLUMNS)].itertuples(index=False))]
-    runs["condition"] = [_key(row) for row in runs[list(CONDITION_COLUMNS)].itertuples(index=False)]
+    runs["strategy_key"] = [group_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]
+    runs["config"] = [key + group_key(row) for key, row in zip(runs["strategy_key"],
+                                                                runs[list(MACHINE_COLUMNS)].itertuples(index=False))]
+    runs["condition"] = [group_key(row) for row in runs[list(CONDITION_COLUMNS)].itertuples(index=False)]
     # a figure's series: one configuration under one straggler setting (the figure's facets give the link)
     runs["series"] = [key + (tuple(ranks), slowdown) for key, ranks, slowdown
                       in zip(runs["config"], runs["straggler_ranks"], runs["straggler_slowdown"])]
@@ -62,7 +62,7 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
 RUN_COLUMNS = frozenset(names(RUNS))
 
 
-def _key(values) -> tuple:
+def group_key(values) -> tuple:
     """A hashable group key from typed values (NaN -> None, so that two missing values are the same key)."""
     return tuple(None if isinstance(v, float) and math.isnan(v) else v for v in values)
 

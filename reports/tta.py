@@ -17,6 +17,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from reports.load import group_key
+
 
 def _spread(values: pd.Series) -> tuple[float, float]:
     """Mean and sample standard deviation (NaN with one value: no spread to give)."""
@@ -38,8 +40,7 @@ TWIN_COLUMNS = ("strategy_key", "workers", "workload", "batch_size", "image_size
 
 
 def _twin_key(run) -> tuple:
-    values = tuple(None if isinstance(v, float) and math.isnan(v) else v for v in (run[c] for c in TWIN_COLUMNS))
-    return values + (tuple(run["straggler_ranks"]),)
+    return group_key(run[c] for c in TWIN_COLUMNS) + (tuple(run["straggler_ranks"]),)
 
 
 def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
