@@ -292,6 +292,10 @@ def _expansion_progress(done: int, total: int) -> None:
           file=sys.stderr, flush=True)
 
 
+# the compression settings a column belongs to (the printed table leaves it blank on other runs)
+APPLIES_TO = {"powersgd_rank": ("powersgd",), "topk_ratio": ("topk",), "error_feedback": ("powersgd", "topk")}
+
+
 def _print_runs(runs) -> None:
     import pandas as pd
 
@@ -309,7 +313,14 @@ def _print_runs(runs) -> None:
     candidates = ["bucket_mb", "overlap", "compute", "link_latency_s", "link_heterogeneous", "link_emulation",
                   "straggler_ranks", "straggler_slowdown", "p2p", "seed", "compression", "powersgd_rank",
                   "topk_ratio", "error_feedback", "sync_every", "outer_optimizer"]
-    varying = [c for c in candidates if c in runs and runs[c].map(str).nunique() > 1]
+    # a compression's own parameter means something on the runs with that compression only: blank elsewhere, and
+    # an axis only when it varies among those runs (powersgd_rank = 1 beside compression = "none" is no setting)
+    runs = runs.copy()
+    for column, uses in APPLIES_TO.items():
+        if column in runs and "compression" in runs:
+            runs[column] = runs[column].astype(object).where(runs["compression"].isin(uses), "")
+    varying = [c for c in candidates if c in runs and
+               (runs[c][runs[c].map(str) != ""] if c in APPLIES_TO else runs[c]).map(str).nunique() > 1]
     # a strategy parameter is an axis when it varies between runs of one strategy; a column only one strategy
     # fills (NaN or '' for the others) does not vary by being unused, and unused cells print blank
     params = sorted(c for c in runs if c.startswith("param_") and c != "param_norm")

@@ -447,7 +447,9 @@ class MeasuredCompute:
         final = {"param_norm": float(self.params().norm()), "profile_id": profile.id if profile else "",
                  "profile_device": profile.device_name if profile else "",
                  "profile_step_s": profile.step_s if profile else math.nan}
-        if hasattr(self.data, "eval_batches"):
+        # held-out accuracy of a model that trained; a replayed (profile) step applies one fixed gradient, so its
+        # model's accuracy says nothing and is left out (NaN), not printed beside the real runs'
+        if hasattr(self.data, "eval_batches") and self.replay is None:
             final["accuracy"] = _accuracy(self.model, self.data)
         if self.hook_state is not None:  # ddp through a strategy: the buckets DDP's reducer handed it, per step
             final["step_bucket_numels"] = [list(sizes) for sizes in self.hook_state.steps if sizes]

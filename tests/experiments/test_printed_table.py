@@ -41,3 +41,25 @@ def test_a_parameter_that_varies_within_a_strategy_is_a_column_blank_for_the_oth
     assert len(ring) == 2 and all("nan" not in line.lower() and "none" not in line.lower() for line in ring), ring
     ps = sorted(line.split()[header.index("param_servers")] for line in lines[1:] if "parameter_server" in line)
     assert ps == ["1", "2"]
+
+
+def test_a_compression_parameter_shows_only_on_runs_with_that_compression(capsys):
+    # every run carries powersgd_rank (its default 1); beside compression = "none" it is no setting, and two
+    # PowerSGD ranks make it an axis, blank on the ring and top-k rows
+    runs = _runs([{"run_id": "a", "strategy": "ring", "compression": "none"},
+                  {"run_id": "b", "strategy": "ring", "compression": "powersgd", "powersgd_rank": 2},
+                  {"run_id": "c", "strategy": "ring", "compression": "powersgd", "powersgd_rank": 4},
+                  {"run_id": "d", "strategy": "ring", "compression": "topk", "powersgd_rank": 1}])
+    _print_runs(runs)
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert "powersgd_rank" in header and "topk_ratio" not in header, header
+    # the column's cells (pandas right-aligns each under its header)
+    start = lines[0].index(" compression") + len(" compression")
+    end = lines[0].index("powersgd_rank") + len("powersgd_rank")
+    cells = {line.split()[1]: line[start:end].split()[-1] if line[start:end].split() else "" for line in lines[1:]}
+    assert cells["none"] == "" and cells["topk"] == "", cells  # no rank beside another compression
+    assert sorted(line[start:end].strip() for line in lines[1:] if " powersgd " in line) == ["2", "4"]
+    # one PowerSGD rank beside other compressions: not an axis
+    header = _header(capsys, runs[runs["run_id"] != "c"])
+    assert "powersgd_rank" not in header, header

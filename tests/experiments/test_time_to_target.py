@@ -94,3 +94,21 @@ def test_a_target_is_part_of_the_run_and_its_absence_keeps_old_ids():
                                 "target": {"metric": "accuracy", "value": 0.9}}})
     assert sweep.runs[0].target == {"metric": "accuracy", "value": 0.9}
     assert RunSpec(eval_every=10, target=None).run_id == RunSpec().run_id
+
+
+def test_a_replayed_run_reports_no_held_out_accuracy_and_a_trained_one_does():
+    """A profile-mode step applies one fixed gradient: its model's accuracy is no result (NaN), so tables and the
+    report do not print it beside the runs that trained."""
+    from pathlib import Path
+
+    profile = Path(__file__).resolve().parents[2] / "workloads" / "profiles" / "tiny-b32-s16-synthetic.json"
+    torch.set_num_threads(1)
+    accuracy = {}
+    for compute in ("real", "profile"):
+        spec = RunSpec(workload="tiny", dataset="digits", image_size=16, batch_size=32, steps=2, warmup_steps=0,
+                       workers=1, p2p="threads", timeout=60.0, compute=compute,
+                       profile=str(profile) if compute == "profile" else None)
+        results = run_threads(1, lambda comm, spec=spec: train(
+            SimpleNamespace(rank=0, world_size=1, comm=comm, device="cpu", state={}), spec), timeout=60)
+        accuracy[compute] = summarize(spec, results, "", META)[0]["accuracy"]
+    assert 0 <= accuracy["real"] <= 1 and math.isnan(accuracy["profile"]), accuracy
