@@ -87,13 +87,20 @@ class HookState:
 
     def _loop(self) -> None:
         """Sync buckets one at a time in the order DDP hands them over (the order every rank sees), each future
-        completed as its bucket is reduced; DDP's reducer waits for them at the end of backward."""
+        completed as its bucket is reduced; DDP's reducer waits for them at the end of backward. After a bucket
+        fails every later one fails at once with it (it would wait out the timeout for peers that stopped)."""
+        failed: BaseException | None = None
         while (item := self._queue.get()) is not None:
             runtime, buffer, future = item
+            if failed is not None:  # the ranks are no longer matched on the wire: every later bucket fails at once
+                future.set_exception(RuntimeError(f"bucket of {buffer.numel()} elements not synchronized: an "
+                                                  f"earlier bucket failed ({type(failed).__name__}: {failed})"))
+                continue
             start = time.perf_counter()
             try:
                 runtime.sync(buffer, "mean")
             except BaseException as e:  # noqa: BLE001 - DDP's wait() raises it in the training thread
+                failed = e
                 future.set_exception(e)
                 continue
             finally:

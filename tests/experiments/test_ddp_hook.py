@@ -116,3 +116,35 @@ def test_on_ray_hooked_ddp_communicates_within_20_percent_of_the_timeline(hook_s
 
 def strategies_ring():
     return registry.make("ring")
+
+
+def test_after_a_bucket_fails_every_later_bucket_of_the_hook_fails_at_once():
+    """One failed bucket leaves the ranks unmatched on the wire: the later buckets must not each wait out the
+    timeout (a run that lost a peer failed after buckets x timeout)."""
+    import threading
+
+    from strategies.ddp import HookState
+
+    calls, released = [], threading.Event()
+
+    class Runtime:
+        def sync(self, buffer, op):
+            calls.append(buffer.numel())
+            if len(calls) == 1:
+                raise TimeoutError("peer 1 did not answer")
+            released.wait(30)  # a later bucket reaching the wire would hang here
+
+    state = HookState(Runtime)
+    futures = [torch.futures.Future() for _ in range(3)]
+    try:
+        for size, future in zip((4, 5, 6), futures):
+            state.submit(state.runtime(size, size), torch.zeros(size), future)
+        with pytest.raises(TimeoutError, match="peer 1"):
+            futures[0].wait()
+        for future in futures[1:]:
+            with pytest.raises(RuntimeError, match=r"earlier bucket failed \(TimeoutError: peer 1"):
+                future.wait()
+        assert calls == [4]
+    finally:
+        released.set()
+        state.close()
