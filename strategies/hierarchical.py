@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
 from strategies.ops import finish_reduction
 from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
+from strategies.transport.concurrency import THREADS
 
 INNER = ("ring", "halving_doubling", "reduce_broadcast", "double_binary_tree")
 
@@ -104,6 +105,10 @@ class Hierarchical(Strategy):
         self.inner = config.inner_config()
         self.scratch = Scratch()
         self._inner_runtimes: dict[tuple[int, ...], Strategy] = {}
+        # seconds this rank spent in each phase, summed over syncs, on its communicator's clock (the wall clock,
+        # or the simulated one on SimGrid): 'intra' = the node's reduce-scatter and all-gather, 'nic' = the
+        # across-node allreduces (what `syncbench simulate --bench --ranks-per-node` sets beside the model)
+        self.phase_s = {"intra": 0.0, "nic": 0.0}
 
     def _inner(self, group: list[int]) -> Strategy:
         key = tuple(group)
@@ -115,8 +120,11 @@ class Hierarchical(Strategy):
         layout, node = self.node_layout, self.node
         chunks = chunk_bounds(flat.numel(), layout.k)
         slices = layout.slices(flat.numel(), len(node))
+        clock = getattr(self.comm, "concurrency", THREADS).clock  # a test double may have none: the wall clock
+        start = clock()
         # 1. inside the node: ring reduce-scatter over the node's slices; position p keeps slice (p + 1) mod r
         owned = ring_reduce_scatter(self.comm, flat, slices, op, node, self.scratch)
+        scattered = clock()
         # 2. across nodes: chunk c allreduced (summed for a mean) by its owners, one per node, in increasing c
         inner_op = "sum" if op == "mean" else op
         for c in range(layout.k):
@@ -127,8 +135,11 @@ class Hierarchical(Strategy):
             if hi > lo and len(group) > 1:
                 self._inner(group)._sync(flat[lo:hi], inner_op)
             finish_reduction(flat[lo:hi], op, self.workers)  # mean: divided once, by the chunk's owner
+        reduced = clock()
         # 3. inside the node: ring all-gather of the slices, every rank ends with the whole array
         ring_allgather(self.comm, flat, slices, node, owned)
+        self.phase_s["intra"] += (scattered - start) + (clock() - reduced)
+        self.phase_s["nic"] += reduced - scattered
 
 
 @dataclass(frozen=True)

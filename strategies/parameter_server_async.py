@@ -33,6 +33,7 @@ unit, elements). Colocated servers are refused by the config (ParameterServerCon
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -117,7 +118,16 @@ class ShardServer:
 
     def run(self, steps: int, before=None) -> list[PushRecord]:
         """Serve `steps` pushes of every unit from every worker. `before()`: run on this thread once the workers'
-        threads are up (the control-plane size checks, which the workers make bucket by bucket between pushes)."""
+        loops are up (the control-plane size checks, which the workers make bucket by bucket between pushes).
+
+        A loop per worker, each on a thread of its own (OS threads, or a simulated rank's actors), or, where the
+        communicator can wait for whichever of several receives ends first (`receives_any`: a simulated rank,
+        whose every actor is an OS thread), every worker's loop interleaved on this one (`_run_interleaved`)."""
+        if getattr(self.comm, "receives_any", False):
+            if before is not None:
+                before()
+            self._run_interleaved(steps)
+            return sorted(self.records, key=lambda r: (r.step, r.worker, r.unit))
         errors: list[BaseException] = []
 
         def serve(worker):
@@ -142,24 +152,76 @@ class ShardServer:
     def _serve_worker(self, worker: int, steps: int) -> None:
         largest = max((u.hi - u.lo for u in self.units), default=0)
         incoming = torch.empty(largest, dtype=self.dtype, device=self.device)
-        handle = self._backup_push if self.staleness == 0 else self._stale_push
         for step in range(steps):
             replies = []
             for unit in self.units:
                 gradient = incoming[:unit.hi - unit.lo]
                 self.comm.recv(gradient, worker)
                 with self.cond:
-                    reply = handle(unit, worker, step, gradient)
+                    held = self._accept(unit, worker, step, gradient)
+                    if not self.cond.wait_for(held.ready, timeout=self.comm.timeout):
+                        raise TimeoutError(held.timeout_message(self.comm.timeout))
+                    reply = held.answer()
                 replies.append(self.comm.isend(reply, worker))  # while the next unit's push comes in
             for sent in replies:
                 sent.wait()
 
+    def _run_interleaved(self, steps: int) -> None:
+        """Every worker's loop of _serve_worker on this one thread, step for step: each worker's next push is
+        received (posted) once its previous reply has left, a push is handled when it arrives, a reply held at
+        the bound or for a step's backups leaves as soon as a later push lets it. The simulated clock makes the
+        interleaving exact: nothing here takes simulated time but the waits."""
+        if steps == 0 or not self.units:
+            return
+        largest = max(u.hi - u.lo for u in self.units)
+        incoming = [torch.empty(largest, dtype=self.dtype, device=self.device) for _ in range(self.workers)]
+        position = [0] * self.workers  # worker w's next push: step position // units, unit position % units
+        last = steps * len(self.units)
+        sends = []
+
+        def post(worker):
+            unit = self.units[position[worker] % len(self.units)]
+            return self.comm.irecv_any(incoming[worker][:unit.hi - unit.lo], worker)
+
+        receiving = {w: post(w) for w in range(self.workers)}  # worker -> its posted receive
+        held: dict[int, Held] = {}  # worker -> its reply waiting for the bound or the step's backups
+
+        def answer(worker, waiting):
+            sends.append(self.comm.isend(waiting.answer(), worker))
+            position[worker] += 1
+            if position[worker] < last:
+                receiving[worker] = post(worker)
+
+        while receiving or held:
+            if not receiving:
+                stuck = {w: h.timeout_message(0.0) for w, h in held.items()}
+                raise RuntimeError(f"rank {self.comm.rank}: every worker's reply is held and no push can free one: "
+                                   f"{stuck}")
+            workers = list(receiving)
+            worker = workers[self.comm.wait_any([receiving[w] for w in workers])]
+            del receiving[worker]
+            unit = self.units[position[worker] % len(self.units)]
+            waiting = self._accept(unit, worker, position[worker] // len(self.units),
+                                   incoming[worker][:unit.hi - unit.lo])
+            if waiting.ready():
+                answer(worker, waiting)
+            else:
+                held[worker] = waiting
+            for other in [w for w, h in held.items() if h.ready()]:  # in worker order: what this push freed
+                answer(other, held.pop(other))
+        for sent in sends:
+            sent.wait()
+
+    def _accept(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
+        """A push, under the lock: handled as its mode says; the reply may have to wait (Held.ready)."""
+        return (self._backup_push if self.staleness == 0 else self._stale_push)(unit, worker, step, gradient)
+
     # -- stale-synchronous and asynchronous ------------------------------------------------------------
 
-    def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
-        """SSP / async, under the lock: handle the push at once, then wait at the bound; returns the reply."""
+    def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
+        """SSP / async, under the lock: handle the push at once; the reply waits at the bound."""
         staleness = unit.version - unit.read[worker]
-        scaled = gradient / self.workers  # a new tensor: `gradient` is the worker thread's receive buffer
+        scaled = gradient / self.workers  # a new tensor: `gradient` is the worker's receive buffer
         if self.mode == "update":
             unit.params = self.update(unit.bucket, scaled, unit.where).detach().clone()
         else:
@@ -168,37 +230,42 @@ class ShardServer:
         unit.clock[worker] += 1
         self.cond.notify_all()
         start = self.comm.concurrency.clock()
-        if self.staleness != ASYNC:
-            # the pusher now starts step c = clock; it may while the slowest worker has reached c - s
-            bound = unit.clock[worker] - self.staleness
-            if not self.cond.wait_for(lambda: min(unit.clock) >= bound, timeout=self.comm.timeout):
-                raise TimeoutError(f"rank {self.comm.rank}: worker {worker} waited {self.comm.timeout:g} s at the "
-                                   f"staleness bound (clocks {unit.clock}, s = {self.staleness})")
-        self.records.append(PushRecord(step, worker, staleness, self.comm.concurrency.clock() - start, False,
-                                       unit.clock[worker] - min(unit.clock), unit.index, unit.hi - unit.lo))
-        if self.mode == "update":
-            reply = unit.params.clone()
-        else:  # the pushes since this worker's previous reply, in arrival order (its own included)
-            since = unit.log[unit.read[worker] - unit.base:unit.version - unit.base]
-            reply = since[0].clone()
-            for push in since[1:]:
-                reply.add_(push)
-        unit.read[worker] = unit.version
-        oldest = min(unit.read)  # pushes every worker has been sent are dropped from the log
-        del unit.log[:oldest - unit.base]
-        unit.base = max(unit.base, oldest)
-        return reply
+        # the pusher now starts step c = clock; it may while the slowest worker has reached c - s
+        bound = unit.clock[worker] - self.staleness if self.staleness != ASYNC else None
+
+        def ready():
+            return bound is None or min(unit.clock) >= bound
+
+        def answer():
+            self.records.append(PushRecord(step, worker, staleness, self.comm.concurrency.clock() - start, False,
+                                           unit.clock[worker] - min(unit.clock), unit.index, unit.hi - unit.lo))
+            if self.mode == "update":
+                reply = unit.params.clone()
+            else:  # the pushes since this worker's previous reply, in arrival order (its own included)
+                since = unit.log[unit.read[worker] - unit.base:unit.version - unit.base]
+                reply = since[0].clone()
+                for push in since[1:]:
+                    reply.add_(push)
+            unit.read[worker] = unit.version
+            oldest = min(unit.read)  # pushes every worker has been sent are dropped from the log
+            del unit.log[:oldest - unit.base]
+            unit.base = max(unit.base, oldest)
+            return reply
+
+        def timeout_message(timeout):
+            return (f"rank {self.comm.rank}: worker {worker} waited {timeout:g} s at the staleness bound (clocks "
+                    f"{unit.clock}, s = {self.staleness})")
+
+        return Held(ready, answer, timeout_message)
 
     # -- backup workers --------------------------------------------------------------------------------
 
-    def _backup_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> torch.Tensor:
-        """Backups, under the lock: the first n - b pushes of a step make it; a later one is dropped."""
+    def _backup_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
+        """Backups, under the lock: the first n - b pushes of a step make it; a later one is dropped. The reply
+        waits until the step is made."""
         unit.clock[worker] += 1
-        if step in unit.made:  # late: the step was made without this push
-            self.records.append(PushRecord(step, worker, 0, 0.0, True, 0, unit.index, unit.hi - unit.lo))
-            made = unit.made[max(unit.made)] if self.mode == "update" else unit.made[step]
-            reply = made.clone()
-        else:
+        late = step in unit.made  # the step was made without this push
+        if not late:
             arrived = unit.pending.setdefault(step, {})
             arrived[worker] = gradient.clone()
             if len(arrived) == self.workers - self.backups:
@@ -212,13 +279,34 @@ class ShardServer:
                 unit.version += 1
                 del unit.pending[step]
                 self.cond.notify_all()
-            if not self.cond.wait_for(lambda: step in unit.made, timeout=self.comm.timeout):
-                raise TimeoutError(f"rank {self.comm.rank}: step {step} never got {self.workers - self.backups} "
-                                   f"pushes")
-            self.records.append(PushRecord(step, worker, 0, 0.0, False, 0, unit.index, unit.hi - unit.lo))
-            reply = unit.made[step].clone()
-        unit.read[worker] = step + 1  # replies this worker got
-        # a step every worker has been answered for is never asked for again (update mode keeps the newest)
-        for old in [t for t in unit.made if t < min(unit.read) and t != max(unit.made)]:
-            del unit.made[old]
-        return reply
+
+        def ready():
+            return step in unit.made
+
+        def answer():
+            self.records.append(PushRecord(step, worker, 0, 0.0, late, 0, unit.index, unit.hi - unit.lo))
+            if late:
+                made = unit.made[max(unit.made)] if self.mode == "update" else unit.made[step]
+                reply = made.clone()
+            else:
+                reply = unit.made[step].clone()
+            unit.read[worker] = step + 1  # replies this worker got
+            # a step every worker has been answered for is never asked for again (update mode keeps the newest)
+            for old in [t for t in unit.made if t < min(unit.read) and t != max(unit.made)]:
+                del unit.made[old]
+            return reply
+
+        def timeout_message(timeout):
+            return f"rank {self.comm.rank}: step {step} never got {self.workers - self.backups} pushes"
+
+        return Held(ready, answer, timeout_message)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A handled push's reply: it may leave once ready(); answer() records the push and makes the reply (both
+    under the server's lock); timeout_message(seconds) says what it waited for."""
+
+    ready: Callable[[], bool]
+    answer: Callable[[], torch.Tensor]
+    timeout_message: Callable[[float], str]

@@ -8,6 +8,8 @@ are printed beside them: wall time grows with messages, not bytes.
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import strategies
 from experiments.config.sweep import RunSpec
 from experiments.simulate.platform import Platform
-from experiments.simulate.substrate import SimSpec, Timeline, simulate_in_child
+from experiments.simulate.substrate import SimSpec, Timeline, run_in_child, simulate_in_child
 
 PROFILE = Path(__file__).resolve().parents[1] / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
 DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("decentralized", {}), ("ring", {}),
@@ -171,5 +173,116 @@ def format_bench_ps(rows: list[dict]) -> str:
         lines.append(f"{r['mode']:>20s} {r['workers']:5d} {r['servers']:4d} {r['platform']:>8s} {r['ranks']:5d} "
                      f"{r['messages']:9,d} {r['wall_s']:7.1f} {r['sim_sync_s']:10.4f} {r['optimum_s']:9.4f} "
                      f"{r['model_s']:12.4f} {'ok' if r['bytes_ok'] else 'DIFF':>5s}"
+                     + (f"  FAILED: {r['error'][:200]}" if r["error"] else ""))
+    return "\n".join(lines)
+
+
+# -- nodes of several ranks (issue 26): flat ring vs hierarchical vs double binary tree ------------------------
+
+NODE_STRATEGIES = ("ring", "hierarchical", "double_binary_tree")
+INTRA = {"intra_bandwidth": "100Gbit", "intra_latency": "2us"}
+
+
+def node_model(config, n: int, k: int, numels: list[int], plat: Platform) -> dict:
+    """The alpha-beta model of syncing buckets of `numels` elements (float32) one after another on nodes of k ranks
+    (strategies/cost.py): per bucket, the busiest node NIC's bytes (cost.node_levels, the node's ranks summed)
+    / the NIC bandwidth and each rank's intra-node bytes / the intra-node bandwidth, plus the rounds x the latency
+    of the route they cross (a NIC round: NIC + intra-node latency, as the `nodes` platform routes a message
+    between nodes). hierarchical runs its levels one after the other: intra (2(k-1) rounds of the node's ring
+    phases) + nic (the inner allreduce's rounds); ring and double_binary_tree run both levels in every round, so
+    the NIC level (the slower) is the model."""
+    from strategies import cost
+    from strategies.base import chunk_bounds
+    from strategies.hierarchical import Layout
+
+    nic_s = intra_s = 0.0
+    alpha_nic, alpha_intra = plat.latency + plat.intra_latency, plat.intra_latency
+    for numel in numels:
+        price = cost.node_cost(config, n, numel, k, plat.bandwidth, plat.intra_bandwidth)  # bytes only
+        if config.name == "hierarchical":
+            layout = Layout(n, k)
+            m = len(layout.nodes())
+            chunk = max(hi - lo for lo, hi in chunk_bounds(numel, k))
+            nic_rounds = config.inner_config().traffic(m, chunk, 4).rounds if m > 1 else 0
+            nic_s += price.nic_s + nic_rounds * alpha_nic
+            intra_s += price.intra_s + 2 * (max(len(node) for node in layout.nodes()) - 1) * alpha_intra
+        else:
+            rounds = config.traffic(n, numel, 4).rounds
+            nic_s += price.nic_s + rounds * alpha_nic
+            intra_s += price.intra_s + rounds * alpha_intra
+    total = nic_s + intra_s if config.name == "hierarchical" else max(nic_s, intra_s)
+    return {"model_nic_s": nic_s, "model_intra_s": intra_s, "model_s": total}
+
+
+def bench_nodes(n: int, k: int, names: list[str] | None = None, log=sys.stderr, network_model: str = "tcp",
+                nic: str = "shared", bucket_mb: float = 25.0) -> list[dict]:
+    """One row per strategy: ResNet-50's gradients in DDP buckets of `bucket_mb` MiB, synced one after another (no
+    compute), by n ranks in nodes of k (the `nodes` platform: 10 Gbit/s, 20 us NICs, 100 Gbit/s, 2 us inside),
+    against node_model(); for hierarchical the simulated time of its across-node phase (its `phase_s`, the
+    slowest rank's) beside the model's NIC level. Bytes: every rank's counted bytes equal traffic()'s, summed
+    over the buckets."""
+    import torch
+
+    from strategies.transport.simgrid import run_simgrid
+    from workloads.buckets import make_buckets
+    from workloads.profile import load_profile
+
+    profile = load_profile(PROFILE)
+    numels = [b.numel for b in make_buckets(profile.numels, bucket_mb)]
+    plat = Platform.parse({**LINK, **INTRA, "topology": "nodes", "gpus_per_node": k, "network_model": network_model,
+                           "nic": nic})
+    rows = []
+    for name in names or NODE_STRATEGIES:
+        config = strategies.make(name, **({"ranks_per_node": k} if name == "hierarchical" else {}))
+        world = config.world_size(n)
+        traffic = [config.traffic(n, numel, 4) for numel in numels]
+        messages = sum(r.msgs_sent for t in traffic for r in t.ranks)
+        expected = [sum(t.ranks[rank].bytes_sent for t in traffic) for rank in range(n)]
+        row = {"strategy": name, "workers": n, "ranks_per_node": k, "buckets": len(numels), "messages": messages,
+               "network_model": network_model, "nic": nic, "platform": plat.label(),
+               **node_model(config, n, k, numels, plat)}
+
+        def rank_main(comm, config=config):
+            comm.set_nodes(k)
+            runtime = config.bind(comm, n)
+            buffers = [torch.empty(numel, dtype=torch.float32, device="meta") for numel in numels]
+            start = comm.now()
+            for flat in buffers:
+                runtime.sync(flat, "mean")
+            phases = getattr(runtime, "phase_s", {})
+            return comm.now() - start, phases.get("nic", math.nan), comm.counters().bytes_sent
+
+        print(f"[bench-nodes] {name} n={n} k={k} buckets={len(numels)} messages={messages:,} ...", file=log,
+              flush=True)
+        results, error, wall = run_in_child(functools.partial(
+            run_simgrid, world, rank_main, functools.partial(plat.build, ranks=world), plat.config, plat.nic))
+        row.update(wall_s=wall, error=error, sim_s=math.nan, sim_nic_s=math.nan, bytes_ok=False)
+        if not error:
+            row["sim_s"] = max(r[0] for r in results)
+            row["sim_nic_s"] = max(r[1] for r in results)
+            row["bytes_ok"] = [r[2] for r in results[:n]] == expected
+        rows.append(row)
+        print("        -> " + format_bench_nodes([row]).splitlines()[-1].strip(), file=log, flush=True)
+    return rows
+
+
+def format_bench_nodes(rows: list[dict]) -> str:
+    import os
+
+    head = rows[0] if rows else {"platform": "", "network_model": "", "nic": ""}
+    lines = [f"# syncbench simulate --bench --ranks-per-node: ResNet-50's gradients ({PROFILE.name}) in "
+             f"{head.get('buckets', '?')} buckets synced one after another, no compute; {head['platform']}; "
+             f"SimGrid {_simgrid_version()}, network model {head['network_model']}, nic {head['nic']}",
+             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; model = alpha-beta per "
+             f"level (cost.node_levels: busiest node NIC's bytes / NIC bandwidth, intra-node bytes / intra "
+             f"bandwidth, + rounds x latency); hierarchical: intra + nic in sequence, others: the NIC level"
+             f"; sim nic s = hierarchical's across-node phase",
+             f"{'strategy':>18s} {'n':>5s} {'k':>3s} {'messages':>10s} {'wall s':>7s} {'sim s':>8s} {'model s':>8s} "
+             f"{'sim nic s':>9s} {'model nic s':>11s} {'model intra s':>13s} {'bytes':>5s}"]
+    for r in rows:
+        nic = f"{r['sim_nic_s']:9.4f}" if r["sim_nic_s"] == r["sim_nic_s"] else f"{'-':>9s}"
+        lines.append(f"{r['strategy']:>18s} {r['workers']:5d} {r['ranks_per_node']:3d} {r['messages']:10,d} "
+                     f"{r['wall_s']:7.1f} {r['sim_s']:8.4f} {r['model_s']:8.4f} {nic} {r['model_nic_s']:11.4f} "
+                     f"{r['model_intra_s']:13.4f} {'ok' if r['bytes_ok'] else 'DIFF':>5s}"
                      + (f"  FAILED: {r['error'][:200]}" if r["error"] else ""))
     return "\n".join(lines)

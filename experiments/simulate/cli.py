@@ -26,7 +26,12 @@ def add_arguments(p) -> None:
     p.add_argument("--platforms", default="star", help="with --bench --ps: star and/or fat_tree (4:1), comma-separated")
     p.add_argument("--modes", help="with --bench --ps: comma-separated modes (default: all)")
     p.add_argument("--nic", default="shared", choices=("shared", "fifo"),
-                   help="with --bench --ps: a rank's concurrent sends share its NIC (default) or leave one at a time")
+                   help="with --bench --ps or --ranks-per-node: a rank's concurrent sends share its NIC (default) or "
+                        "leave one at a time")
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="with --bench: nodes of this many ranks (10 Gbit/s NIC each, 100 Gbit/s inside) and "
+                        "ResNet-50's 25 MiB buckets: ring, hierarchical and double_binary_tree (or --strategies) "
+                        "beside the per-level alpha-beta model (issue 26)")
 
 
 def run(args) -> int:
@@ -58,6 +63,15 @@ def run(args) -> int:
                                             nic=args.nic)))
             return 0
         names = [n.strip() for n in args.strategies.split(",")] if args.strategies else None
+        if args.ranks_per_node > 1:
+            from experiments.simulate.bench import bench_nodes, format_bench_nodes
+
+            rows = [row for n in workers for row in bench_nodes(n, args.ranks_per_node, names, log=sys.stderr,
+                                                                network_model=args.network_model, nic=args.nic)]
+            print(format_bench_nodes(rows))
+            return 0 if all(not r["error"] for r in rows) else 1
+        if args.ranks_per_node < 1:
+            raise ValueError(f"simulate --bench --ranks-per-node {args.ranks_per_node}: expected an integer >= 1")
         rows = bench(workers, names, log=sys.stderr, network_model=args.network_model)
         print(format_bench(rows))
         return 0

@@ -63,12 +63,9 @@ MAX_ACTORS = 16_384
 
 
 def simulated_actors(spec: RunSpec, config) -> int:
-    """The SimGrid actors a run needs: one per rank, and a server without a global barrier (parameter server
-    with staleness or backups) one more per worker it serves (strategies/parameter_server_async.py)."""
-    world = config.world_size(spec.workers)
-    if getattr(config, "asynchronous", False):
-        world += config.num_servers(spec.workers) * spec.workers
-    return world
+    """The SimGrid actors a run needs: one per rank. (A parameter server without a global barrier serves all its
+    workers from its one actor: strategies/parameter_server_async.py, ShardServer._run_interleaved.)"""
+    return config.world_size(spec.workers)
 
 
 @dataclass(frozen=True)
@@ -150,15 +147,11 @@ class SimGridSubstrate(Substrate):
         elif spec.link.get("emulation", "python") != "python":
             found.append(f"{what}: link emulation = {spec.link['emulation']!r}: the simulated platform is the "
                          f"network; leave emulation out")
-        actors = simulated_actors(spec, config := spec.strategy_config())
+        actors = simulated_actors(spec, spec.strategy_config())
         if actors > MAX_ACTORS:
-            found.append(f"{what}: {actors:,} SimGrid actors (each an OS thread) exceed this simulator's "
-                         f"{MAX_ACTORS:,}: a {spec.strategy} server without a global barrier (staleness="
-                         f"{getattr(config, 'staleness', 0)!r}, backups={getattr(config, 'backups', 0)}) serves "
-                         f"each of its {spec.workers} workers from an actor of its own, "
-                         f"{config.num_servers(spec.workers)} servers x {spec.workers} workers; accepted: "
-                         f"servers x workers + ranks <= {MAX_ACTORS:,} (fewer servers or workers), or staleness=0 "
-                         f"and backups=0")
+            found.append(f"{what}: {actors:,} SimGrid actors (each an OS thread, one per rank) exceed this "
+                         f"simulator's {MAX_ACTORS:,}; accepted: at most {MAX_ACTORS:,} ranks (workers and "
+                         f"dedicated servers)")
         if spec.device != "cpu":
             found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
                          f"device = \"cpu\" (the default)")

@@ -147,6 +147,15 @@ class _Receive:
             self.tensor.copy_(message.values)
 
 
+class _AnyReceive:
+    """A receive SimGridCommunicator.wait_any can wait for: posted at once (`get_async`), taken by wait_any."""
+
+    __slots__ = ("activity", "data", "tensor", "src", "nbytes")
+
+    def __init__(self, activity, data, tensor: torch.Tensor, src: int, nbytes: int):
+        self.activity, self.data, self.tensor, self.src, self.nbytes = activity, data, tensor, src, nbytes
+
+
 class _Queued:
     """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
@@ -339,6 +348,41 @@ class SimGridCommunicator(Communicator):
         if posted is None:
             posted = self._posted[src] = deque()
         return _Receive(self.cluster.box(src, self.rank), self.rank, src, tensor, posted).wait
+
+    # -- one actor waiting for whichever of several peers sends first ---------------------------------------
+    # (a barrier-free parameter server serves all its workers from one actor this way: every actor is an OS
+    # thread, and one per worker would be 132k threads at 1,024 workers x 128 servers; parameter_server_async.py)
+
+    receives_any = True
+
+    def irecv_any(self, tensor: torch.Tensor, src: int) -> _AnyReceive:
+        """Post a receive from `src` now, for wait_any. Messages from `src` must not also be awaited by irecv
+        meanwhile (the pair's messages match receives in posting order: one kind at a time)."""
+        self._check_peer(src, "recv from")
+        if self._posted.get(src):
+            raise CommError(f"rank {self.rank}: irecv_any from rank {src} while an irecv from it is pending: "
+                            f"accepted is one kind of receive per peer at a time")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:  # the sender sends nothing (both sides know the size): done when posted
+            return _AnyReceive(None, None, tensor, src, 0)
+        activity, data = self.cluster.box(src, self.rank).get_async()
+        return _AnyReceive(activity, data, tensor, src, nbytes)
+
+    def wait_any(self, receives: list[_AnyReceive]) -> int:
+        """Wait until one of the posted receives has its message, take it (checked, copied, counted as irecv
+        counts) and return its index in `receives`."""
+        empty = next((i for i, r in enumerate(receives) if r.activity is None), None)
+        index = empty if empty is not None else self.sg.Comm.wait_any([r.activity for r in receives])
+        taken = receives[index]
+        if taken.activity is not None:
+            message = taken.data.get()
+            check_received(self.rank, taken.src, taken.tensor, message.nbytes, message.dtype)
+            if message.values is not None and not taken.tensor.is_meta:
+                taken.tensor.copy_(message.values)
+            peer = self._peers[taken.src]
+            peer.bytes_recv += taken.nbytes
+            peer.msgs_recv += 1
+        return index
 
     def allgather_object(self, obj) -> list:
         return self.cluster.board.exchange(self.rank, obj)

@@ -30,6 +30,7 @@ from experiments.simulate.substrate import (
     SimSpec,
     Timeline,
     simulate_in_child,
+    simulated_actors,
     summarize_simulated,
 )
 from strategies.cost import byteps_optimum
@@ -161,19 +162,21 @@ def test_ssp_holds_fast_workers_at_the_bound_and_backups_drop_the_straggler():
     assert later["step_s"].max() < 0.06  # the straggler's step takes 0.09 s
 
 
-def test_a_barrier_free_server_past_the_actor_limit_is_refused_before_work():
-    """1,024 workers x 128 barrier-free servers would need 132k SimGrid actors (OS threads): refused naming it;
-    the same servers with a global barrier are accepted."""
+def test_barrier_free_servers_need_no_actor_per_worker_and_too_many_ranks_are_refused_before_work():
+    """A barrier-free server serves all its workers from its one actor: 1,024 workers x 128 async servers need
+    1,152 SimGrid actors (OS threads), not 132k, and are accepted as the synchronous servers are; a run of more
+    ranks than MAX_ACTORS is refused before work, naming the count."""
     substrate = SimGridSubstrate([])
-    for staleness, accepted in (("async", False), (0, True)):
+    for staleness in ("async", 2, 0):
         spec = RunSpec(strategy="parameter_server", workers=1024, link={"bandwidth": "10Gbit"},
                        strategy_params={"servers": 128, "staleness": staleness})
-        problems = substrate.problems(Run(spec.run_id, spec))
-        if accepted:
-            assert problems == []
-        else:
-            assert len(problems) == 1 and f"132,224 SimGrid actors (each an OS thread) exceed this simulator's " \
-                f"{MAX_ACTORS:,}" in problems[0] and "staleness='async'" in problems[0], problems
+        assert simulated_actors(spec, spec.strategy_config()) == 1152
+        assert substrate.problems(Run(spec.run_id, spec)) == []
+    spec = RunSpec(strategy="parameter_server", workers=MAX_ACTORS, link={"bandwidth": "10Gbit"},
+                   strategy_params={"servers": 1, "staleness": "async"})
+    problems = substrate.problems(Run(spec.run_id, spec))
+    assert len(problems) == 1 and f"{MAX_ACTORS + 1:,} SimGrid actors (each an OS thread, one per rank) exceed " \
+        f"this simulator's {MAX_ACTORS:,}" in problems[0], problems
 
 
 # -- the kernel-shaped cluster ---------------------------------------------------------------------------------

@@ -434,3 +434,18 @@ def test_ranks_per_node_places_ranks_in_nodes_and_bytes_per_level_equal_the_mode
     with pytest.raises(ValueError, match=r"ranks_per_node = 2 places ranks in nodes of 2, but \[simulate\] says "
                                          r"topology = 'star'"):
         load(sweep)
+
+
+def test_hierarchical_on_nodes_matches_its_per_level_model_and_beats_the_flat_ring():
+    """Issue 26's SimGrid benchmark in small (`syncbench simulate --bench --ranks-per-node`): 4 nodes x 4 ranks,
+    10 Gbit/s NICs, 100 Gbit/s inside, ResNet-50's buckets, corrections off: hierarchical's across-node phase and
+    its whole sync within 10% of the alpha-beta model per level (cost.node_levels), exact bytes, and faster than the
+    flat ring by at least the model's factor."""
+    from experiments.simulate.bench import bench_nodes
+
+    ring, hier = bench_nodes(16, 4, ["ring", "hierarchical"], log=open(os.devnull, "w"), network_model="alpha_beta")
+    assert not ring["error"] and not hier["error"], (ring["error"], hier["error"])
+    assert ring["bytes_ok"] and hier["bytes_ok"]
+    assert hier["sim_nic_s"] == pytest.approx(hier["model_nic_s"], rel=0.10)
+    assert hier["sim_s"] == pytest.approx(hier["model_s"], rel=0.10)
+    assert ring["sim_s"] / hier["sim_s"] >= ring["model_s"] / hier["model_s"] > 1
