@@ -215,8 +215,10 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
 
     `p2p`: what carries the strategies' messages (strategies.transport.sockets.P2P); native is gloo's either way.
     `ranks_per_node` k > 1: ranks in nodes of k sharing one NIC (`link`; `link["intra_bandwidth"]`/`intra_latency`
-    inside a node), on thread ranks of this process, not on Ray actors: a node's NIC is shared by the ranks holding
-    one Network object (strategies/transport/link.py), which actors in separate processes cannot. The model is then
+    inside a node). Python emulation: on thread ranks of this process, not on Ray actors: a node's NIC is shared by
+    the ranks holding one Network object (strategies/transport/link.py), which actors in separate processes cannot.
+    Kernel emulation: Ray actors, k per namespace of the cluster of `syncbench cluster up --node-cpus k`, sharing
+    its tbf-shaped veth (inside a node: the namespace's loopback, not shaped). The model is then
     strategies.cost.node_cost's, the slower level's time.
     """
     if p2p not in P2P + ("threads",) or (p2p == "threads" and ranks_per_node == 1):
@@ -225,7 +227,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or not 1 <= ranks_per_node <= 1024:
         raise ValueError(f"--ranks-per-node {ranks_per_node!r}: expected a whole number from 1 to 1024")
     if ranks_per_node > 1:
-        return _bench_nodes(workers, sizes, names, link, iters, out, p2p, ranks_per_node)
+        return _bench_nodes(workers, sizes, names, link, iters, out, p2p, ranks_per_node, address, oversubscribe)
     if link and ("intra_bandwidth" in link or "intra_latency" in link):
         raise ValueError("--intra-bandwidth / --intra-latency: the link inside a node needs --ranks-per-node > 1 "
                          "(with one rank per node every message crosses a NIC)")
@@ -270,20 +272,26 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
     return rows
 
 
-def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k) -> list[dict]:
-    """bench() on nodes of k: thread ranks, every setting checked before the first message."""
-    if p2p == "gloo":
+def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k, address=None, oversubscribe=False) -> list[dict]:
+    """bench() on nodes of k: thread ranks (python emulation) or Ray actors k per namespace of the kernel-shaped
+    cluster, every setting checked before the first message."""
+    kernel = bool(link) and link.get("emulation") == "kernel"
+    if p2p == "gloo" and not kernel:
         raise ValueError(f"--p2p gloo with --ranks-per-node {k}: gloo needs a process per rank, nodes run on thread "
-                         f"ranks: accepted are threads (their queues) and the sockets")
-    if not link or link.get("emulation", "python") != "python":
-        raise ValueError(f"--ranks-per-node {k}: nodes sharing a NIC are emulated in python only: give --bandwidth "
-                         f"(the node's NIC) with --emulation python")
+                         f"ranks with python emulation: accepted are threads (their queues) and the sockets, or "
+                         f"--emulation kernel (Ray actors, {k} per namespace of the kernel-shaped cluster)")
+    if p2p == "threads" and kernel:
+        raise ValueError(f"--p2p threads with --emulation kernel: the kernel-shaped cluster runs each rank in a Ray "
+                         f"actor of its node's namespace; accepted there: {', '.join(P2P)}")
+    if not link or link.get("emulation", "python") not in ("python", "kernel"):
+        raise ValueError(f"--ranks-per-node {k}: give --bandwidth (the node's NIC), emulated in python (thread "
+                         f"ranks) or by the kernel (--emulation kernel, the cluster of `syncbench cluster up`)")
     names = names or list(NODE_STRATEGIES)
     for name in names:
         if not strategies.get(name).counted:
             raise ValueError(f"--strategies {name}: its bytes move inside a backend that the node emulation does not "
                              f"see; accepted are counted strategies, e.g. {', '.join(NODE_STRATEGIES)}")
-    network = Network.from_spec(link).with_nodes(k)
+    network = Network.from_spec(link).with_nodes(k)  # refuses an intra-node link the kernel would not shape
     if workers < 2:
         raise ValueError(f"--workers {workers}: a benchmark needs at least 2 workers")
     if not sizes:
@@ -293,15 +301,27 @@ def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k) -> list[dict]:
     groups = [(world, [n for n in names if _config(n, k).world_size(workers) == world])
               for world in sorted({_config(n, k).world_size(workers) for n in names})]
     _check_duration(names, workers, sizes, iters, network)
+    if kernel:
+        address = placement.connect_address([network], address)  # the namespace cluster, or refused
+        check_ranks(max(world for world, _ in groups), RANK_BASE_BYTES + 3 * max(sizes), capacity_for(address),
+                    f"bench --workers {workers} --sizes up to {max(sizes):,} bytes", oversubscribe)
     load = os.getloadavg()
     results: dict = {}
-    for world, group_names in groups:
-        per_rank = run_threads(world, lambda comm, group_names=group_names: _bench_on_rank(
-            SimpleNamespace(comm=comm, rank=comm.rank), group_names, workers, sizes, iters, k),
-            timeout=600, network=network, p2p=p2p)
-        for key in per_rank[0]:
-            per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
-            results[key] = statistics.median(per_iter)
+    if kernel:
+        with ray_session(address, num_cpus=max(_cores(), workers + 1)):
+            for world, _ in groups:  # every group placeable (nodes, CPUs per node, links) before the first
+                placement.check(world, network)
+            for world, group_names in groups:
+                with WorkerGroup(world, node_resources=placement.bundles(world, network)) as group:
+                    per_rank = group.run(_bench_on_rank, group_names, workers, sizes, iters, k, network=network,
+                                         p2p=p2p)
+                _collect(per_rank, results)
+    else:
+        for world, group_names in groups:
+            per_rank = run_threads(world, lambda comm, group_names=group_names: _bench_on_rank(
+                SimpleNamespace(comm=comm, rank=comm.rank), group_names, workers, sizes, iters, k),
+                timeout=600, network=network, p2p=p2p)
+            _collect(per_rank, results)
     rows = []
     for nbytes in sizes:
         ring = results.get(("ring", nbytes))
@@ -313,6 +333,13 @@ def _bench_nodes(workers, sizes, names, link, iters, out, p2p, k) -> list[dict]:
                          "bottleneck": level[1], "nic_MB": level[2] / 1e6, "intra_MB": level[3] / 1e6})
     out(format_node_bench(rows, workers, k, network, p2p, load, os.getloadavg()))
     return rows
+
+
+def _collect(per_rank: list[dict], results: dict) -> None:
+    """Each iteration takes as long as its slowest rank; the median over iterations, per (strategy, size)."""
+    for key in per_rank[0]:
+        per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
+        results[key] = statistics.median(per_iter)
 
 
 def _node_level(name: str, workers: int, nbytes: int, network: Network) -> tuple[float, str, float, float]:
@@ -333,10 +360,15 @@ def format_node_bench(rows: list[dict], workers: int, k: int, network: Network, 
         return "unlimited" if math.isinf(bw) else f"{bw * 8 / 1e9:g} Gbit/s"
 
     nodes = -(-workers // k)
+    kernel = network.emulation == "kernel"
+    where = (f"Ray actors, {k} per network namespace of the kernel-shaped cluster" if kernel
+             else "thread ranks of one process")
+    inside = ("the namespace's loopback (not shaped)" if kernel
+              else f"{rate(network.intra.bandwidth)} / {network.intra.latency * 1e6:g} us")
     lines = [f"# syncbench bench --ranks-per-node {k}: {workers} workers in {nodes} nodes of {k} (the last one "
-             f"{workers - (nodes - 1) * k}), thread ranks of one process over {P2P_WORDS.get(p2p, p2p)}",
-             f"# a node's NIC {rate(network.default.bandwidth)} / {network.default.latency * 1e6:g} us, shared by its "
-             f"ranks; inside a node {rate(network.intra.bandwidth)} / {network.intra.latency * 1e6:g} us",
+             f"{workers - (nodes - 1) * k}), {where} over {P2P_WORDS.get(p2p, p2p)}",
+             f"# a node's NIC {rate(network.default.bandwidth)} / {network.default.latency * 1e6:g} us"
+             f"{' (tbf on its veth, both ways)' if kernel else ''}, shared by its ranks; inside a node {inside}",
              f"# host {platform.node()}, {_cores()} cores, load average {load_before[0]:.2f} before, "
              f"{load_after[0]:.2f} after; times are medians of the slowest rank per iteration",
              "# model: strategies.cost.node_cost, the slower level (NIC: the busiest node's bytes, the node's ranks "

@@ -5,7 +5,9 @@
 
 The actors live in one placement group (PACK). Rank 0's actor opens the rendezvous store on a free port of
 its node; gloo binds to `lo` when every actor is on one node (this machine's hostname may resolve to
-127.0.0.1), else to the interface that holds each actor's node IP.
+127.0.0.1), else to the interface that holds each actor's node IP. Two actors of one node (k ranks per namespace
+of the kernel-shaped cluster) then reach each other at that node IP, which the kernel routes over the
+namespace's loopback: their bytes never cross the node's shaped veth.
 """
 
 from __future__ import annotations

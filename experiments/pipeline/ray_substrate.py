@@ -29,6 +29,7 @@ from experiments.pipeline.train import train
 class RaySubstrate(Substrate):
     name = "ray"
     model_wrappers = True  # ranks are torch.distributed members: DDP runs
+    nodes = True  # on the kernel-shaped cluster only: k ranks per namespace share its shaped NIC (problems())
 
     def __init__(self, address: str | None = None, train_fn=train, oversubscribe: bool = False):
         """`train_fn(ctx, spec[, progress])` is what every rank executes (tests substitute their own; `progress`
@@ -39,6 +40,17 @@ class RaySubstrate(Substrate):
         found = super().problems(run)
         spec = run.spec
         config = spec.strategy_config()
+        network = spec.network()
+        if spec.ranks_per_node > 1 and not placement.is_kernel(network):
+            # python emulation shares a node's NIC between ranks holding one Network object (threads of one
+            # process); Ray actors are processes: only the kernel's shaped port can be shared by them
+            links = f"link emulation {network.emulation!r}" if network else "no link"
+            found.append(f"run {spec.strategy} x {spec.workers} workers: ranks_per_node = {spec.ranks_per_node} cannot "
+                         f"be applied on the ray substrate with {links}: its ranks are separate processes, which "
+                         f"cannot share a python-emulated NIC; accepted there: ranks_per_node = 1, or link = {{ "
+                         f"bandwidth = ..., emulation = \"kernel\" }} on a cluster of `syncbench cluster up "
+                         f"--node-cpus {spec.ranks_per_node}` ({spec.ranks_per_node} ranks per namespace), or "
+                         f"--substrate threads")
         if getattr(config, "asynchronous", False) and spec.p2p == "sockets":
             # its server receives from every worker at once, from a thread per worker; the sockets transport
             # drives all of a rank's transfers from one thread at a time (measured: "concurrent poll() invocation")

@@ -49,7 +49,8 @@ class Substrate(ABC):
     servers = True  # runs strategies with server ranks
     stragglers = True  # can slow one rank's compute
     wall_clock = True  # runs in real time: a replayed step longer than the run's timeout is refused
-    nodes = False  # places ranks in nodes of ranks_per_node > 1 (a shared NIC, an intra-node link)
+    nodes = False  # places ranks in nodes of ranks_per_node > 1 (a shared NIC, an intra-node link); a substrate
+    # that can for some runs only (Ray: kernel-shaped links) says so and refuses the others in its problems()
 
     def runs(self, sweep) -> list[Run]:
         """Every run of the sweep, as this substrate executes it (one per RunSpec unless it adds axes)."""
@@ -73,8 +74,8 @@ class Substrate(ABC):
                          f"does not run")
         if spec.ranks_per_node > 1 and not self.nodes:
             found.append(f"{what}: ranks_per_node = {spec.ranks_per_node} cannot be applied on the {self.name} "
-                         f"substrate (nodes of several ranks are emulated on thread ranks only); accepted there is "
-                         f"ranks_per_node = 1")
+                         f"substrate (nodes of several ranks run on thread ranks, on SimGrid and on Ray with "
+                         f"kernel-shaped links); accepted there is ranks_per_node = 1")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:

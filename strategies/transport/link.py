@@ -147,7 +147,8 @@ class Network:
 
     ranks_per_node = k groups ranks into nodes of k (the last one may be shorter); the default link is then each
     node's NIC, shared by its ranks, and `intra` the link between two ranks of one node. A node's NIC is shared
-    only by ranks holding this same Network object (thread ranks; one process).
+    only by ranks holding this same Network object (thread ranks; one process); with emulation = "kernel" it is
+    the cluster's shaped veth of the node's namespace (no intra link: the namespace's loopback is not shaped).
     """
 
     default: Link
@@ -164,9 +165,12 @@ class Network:
         if k > 1 and self.overrides:
             raise ValueError(f"link ranks (per-rank links) with ranks_per_node = {k}: a node's ranks share one "
                              f"NIC; give per-rank links with ranks_per_node = 1 only")
-        if k > 1 and self.emulation != "python":
-            raise ValueError(f"ranks_per_node = {k} with link emulation {self.emulation!r}: nodes of several ranks "
-                             f"are emulated in python only (emulation = \"python\")")
+        if self.emulation == "kernel" and self.intra != UNLIMITED:
+            # the kernel cluster puts a node's ranks in one namespace: they talk over its loopback, not shaped
+            raise ValueError(f"link intra_bandwidth / intra_latency ({self.intra.bandwidth * 8 / 1e9:g} Gbit/s, "
+                             f"{self.intra.latency * 1e6:g} us) with link emulation 'kernel': the kernel-shaped "
+                             f"cluster shapes each node's NIC only, a node's ranks talk over its unshaped loopback; "
+                             f"leave them out there, or use emulation = \"python\"")
 
     def link(self, rank: int) -> Link:
         for r, link in self.overrides:

@@ -1,12 +1,14 @@
 """The namespace cluster (`syncbench cluster up/down`): real TCP between Ray nodes over kernel-shaped links.
 
-One 3-node cluster serves the whole module (a Ray node costs seconds to start); the fixture always takes it
-down, and the last test checks that `down` leaves nothing behind. Skipped, with the reason, where this
-machine cannot make network namespaces (not root, no iproute2).
+One 3-node cluster of 2 CPUs per node serves the whole module (a Ray node costs seconds to start; 2 CPUs: room
+for 2 ranks per namespace); the fixture always takes it down, and the last test checks that `down` leaves
+nothing behind. Skipped, with the reason, where this machine cannot make network namespaces (not root, no
+iproute2).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +27,7 @@ from experiments.results.dataset import read_runs
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 3
+NODE_CPUS = 2
 BANDWIDTH = "1Gbit"
 PROBLEM = netns.support_problem()
 
@@ -39,7 +42,7 @@ def _syncbench(*args: str, timeout: float = 240, env: dict | None = None) -> sub
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A 3-node cluster at 1 Gbit/s under a name and state directory of this test session's own.
+    """A 3-node cluster at 1 Gbit/s, 2 CPUs per node, under a name and state directory of this test session's own.
 
     Beside it in the state directory lies a corrupt state file: it must not stop `up`, the runs or `down`.
     """
@@ -49,7 +52,8 @@ def cluster():
     (Path(root) / "junk.json").write_text('{"name": "junk", "head" {')
     name = f"t{os.getpid() % 100000}"
     try:
-        up = _syncbench("cluster", "up", "--nodes", str(NODES), "--bandwidth", BANDWIDTH, "--name", name)
+        up = _syncbench("cluster", "up", "--nodes", str(NODES), "--node-cpus", str(NODE_CPUS), "--bandwidth",
+                        BANDWIDTH, "--name", name)
         assert up.returncode == 0, up.stderr[-3000:]
         yield netns.Cluster.load(name), up.stdout
     finally:
@@ -69,7 +73,7 @@ def test_up_starts_a_shaped_ray_node_per_namespace(cluster):
     assert sorted(by_name) == ["head"] + [f"n{i}" for i in range(NODES)]
     for i in range(NODES):
         node = by_name[f"n{i}"]
-        assert node["resources"][f"syncbench_n{i}"] == 1 and node["resources"]["CPU"] == 1
+        assert node["resources"][f"syncbench_n{i}"] == NODE_CPUS and node["resources"]["CPU"] == NODE_CPUS
         assert float(node["labels"][netns.BANDWIDTH_LABEL]) == 125e6
         assert netns.ipaddress.ip_address(node["ip"]) in netns.RANGE
         for dev, prefix in ((c.nodes[i].veth_bridge, []), (c.nodes[i].veth_node, ["ip", "netns", "exec",
@@ -191,6 +195,96 @@ def test_the_socket_transport_crosses_the_shaped_links_between_nodes(cluster):
     assert min(received) > iterations * per_iteration, (received, done.stdout)
     row = next(line for line in done.stdout.splitlines() if line.split()[:2] == [str(16 << 20), "ring"])
     assert float(row.split()[-1]) >= 0.9, row  # meas/model: not faster than the shaped links allow
+
+
+NODE_SYNCS = r"""
+import json, sys
+from pathlib import Path
+
+import ray
+import torch
+
+from experiments.bench.collectives import _config
+from experiments.cluster import placement
+from experiments.cluster.group import WorkerGroup
+from experiments.cluster.ray_runtime import ray_session
+from strategies.transport.link import Network
+
+address, bandwidth, numel, ports = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+network = Network.from_spec({"bandwidth": bandwidth, "emulation": "kernel"}).with_nodes(2)
+
+
+def port_bytes():  # per node: (bytes it transmitted, bytes it received), at the bridge end of its veth
+    stat = lambda dev, what: int(Path(f"/sys/class/net/{dev}/statistics/{what}_bytes").read_text())
+    return [(stat(dev, "rx"), stat(dev, "tx")) for dev in ports]
+
+
+def sync_once(ctx, name):
+    x = torch.full((numel,), float(ctx.rank + 1))
+    _config(name, 2).bind(ctx.comm, ctx.world_size).sync(x, "sum")
+    peers = ctx.comm.counters().per_peer
+    return {"ip": ray.util.get_node_ip_address(), "nodes": [ctx.comm.node_of(r) for r in range(ctx.world_size)],
+            "exact": bool((x == ctx.world_size * (ctx.world_size + 1) / 2).all()),
+            "sent": {p: c.bytes_sent for p, c in peers.items()}, "recv": {p: c.bytes_recv for p, c in peers.items()}}
+
+
+address = placement.connect_address([network], address)
+out = []
+with ray_session(address):
+    placement.check(4, network)
+    with WorkerGroup(4, node_resources=placement.bundles(4, network)) as group:
+        for p2p in ("gloo", "sockets"):
+            for name in ("ring", "hierarchical"):
+                before = port_bytes()
+                ranks = group.run(sync_once, name, network=network, p2p=p2p, timeout=120)
+                after = port_bytes()
+                out.append({"p2p": p2p, "strategy": name, "ranks": ranks,
+                            "ports": [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]})
+print(json.dumps(out))
+"""
+NODE_NUMEL = 1 << 20  # 4 MiB of float32: the ring's node NIC carries 6.3 MB each way, 50 ms at 1 Gbit/s
+# what a port carries beyond the payload: TCP/IP and Ethernet headers, at most 66 bytes per 1448-byte segment
+# (4.6%; fewer with GSO, which counts a 64 KB segment once), the ACKs of the other direction (one 66-byte ACK per
+# two segments: 2.3%), and per call the Ray task and its reply, gloo's or the sockets' message headers
+HEADERS = 1.10
+FIXED_BYTES = 256 * 1024
+
+
+def test_two_ranks_per_namespace_only_inter_node_bytes_cross_the_shaped_ports(cluster):
+    """Issue 26: 2 nodes x 2 ranks (ranks_per_node = 2: ranks 0, 1 in n0's namespace, 2, 3 in n1's), one worker
+    group, the flat ring and hierarchical over gloo and over the sockets. What each node's shaped port carried (its
+    veth's counters, both ways) equals the analytic inter-node bytes of the node's ranks (strategies.cost
+    .node_levels) within the headers; the ring's intra-node hops (as many bytes again) never reach the port."""
+    from experiments.bench.collectives import _config
+    from strategies.cost import node_levels
+
+    c, _ = cluster
+    nodes = c.nodes[:2]
+    done = subprocess.run([sys.executable, "-c", NODE_SYNCS, c.address, BANDWIDTH, str(NODE_NUMEL),
+                           ",".join(n.veth_bridge for n in nodes)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(r["p2p"], r["strategy"]) for r in results] == [(p, s) for p in ("gloo", "sockets")
+                                                             for s in ("ring", "hierarchical")]
+    for r in results:
+        what = f"{r['strategy']} over {r['p2p']}"
+        ranks = r["ranks"]
+        assert [rank["ip"] for rank in ranks] == [nodes[0].ip] * 2 + [nodes[1].ip] * 2, what
+        assert all(rank["nodes"] == [0, 0, 1, 1] and rank["exact"] for rank in ranks), what
+        levels = node_levels(_config(r["strategy"], 2), 4, NODE_NUMEL, 4, 2)
+        for node, (sent, received) in enumerate(r["ports"]):
+            mine = range(2 * node, 2 * node + 2)
+            nic = [levels["nic"][i] for i in mine]
+            intra = sum(levels["intra"][i].bytes_sent for i in mine)
+            want_sent, want_recv = sum(t.bytes_sent for t in nic), sum(t.bytes_recv for t in nic)
+            # the ranks' own counters, split by node, are those bytes too
+            assert sum(b for i in mine for p, b in ranks[i]["sent"].items() if int(p) // 2 != node) == want_sent
+            assert sum(b for i in mine for p, b in ranks[i]["recv"].items() if int(p) // 2 != node) == want_recv
+            for level, counted, want in (("sent", sent, want_sent), ("received", received, want_recv)):
+                assert want <= counted <= want * HEADERS + FIXED_BYTES, (
+                    f"{what}: node n{node}'s port {level} {counted:,} bytes, its ranks' inter-node payload is "
+                    f"{want:,} (intra-node: {intra:,}, which must not cross)")
 
 
 FAULT_SWEEP = """

@@ -194,3 +194,32 @@ def test_a_killed_node_is_known_lost_from_the_process_table_before_ray_notices(m
     with pytest.raises(placement.NodeLost, match=rf"node n1 is gone \(its raylet \(pid {dead.pid}\) exited\); "
                                                  rf"node n2 is gone"):
         placement.bundles(3, kernel)
+
+
+def test_nodes_of_k_ranks_go_k_per_namespace_and_a_cluster_too_small_is_refused_naming_the_counts(monkeypatch):
+    """Issue 26: ranks_per_node = k on the kernel-shaped cluster: ranks k*j .. k*j+k-1 (servers after the workers)
+    on node n<j>; too few nodes, too few Ray CPUs on a node, or another link is refused before any actor starts."""
+    import ray
+
+    def cluster(cpus: list[float], bandwidth: float = 125e6):
+        monkeypatch.setattr(ray, "nodes", lambda: [
+            {"Alive": True, "Labels": {netns.NODE_LABEL: f"n{i}", netns.BANDWIDTH_LABEL: f"{bandwidth:.0f}"},
+             "Resources": {"CPU": n, f"syncbench_n{i}": n}} for i, n in enumerate(cpus)])
+        monkeypatch.setattr(ray, "get_runtime_context", lambda: (_ for _ in ()).throw(RuntimeError("no cluster")))
+
+    nodes_of_2 = Network(Link(125e6), emulation="kernel").with_nodes(2)
+    cluster([2, 2, 2])
+    placement.check(5, nodes_of_2)  # the last node holds one rank
+    assert placement.bundles(5, nodes_of_2) == [{"syncbench_n0": 1}] * 2 + [{"syncbench_n1": 1}] * 2 + [
+        {"syncbench_n2": 1}]
+    with pytest.raises(ValueError, match=r"7 ranks in nodes of 2 ranks \(ranks_per_node = 2\) need shaped nodes "
+                                         r"n0..n3, the cluster has 3 \(n0, n1, n2\).*--nodes 4 --node-cpus 2"):
+        placement.check(7, nodes_of_2)
+    cluster([2, 1])
+    with pytest.raises(ValueError, match=r"put 2 ranks on node n1, which has 1 Ray CPUs.*--node-cpus 2"):
+        placement.check(4, nodes_of_2)
+    cluster([2, 2], bandwidth=12.5e6)
+    with pytest.raises(ValueError, match=r"ranks 0..1 asks for 1 Gbit/s, 0 us but node n0 is shaped to 0.1 Gbit/s"):
+        placement.check(4, nodes_of_2)
+    with pytest.raises(ValueError, match=r"intra_bandwidth.*emulation 'kernel'.*loopback"):
+        Network.from_spec({"bandwidth": "1Gbit", "emulation": "kernel", "intra_latency": "2us"})

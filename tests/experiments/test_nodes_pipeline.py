@@ -1,6 +1,7 @@
 """ranks_per_node as a run setting: the sweep reads it ([defaults] or [grid]), the run's network places its ranks
 in nodes (one NIC per node, link.intra_* inside it), a node-aware strategy groups by it, the thread substrate
-runs it, and the Ray and SimGrid substrates refuse it before any work, naming the setting."""
+runs it, and the Ray substrate refuses it before any work, naming the setting, unless the links are kernel-shaped
+(k ranks per namespace: tests/experiments/test_cluster_netns.py)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,15 @@ def test_substrates_that_cannot_place_nodes_refuse_before_work():
     from experiments.simulate.substrate import SimGridSubstrate
 
     runs = [Run(spec.run_id, spec) for spec in _sweep(ranks_per_node=2).runs]
-    with pytest.raises(ValueError, match="ranks_per_node = 2 cannot be applied on the"):
+    with pytest.raises(ValueError, match="ranks_per_node = 2 cannot be applied on the ray substrate with no link"):
         RaySubstrate.__new__(RaySubstrate).check(runs)
+    python = [Run(s.run_id, s) for s in _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit"}).runs]
+    with pytest.raises(ValueError, match=r"with link emulation 'python'.*accepted there: ranks_per_node = 1, or "
+                                         r"link = \{ bandwidth = ..., emulation = \"kernel\" \}.*--node-cpus 2"):
+        RaySubstrate.__new__(RaySubstrate).check(python)
+    kernel = [Run(s.run_id, s) for s in _sweep(ranks_per_node=2, link={"bandwidth": "1Gbit",
+                                                                       "emulation": "kernel"}).runs]
+    RaySubstrate.__new__(RaySubstrate).check(kernel)  # k ranks per namespace of the kernel-shaped cluster
     ThreadSubstrate.__new__(ThreadSubstrate).check(runs)  # accepted
     simgrid = SimGridSubstrate.__new__(SimGridSubstrate)  # accepted: the nodes platform (test_simulate.py)
     assert not [p for run in runs for p in simgrid.problems(run) if "ranks_per_node" in p]
