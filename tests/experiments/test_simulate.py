@@ -111,29 +111,18 @@ def test_simulated_sync_matches_the_python_emulation(workers):
                                "nic": "buffered"})
     numel = 250_000
     for strategy in SIMULABLE:
-        if strategy in SIMULATION_GAPS:
-            continue
         _check_simulated_against_emulated(strategy, workers, numel, network, platform)
-
-
-# Known disagreements between SimGrid and the python emulation, each checked by its own strict xfail below.
-SIMULATION_GAPS = {"node_parameter_server": "at its defaults (nodes of 2, one colocated server) SimGrid gives 0.480 s "
-                                            "against the emulation's 0.163 s (4 workers, 1 MB, 100 Mbit, 2026-11-24): "
-                                            "not yet explained; strict, remove when fixed"}
 
 
 def _check_simulated_against_emulated(strategy, workers, numel, network, platform):
     measured = _emulated_sync_s(strategy, workers, numel, network)
-    row, _ = _simulate(strategy, workers, numel, platform, params={})
+    # a node-aware strategy's nodes come from the run's ranks_per_node (RunSpec.strategy_config): the run
+    # states the strategy's default, which the emulation above uses (else node_parameter_server ran with nodes
+    # of 1, a flat parameter server: 0.480 s against 0.163 s, once listed here as a gap)
+    config = strategies.make(strategy)
+    nodes = {"ranks_per_node": config.ranks_per_node} if "ranks_per_node" in config.parameters() else {}
+    row, _ = _simulate(strategy, workers, numel, platform, params={}, **nodes)
     assert row["comm_s"] == pytest.approx(measured, rel=0.10), (strategy, workers, row["comm_s"], measured)
-
-
-@pytest.mark.parametrize("strategy", sorted(SIMULATION_GAPS))
-def test_known_gaps_between_the_simulation_and_the_emulation(strategy, request):
-    request.applymarker(pytest.mark.xfail(strict=True, reason=SIMULATION_GAPS[strategy]))
-    _check_simulated_against_emulated(
-        strategy, 4, 250_000, Network.from_spec({"bandwidth": "100Mbit", "latency": "50us"}),
-        Platform.parse({"bandwidth": "100Mbit", "latency": "50us", "network_model": "alpha_beta", "nic": "buffered"}))
 
 
 def test_alpha_beta_model_at_1024_ranks():
