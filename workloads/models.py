@@ -1,4 +1,5 @@
-"""The models a run trains: torchvision ResNet/VGG (random init, no downloads) and a tiny CNN for fast tests.
+"""The models a run trains: torchvision ResNet/VGG (random init, no downloads), a tiny CNN for fast tests and a
+wide CNN whose gradients are large enough to matter on a 1 Gbit link (docs/time-to-accuracy.md).
 
 Every model ends in an adaptive average pool, so one model serves CIFAR-sized (32) and ImageNet-sized (224)
 inputs; only inputs too small for the model's downsampling are rejected.
@@ -11,7 +12,7 @@ import threading
 import torch
 from torch import nn
 
-MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
+MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny", "wide")
 
 # Classifier outputs when a sweep, `syncbench model` or `syncbench profile` does not say: one default per workload,
 # in one place, so that a model's size is the same everywhere (10: CIFAR-sized heads, as the sweeps' 32x32 inputs;
@@ -19,8 +20,9 @@ MODELS = ("resnet18", "resnet50", "vgg11", "vgg16", "tiny")
 DEFAULT_NUM_CLASSES = dict.fromkeys(MODELS, 10)
 
 # Smallest input side each model accepts: ResNet and VGG halve the image five times (32 -> 1x1 at the last
-# stage; a VGG max pool on 1x1 fails), tiny halves it twice before a 2x2 adaptive pool.
-MIN_IMAGE_SIZE = {"resnet18": 32, "resnet50": 32, "vgg11": 32, "vgg16": 32, "tiny": 8}
+# stage; a VGG max pool on 1x1 fails), tiny halves it twice before a 2x2 adaptive pool, wide twice before a 4x4 one
+# (below 16 pixels it would pool 2x2 maps up to 4x4: copies, no information).
+MIN_IMAGE_SIZE = {"resnet18": 32, "resnet50": 32, "vgg11": 32, "vgg16": 32, "tiny": 8, "wide": 16}
 
 # torchvision initializes from torch's global RNG: ranks that are threads of one process take turns.
 _BUILD_LOCK = threading.Lock()
@@ -43,6 +45,27 @@ class TinyCNN(nn.Module):
         return self.fc(x)
 
 
+class WideCNN(nn.Module):
+    """The tiny CNN twice as wide, at a 4x4 pool, with a 512-unit hidden layer: 1,129,866 parameters (4.5 MB of
+    fp32 gradients, 92% of them in fc1). At batch 32 and 16x16 a step takes ~25 ms on one CPU thread and a 4-worker
+    ring allreduce of its gradients ~54 ms at 1 Gbit: communication about twice the compute, as for ResNet-50 on
+    GPUs over 10 Gbit Ethernet (docs/time-to-accuracy.md)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(64, 128, kernel_size=3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(4)
+        self.fc1 = nn.Linear(128 * 4 * 4, 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(self.pool(x).flatten(1)))
+        return self.fc2(x)
+
+
 def check_model_args(name, num_classes, image_size):
     """Reject an unknown model, a class count below 1 or an input too small for the model, by value."""
     if name not in MODELS:
@@ -58,6 +81,8 @@ def check_model_args(name, num_classes, image_size):
 def _construct(name, num_classes):
     if name == "tiny":
         return TinyCNN(num_classes)
+    if name == "wide":
+        return WideCNN(num_classes)
     import torchvision  # here, not at the top: it imports torch._dynamo (seconds); validation needs neither
 
     return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
