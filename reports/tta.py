@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.load import group_key
+from reports.load import group_key, method_suffix
 
 
 def _spread(values: pd.Series) -> tuple[float, float]:
@@ -47,7 +47,10 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and condition of the runs with a target: runs, how many reached it, steps to
     target, seconds per step (from the profile twin when there is one, else from the runs themselves) and time to
     target (mean ± sd over the runs that reached it; seconds per step over all), bytes sent per worker per step,
-    and the rank by time to target and by throughput alone."""
+    and the rank by time to target and by throughput alone. Beside exact ring in the same condition (strategy ring,
+    no compression, sync_every 1): time to target and bytes per step as multiples of ring's, the bytes both as
+    measured and as the runs' analytic traffic (each run's `traffic()` over its own timed steps, PowerSGD with its
+    buckets' parameter shapes), and measured / analytic, which is 1 when the wire carried exactly the model's bytes."""
     runs = ok[ok["target_metric"].fillna("") != ""] if "target_metric" in ok else ok.iloc[0:0]
     profiled = ok.iloc[0:0] if runs.empty else ok[(ok["compute"] == "profile") & (ok["target_metric"].fillna("") == "")]
     twins: dict[tuple, list] = {}
@@ -79,6 +82,10 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
                      "seconds per step from": source,
                      "time to target s": _pm(time_mean, time_sd, ".3f"),
                      "MB sent/worker/step": float(group["bytes_sent_per_worker"].mean()) / 1e6,
+                     "_bytes": float(group["bytes_sent_per_worker"].mean()),
+                     "_analytic": float(group["analytic_bytes_sent_per_worker"].mean())
+                     if "analytic_bytes_sent_per_worker" in group else math.nan,
+                     "_ring": first["strategy"] == "ring" and method_suffix(first.to_dict()) == "",
                      "_time": time_mean if len(reached) == len(group) else math.inf,
                      "_time_sd": time_sd if math.isfinite(time_sd) else 0.0, "_throughput": thr_mean})
     df = pd.DataFrame(rows)
@@ -88,7 +95,25 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
     df["rank by throughput"] = df.groupby("condition")["_throughput"].rank(ascending=False, method="min")
     df["rank by throughput"] = df["rank by throughput"].astype(int)
     df.loc[~np.isfinite(df["_time"]), "rank by time to target"] = -1
+    df = _versus_ring(df)
     return df.sort_values(["condition", "_time"], kind="stable").reset_index(drop=True)
+
+
+def _ratio(a: float, b: float, fmt: str) -> str:
+    return format(a / b, fmt) if math.isfinite(a) and math.isfinite(b) and b > 0 else "-"
+
+
+def _versus_ring(df: pd.DataFrame) -> pd.DataFrame:
+    """The x ring columns (and measured / analytic bytes) per condition that has exactly one exact ring row."""
+    cols = {"x ring time": [], "bytes/step x ring": [], "analytic x ring": [], "bytes measured / analytic": []}
+    for _, row in df.iterrows():
+        rings = df[(df["condition"] == row["condition"]) & df["_ring"]]
+        ring = rings.iloc[0] if len(rings) == 1 else None
+        cols["x ring time"].append("-" if ring is None else _ratio(row["_time"], ring["_time"], ".2f"))
+        cols["bytes/step x ring"].append("-" if ring is None else _ratio(row["_bytes"], ring["_bytes"], ".4f"))
+        cols["analytic x ring"].append("-" if ring is None else _ratio(row["_analytic"], ring["_analytic"], ".4f"))
+        cols["bytes measured / analytic"].append(_ratio(row["_bytes"], row["_analytic"], ".4f"))
+    return df.assign(**cols)
 
 
 def tta_verdicts(df: pd.DataFrame) -> list[str]:

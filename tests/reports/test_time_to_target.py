@@ -12,13 +12,15 @@ from experiments.results import schema
 from reports import load, sections, tta
 
 
-def _run(run_id, seed, steps_to, step_s, *, compression="none", sync_every=1, reached=True):
+def _run(run_id, seed, steps_to, step_s, *, compression="none", sync_every=1, reached=True, sent=88_000.0,
+         analytic=None):
     return schema.row(
         schema.RUNS, run_id=run_id, sweep="tta", substrate="ray", workload="tiny", dataset="digits", image_size=16,
         batch_size=32, steps=100, warmup_steps=2, device="cpu", seed=seed, lr=0.1, strategy="ring", workers=2,
         servers=0, bytes_counted=True, link_bandwidth=12.5e6, link_latency_s=0.0, link_emulation="python",
         straggler_slowdown=1.0, compute="real", status="ok", throughput=64 / step_s, step_time_s=step_s,
-        compute_s=step_s / 2, comm_s=step_s / 2, bytes_sent_per_worker=88_000.0, numel=22_000, model_bytes=88_000,
+        compute_s=step_s / 2, comm_s=step_s / 2, bytes_sent_per_worker=sent,
+        analytic_bytes_sent_per_worker=sent if analytic is None else analytic, numel=22_000, model_bytes=88_000,
         final_loss=1.0, param_norm=1.0 + seed, transport="threads", cores=2, gpu="", host="h",
         started_at="2026-01-01T00:00:00", duration_s=1.0, compression=compression, sync_every=sync_every,
         target_metric="accuracy", target_value=0.9, eval_every=10, target_reached=reached,
@@ -37,9 +39,12 @@ def test_time_to_target_is_steps_times_seconds_per_step_with_spreads(tmp_path):
         # exact ring: 60 and 80 steps at 10 ms -> 0.6 s and 0.8 s: mean 0.7, sd 0.1414
         _run("a", 0, 60, 0.010), _run("b", 1, 80, 0.010),
         # fp16: 70 steps at 6 ms and 70 at 8 ms -> 0.42 s and 0.56 s: mean 0.49; ms per step 7 ± 1.414
-        _run("c", 0, 70, 0.006, compression="fp16"), _run("d", 1, 70, 0.008, compression="fp16"),
+        _run("c", 0, 70, 0.006, compression="fp16", sent=44_000.0),
+        _run("d", 1, 70, 0.008, compression="fp16", sent=44_000.0),
         # local SGD H=4: fastest per step (2 ms) but one seed never reaches the target
-        _run("e", 0, 100, 0.002, sync_every=4), _run("f", 1, 0, 0.002, sync_every=4, reached=False),
+        # (its second run sent 22,000 bytes per step where its analytic traffic says 18,000)
+        _run("e", 0, 100, 0.002, sync_every=4, sent=22_000.0),
+        _run("f", 1, 0, 0.002, sync_every=4, reached=False, sent=22_000.0, analytic=18_000.0),
     ])
     df = tta.tta_frame(ok)
     by = df.set_index("configuration")
@@ -50,6 +55,10 @@ def test_time_to_target_is_steps_times_seconds_per_step_with_spreads(tmp_path):
     assert by.loc["ring + fp16", "ms per step"] == "7.00 ± 1.41"
     assert (by.loc["ring + local SGD H=4", "runs"], by.loc["ring + local SGD H=4", "reached"]) == (2, 1)
     assert list(df["rank by time to target"]) == [1, 2, -1]
+    # beside exact ring: 0.49 / 0.7 s; fp16's bytes half of ring's, measured and analytic
+    assert list(df["x ring time"]) == ["0.70", "1.00", "-"]  # local SGD H=4 missed the target in one run
+    assert by.loc["ring + fp16", "bytes/step x ring"] == by.loc["ring + fp16", "analytic x ring"] == "0.5000"
+    assert list(df["bytes measured / analytic"]) == ["1.0000", "1.0000", "1.1000"]  # 22,000 / mean(22,000, 18,000)
     assert list(df["rank by throughput"]) == [2, 3, 1]
     (verdict,) = tta.tta_verdicts(df)
     assert "ring + fp16 reaches the target first: 0.490 ± 0.099 s = 70.0 ± 0.0 steps x 7.00 ± 1.41 ms" in verdict
@@ -93,7 +102,8 @@ def test_a_profile_twin_gives_the_seconds_per_step_and_the_table_says_so(tmp_pat
         # a profile run on another link is nobody's twin
         {**_twin("tx", 0, 0.500), "link_bandwidth": 125e6},
         # fp16 has no twin: both factors from its real runs, 70 x 6 ms and 70 x 8 ms
-        _run("c", 0, 70, 0.006, compression="fp16"), _run("d", 1, 70, 0.008, compression="fp16"),
+        _run("c", 0, 70, 0.006, compression="fp16", sent=44_000.0),
+        _run("d", 1, 70, 0.008, compression="fp16", sent=44_000.0),
     ])
     by = tta.tta_frame(ok).set_index("configuration")
     assert set(by.index) == {"ring", "ring + fp16"}  # twins are no rows of their own
