@@ -4,7 +4,8 @@ A strategy is two classes, as Bagua's Algorithm/AlgorithmImpl:
 - `StrategyConfig`: a small picklable dataclass of settings the driver sends to every actor. It knows the
   strategy's role in training, how many server ranks it needs, and its analytic traffic.
 - `Strategy`: the runtime, made by `config.bind(comm, workers)` on every rank. Worker ranks call
-  `sync(tensor, op)`; server ranks (parameter server only) call `serve(...)`.
+  `sync(tensor, op)`, or `isync(tensor, op)` and later the handle's wait() (several syncs in flight at once, for
+  a strategy that can pipeline them); server ranks (parameter server only) call `serve(...)`.
 
 Ranks 0..workers-1 are workers; ranks workers..world_size-1 are the strategy's servers.
 """
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from strategies.ops import OPS, check_op, finish_reduction, prescale, wire_form
-from strategies.transport.communicator import Communicator
+from strategies.transport.communicator import DONE, Communicator, Handle
 
 # What a strategy synchronizes in training.
 GRADIENTS = "gradients"    # allreduce family: average one flat gradient buffer, then a local optimizer step
@@ -174,6 +175,16 @@ class Strategy:
                 prescale(wire, op, self.workers)  # half-precision mean: scale before summing, never overflow
             self._sync(wire, op)
 
+    def isync(self, tensor: torch.Tensor, op: str = "mean") -> Handle:
+        """Worker ranks: start synchronizing `tensor` in place; the returned handle's wait() completes it. The
+        tensor holds the result only then and must not be touched before. Several may be in flight on one rank
+        (each through its own runtime, as BucketSync's buckets): the caller waits them in the order it started
+        them, and every rank starts them in the same order. The default is sync() now and a done handle: a
+        strategy that can keep syncs in flight together (the synchronous dedicated parameter server) overrides
+        it; a handle that is not DONE may offer `wait_sent()` (see Pending)."""
+        self.sync(tensor, op)
+        return DONE
+
     def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
               update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None,
               device: torch.device | str = "cpu") -> None:
@@ -189,6 +200,23 @@ class Strategy:
 
     def _sync(self, flat: torch.Tensor, op: str) -> None:
         raise NotImplementedError
+
+
+class Pending(Handle):
+    """A sync in flight (Strategy.isync): wait() completes it; wait_sent() waits for this rank's sends of it only,
+    its receives staying posted. A transport that moves bytes only inside a wait (the sockets drive every transfer
+    of the rank from the waiting thread) keeps moving through wait_sent() without waiting for any reply."""
+
+    def __init__(self, sends: list[Handle], finish):
+        super().__init__(finish)
+        self._sends = sends
+
+    def wait_sent(self) -> bool:
+        """Wait for the sends not waited for yet; False if there were none."""
+        sends, self._sends = self._sends, []
+        for handle in sends:
+            handle.wait()
+        return bool(sends)
 
 
 def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:

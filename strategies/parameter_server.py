@@ -16,6 +16,12 @@ A worker's NIC sends pushes and receives replies of earlier partitions at the sa
 k = n dedicated servers a step costs about M/B plus one partition's fan-out (BytePS's optimum, 2 - 2/n times
 faster than a ring); a server's link carries n/k times a worker's bytes.
 
+Across buckets (dedicated, synchronous): `isync()` posts a bucket's pushes and its replies' receives and returns;
+experiments/pipeline/bucket_sync.py starts the next bucket without waiting for this one's replies and waits them
+all, in bucket order, once every bucket is started. Servers serve the buckets in bucket order (serve_steps), so
+from each server replies come back in the order their receives were posted; the fan-out of one partition is paid
+once per step, not once per bucket.
+
 Without a global barrier (`staleness` s or "async", `backups` b; dedicated servers, either mode, any buckets
 and partitions, with or without overlap) a server serves each worker from a thread of its own and handles each
 push as it arrives; in summation mode it sums what arrived since the worker's previous reply and the workers'
@@ -29,15 +35,17 @@ at wait time), which is why a colocated rank first serves all its partitions and
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
-from strategies.base import GRADIENTS, SERVER, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
-from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
+from strategies.base import GRADIENTS, SERVER, Pending, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
+from strategies.ops import check_op, finish_reduction, prescale, reduce_into, wire_dtype, wire_form
 from strategies.parameter_server_async import ShardServer, push_pull
 from strategies.primitives import Scratch
+from strategies.transport.communicator import DONE
 
 PLACEMENTS = ("dedicated", "colocated")
 MODES = ("summation", "update")
@@ -78,6 +86,58 @@ class ParameterServer(Strategy):
 
     # -- worker ranks (colocated: worker and server) -----------------------------------------------------
 
+    @property
+    def pipelines(self) -> bool:
+        """isync() keeps this sync in flight with the next ones: synchronous (staleness 0, no backups), dedicated."""
+        return not self.colocated and not self.config.asynchronous
+
+    def isync(self, tensor, op="mean"):
+        """Dedicated, synchronous: post every push and every reply's receive now; the Pending waits for them.
+        Several buckets' syncs are then in flight together: a bucket's pushes leave while earlier buckets' replies
+        are on their way. The servers serve buckets in bucket order (serve_steps), each one's partitions round by
+        round, so from each server the replies arrive in the order this rank posted their receives. Colocated
+        and barrier-free servers: sync() now (the base class)."""
+        if not self.pipelines:
+            return super().isync(tensor, op)
+        check_op(op, tensor.dtype, self.config.ops)  # sync()'s checks, in its order (strategies/base.py)
+        if self.is_server:
+            raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not isync()")
+        self._check_size(tensor.numel())
+        if not tensor.is_contiguous():
+            raise ValueError("isync() needs a contiguous tensor (flatten gradients into one buffer first)")
+        flat = tensor.view(-1)
+        if tensor.numel() == 0 or self.comm.world_size == 1:
+            finish_reduction(flat, op, 1)
+            return DONE
+        form = contextlib.ExitStack()  # the wire form lasts until the replies are in (sync() holds it as long)
+        try:
+            wire = form.enter_context(wire_form(flat, op))
+            prescale(wire, op, self.workers)
+            pushes, replies = self._post(wire)
+        except BaseException:
+            form.close()
+            raise
+
+        def finish():
+            try:
+                for handle in replies + pushes:
+                    handle.wait()
+            finally:
+                form.close()
+
+        return Pending(pushes, finish)
+
+    def _post(self, flat) -> tuple[list, list]:
+        """Dedicated servers: every push posted at once (the transmit side streams them back to back), then every
+        reply's receive, round by round; a server answers worker w in slot (w - s) mod n of its fan-out."""
+        parts = partitions(flat.numel(), self.servers, flat.element_size(), self.config.partition_mb)
+        pushes = [self.comm.isend(flat[slice(*parts[s][r])], self.host(s)) for s, r in push_order(self.rank, parts)]
+        rounds = max((len(p) for p in parts), default=0)
+        fan_out = sorted(range(self.servers), key=lambda s: ((self.rank - s) % self.workers, s))
+        replies = [self.comm.irecv(flat[slice(*parts[s][r])], self.host(s))
+                   for r in range(rounds) for s in fan_out if r < len(parts[s])]
+        return pushes, replies
+
     def _sync(self, flat, op):
         if self.config.asynchronous:  # SSP, async or backups: partitions pushed and pulled, no global barrier
             if op != "mean":
@@ -85,6 +145,11 @@ class ParameterServer(Strategy):
                                  f"{self.config.backups}: op={op!r} is not accepted: its servers scale each push "
                                  f"by 1/workers (accepted: 'mean')")
             push_pull(self.comm, flat, self.workers, self.servers, self.config.partition_mb)
+            return
+        if not self.colocated:  # dedicated: isync()'s posts, waited at once
+            pushes, replies = self._post(flat)
+            for handle in replies + pushes:
+                handle.wait()
             return
         parts = partitions(flat.numel(), self.servers, flat.element_size(), self.config.partition_mb)
         order = push_order(self.rank, parts)
@@ -247,6 +312,16 @@ class ParameterServerConfig(StrategyConfig):
     def num_servers(self, workers):
         self.check_workers(workers)
         return 0 if self.placement == "colocated" else self.servers
+
+    def pipeline_fill(self, workers, numel, itemsize=4) -> tuple[int, int]:
+        """(rounds, bytes) of traffic()'s critical path that the next bucket's sync overlaps (strategies.cost's
+        overlap timeline): dedicated, synchronous servers keep buckets in flight together (isync), so a bucket's
+        last fan-out (n messages of its largest partition) runs under the next bucket's pushes; others: (0, 0)."""
+        if self.placement != "dedicated" or self.asynchronous:
+            return 0, 0
+        parts = partitions(numel, self.servers, itemsize, self.partition_mb)
+        largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
+        return (workers, workers * largest) if largest else (0, 0)
 
     def traffic(self, workers, numel, itemsize=4):
         n, k = workers, self.servers

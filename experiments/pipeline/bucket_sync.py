@@ -2,19 +2,33 @@
 
 Each bucket (workloads/buckets.py) gets its own bound strategy runtime, so a strategy's per-tensor state
 (its size check, scratch buffers, a decentralized round counter) is per bucket and every bucket is an
-ordinary `sync()` of a contiguous slice. Buckets are synchronized in bucket order on every rank, which is
-what keeps ranks matched on the wire.
+ordinary sync of a contiguous slice. Buckets are started in bucket order on every rank, which is what keeps
+ranks matched on the wire.
 
-- overlap off: `finish()` syncs bucket 0, 1, ... one after the other once backward is done. With a single
+A bucket is started with the runtime's `isync()` and completed by its handle's wait(). Most strategies sync
+inside isync() (strategies/base.py: the default), so a bucket is done when it is started, as before. One that
+pipelines (the synchronous parameter server with dedicated servers) only posts its pushes and its replies'
+receives there: every bucket of the step is then started before any reply is waited for, so a bucket's pushes
+leave while earlier buckets' replies are still on their way, and the handles are waited in bucket order once
+all are started.
+
+- overlap off: `finish()` starts bucket 0, 1, ... once backward is done, then waits them in order. With a single
   bucket this is exactly the flat-buffer sync syncbench has always done.
 - overlap on: one communication thread per rank. `grad_ready(i)` (autograd's post-accumulate-grad hook of
   parameter i, real or replayed) counts down its bucket; a bucket whose last gradient arrived is handed to the
-  thread, which syncs buckets strictly in order while backward continues. `finish()` waits for the last one.
+  thread, which starts buckets strictly in order while backward continues, and waits them all once the last one
+  is started. While no bucket is ready it waits for the sends of those already started (never their replies): a
+  transport that moves bytes only inside a wait (the sockets) keeps moving. `finish()` waits for the thread.
+  Every communicator call of the step is made on that thread.
 - overlap on, `threaded = False` (the simulated substrate, whose ranks are SimGrid actors: backward is simulated
-  time, not work a thread must share): `grad_ready(i)` syncs the completed buckets in order right away, in the
-  caller, while the simulated backward goes on; `finish()` syncs what is left.
+  time, not work a thread must share): `grad_ready(i)` starts the completed buckets in order right away, in the
+  caller, while the simulated backward goes on; `finish()` starts what is left and waits them all.
 
-Timing per step: `busy_s` is the time spent inside bucket syncs, on the run's `clock` (wall or simulated); the
+Timing per step: `busy_s` is the time at least one bucket was in flight on this rank, on the run's `clock` (wall
+or simulated): the union of each bucket's interval from its start to its completion, which is the return of
+isync() for a bucket synced there and the return of its wait() otherwise. A pipelined bucket's replies are waited
+for only once every bucket is started, so its interval runs to then even if its replies came earlier: for the
+pipelined parameter server busy_s is an upper bound (it may count time the rank only waited for backward). The
 caller measures how long `finish()` blocks, which is the communication the step exposes.
 """
 
@@ -26,6 +40,8 @@ import time
 
 import torch
 
+from strategies.base import Pending
+from strategies.transport.communicator import DONE
 from workloads.buckets import Bucket
 
 _STOP = -1
@@ -44,11 +60,13 @@ class BucketSync:
         self.owner = {i: b.index for b in buckets for i in b.params}
         self.pending = [len(b.params) for b in buckets]
         self.busy_s = 0.0
+        self._in_flight: list[tuple[float, object]] = []  # (start, handle) of buckets started, not yet waited
+        self._spans: list[tuple[float, float]] = []  # this step's (start, done) per bucket
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = None
-        self._following = 0  # overlap without a thread: the next bucket to sync, in bucket order
+        self._following = 0  # overlap: the next bucket to start, in bucket order
         if overlap and threaded:
             self._thread = threading.Thread(target=self._loop, name=f"comm-rank{comm.rank}", daemon=True)
             self._thread.start()
@@ -57,6 +75,7 @@ class BucketSync:
         self.pending = [len(b.params) for b in self.buckets]
         self.busy_s = 0.0
         self._following = 0
+        self._in_flight, self._spans = [], []
         self._done.clear()
 
     def grad_ready(self, param: int) -> None:
@@ -64,7 +83,7 @@ class BucketSync:
         bucket = self.owner[param]
         self.pending[bucket] -= 1
         if self.pending[bucket] == 0 and self.overlap and self._thread is None:
-            self._sync_ready()
+            self._start_ready()
         elif self.pending[bucket] == 0 and self.overlap:
             ready = None
             if self.buffer.is_cuda:  # the hook runs when the kernel is queued: the thread waits for it to run
@@ -73,14 +92,16 @@ class BucketSync:
             self._queue.put((bucket, ready))
 
     def finish(self) -> None:
-        """Return once every bucket is synchronized (overlap off: sync them all now, in order)."""
+        """Return once every bucket is synchronized (overlap off: start them all now, in order, then wait)."""
         if not self.overlap:
             for bucket in self.buckets:
-                self._sync(bucket)
+                self._start(bucket)
+            self._wait_all()
             return
         if self._thread is None:  # inline: a bucket that got no gradient this step goes as it is, in order
             self.pending = [0] * len(self.buckets)
-            self._sync_ready()
+            self._start_ready()
+            self._wait_all()
             return
         for bucket in self.buckets:  # a parameter that got no gradient this step: its bucket goes as it is
             if self.pending[bucket.index] > 0:
@@ -99,23 +120,50 @@ class BucketSync:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def _sync(self, bucket: Bucket) -> None:
+    def _start(self, bucket: Bucket) -> None:
         start = self.clock()
-        self.runtimes[bucket.index].sync(self.buffer[bucket.lo:bucket.hi], self.op)
-        self.busy_s += self.clock() - start
+        handle = self.runtimes[bucket.index].isync(self.buffer[bucket.lo:bucket.hi], self.op)
+        if handle is DONE:  # synced inside isync()
+            self._spans.append((start, self.clock()))
+        else:
+            self._in_flight.append((start, handle))
 
-    def _sync_ready(self) -> None:
-        """Overlap without a thread: sync, in bucket order, every bucket whose gradients are all in."""
+    def _wait_all(self) -> None:
+        """Wait for every started bucket, in bucket order; then this step's busy time."""
+        try:
+            for start, handle in self._in_flight:
+                handle.wait()
+                self._spans.append((start, self.clock()))
+        finally:
+            self._in_flight = []  # after a failure the rest is abandoned with the step: never waited again
+        self.busy_s = _union(self._spans)
+
+    def _send_one(self) -> bool:
+        """While no bucket is ready: wait for the sends of the oldest started bucket with any left (its replies
+        stay posted); False if there were none."""
+        return any(handle.wait_sent() for _, handle in self._in_flight if isinstance(handle, Pending))
+
+    def _start_ready(self) -> None:
+        """Overlap: start, in bucket order, every bucket whose gradients are all in."""
         while self._following < len(self.buckets) and self.pending[self._following] == 0:
-            self._sync(self.buckets[self._following])
+            self._start(self.buckets[self._following])
             self._following += 1
 
     def _loop(self) -> None:
-        """The communication thread: sync buckets in bucket order as they become ready, one step after another."""
+        """The communication thread: start buckets in bucket order as they become ready, wait for them all once the
+        last one is started, one step after another."""
         ready: set[int] = set()
         following = 0
         while True:
-            bucket, event = self._queue.get()
+            try:
+                bucket, event = self._queue.get_nowait()
+            except queue.Empty:
+                try:
+                    if self._error is None and self._send_one():
+                        continue  # sends waited for: look for a ready bucket again before the next
+                except BaseException as e:  # noqa: BLE001 - handed to the training thread in finish()
+                    self._error = e
+                bucket, event = self._queue.get()
             if bucket == _STOP:
                 return
             if event is not None:
@@ -124,11 +172,24 @@ class BucketSync:
             try:
                 while following in ready and self._error is None:
                     ready.discard(following)
-                    self._sync(self.buckets[following])
+                    self._start(self.buckets[following])
                     following += 1
+                if following == len(self.buckets) and self._error is None:
+                    self._wait_all()
             except BaseException as e:  # noqa: BLE001 - handed to the training thread in finish()
                 self._error = e
             if following == len(self.buckets) or self._error is not None:
                 ready.clear()
                 following = 0
+                self._in_flight = []
                 self._done.set()
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end] intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
