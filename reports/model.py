@@ -30,6 +30,7 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     overlap_timeline,
     parallel_efficiency,
     parse_strategy,
+    pipeline_fill,
     sync_period,
 )
 from workloads.buckets import make_buckets
@@ -216,14 +217,17 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
 def _overlapped_row(profile, buckets, name, params, config, workers, bandwidth, latency, target, optimum,
                     note) -> dict:
     """One strategy's row with buckets overlapped with backward (strategies.cost.overlap_timeline): each bucket
-    starts when its last gradient is ready and the one before it is done; parameter averaging follows the step."""
+    starts when its last gradient is ready and the one before it is done (a pipelining strategy's: streamed, its
+    last fan-out still under way); parameter averaging follows the step."""
     ready = [max(profile.params[i].ready_s for i in b.params) for b in buckets]
     paths = [critical_path(name, workers, b.numel, params, profile.itemsize)[:2] for b in buckets]
+    fills = [pipeline_fill(name, workers, b.numel, params, profile.itemsize) for b in buckets]
     after_step = config.role == PARAMETERS
 
-    def timeline(bw: float):
-        timed = [(r, 0.0 if workers == 1 else comm_time(rounds, path, bw, latency))
-                 for r, (rounds, path) in zip(ready, paths)]
+    def timeline(bw: float):  # a pipelining strategy's (the dedicated PS's) last fan-out runs under the next bucket
+        timed = [(r, 0.0 if workers == 1 else comm_time(rounds, path, bw, latency),
+                  0.0 if workers == 1 or not fill[1] else comm_time(fill[0], fill[1], bw, latency))
+                 for r, (rounds, path), fill in zip(ready, paths, fills)]
         return overlap_timeline(profile.forward_s, profile.backward_s, profile.optimizer_s, timed,
                                 overlap=not after_step, after_step=after_step)
 

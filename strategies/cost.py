@@ -170,6 +170,18 @@ def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int
     return traffic.rounds, traffic.path_bytes, ""
 
 
+def pipeline_fill(name: str, workers: int, numel: int, params: dict | str | None = None,
+                  itemsize: int = 4) -> tuple[float, float]:
+    """(rounds, bytes) of one sync's critical path that the next sync's streaming overlaps when the strategy keeps
+    syncs in flight together (Strategy.isync; the synchronous dedicated parameter server: the last partition's
+    fan-out, which the next bucket's pushes do not wait for); (0, 0) for a strategy that syncs one after another."""
+    import strategies
+
+    config = strategies.make(name, **json.loads(_params_key(params)))
+    fill = getattr(config, "pipeline_fill", None)
+    return fill(workers, numel, itemsize) if fill is not None and workers > 1 else (0, 0)
+
+
 def sync_period(config) -> int:
     """H of a local-SGD strategy (strategies/local_sgd.py: it synchronizes on one step in H), 1 for any other."""
     local = getattr(config, "local", None)
@@ -269,7 +281,7 @@ class Timeline:
 
     backward_end_s: float  # forward + backward
     comm_end_s: float      # the last bucket synchronized
-    busy_s: float          # sum of the buckets' communication times
+    busy_s: float          # time some bucket is in flight (sequential buckets: the sum of their times)
     exposed_s: float       # communication the step waits for: max(0, comm_end - backward_end) with overlap
     step_s: float          # forward + backward + exposed + optimizer
 
@@ -279,26 +291,35 @@ class Timeline:
 
 
 def overlap_timeline(forward_s: float, backward_s: float, optimizer_s: float,
-                     buckets: list[tuple[float, float]], overlap: bool, after_step: bool = False) -> Timeline:
-    """Predict one step from a compute timeline and each bucket's (ready_s, comm_s), in bucket order.
+                     buckets: list[tuple[float, ...]], overlap: bool, after_step: bool = False) -> Timeline:
+    """Predict one step from a compute timeline and each bucket's (ready_s, comm_s[, fill_s]), in bucket order.
 
     ready_s: when the bucket's last gradient is ready, seconds after backward starts; comm_s: its sync time
-    (comm_time of the strategy's traffic for the bucket). With overlap, bucket b starts at
-    max(ready_b, end of bucket b-1) and the optimizer waits for the last one; without, the buckets follow
-    backward one after another. `after_step`: the data exists only after the local optimizer step
-    (decentralized averaging of parameters), so it never overlaps.
+    (comm_time of the strategy's traffic for the bucket); fill_s (default 0): the tail of comm_s the next bucket
+    need not wait for, for a strategy that keeps buckets in flight together (pipeline_fill: the synchronous
+    dedicated parameter server's last fan-out). Bucket b starts when the one before it has streamed (its end
+    less its fill) and, with overlap, not before ready_b; without overlap not before backward's end. The
+    optimizer waits for the last bucket to end. `after_step`: the data exists only after the local optimizer step
+    (decentralized averaging of parameters), so it never overlaps. busy_s is the time some bucket is in flight.
     P = Ts / (Ts + exposed) follows, with Ts = forward + backward + optimizer.
     """
     backward_end = forward_s + backward_s
-    busy = sum(comm for _, comm in buckets)
     if after_step:
+        busy = sum(b[1] for b in buckets)
         end = backward_end + optimizer_s + busy
         return Timeline(backward_end, end, busy, busy, end)
-    if not overlap:
-        end = backward_end + busy
-    else:
-        end = forward_s
-        for ready, comm in buckets:
-            end = max(forward_s + ready, end) + comm
+    streamed = end = backward_end if not overlap else forward_s
+    spans = []
+    for ready, comm, *fill in buckets:
+        tail = min(fill[0], comm) if fill else 0.0
+        start = max(forward_s + ready, streamed) if overlap else streamed
+        streamed = start + comm - tail
+        spans.append((start, start + comm))
+        end = max(end, start + comm)
+    busy, reach = 0.0, -math.inf  # the union of the buckets' intervals (disjoint unless they pipeline)
+    for start, stop in sorted(spans):
+        if stop > reach:
+            busy += stop - max(start, reach)
+            reach = stop
     exposed = max(0.0, end - backward_end)
     return Timeline(backward_end, end, busy, exposed, backward_end + exposed + optimizer_s)
