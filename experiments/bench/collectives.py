@@ -205,6 +205,9 @@ def _config(name: str, ranks_per_node: int):
     return strategies.make(name, **({"ranks_per_node": ranks_per_node} if node_aware else {}))
 
 
+# of each 1514-byte Ethernet frame a TCP segment fills, 1448 bytes are payload (IP, TCP with timestamps, Ethernet
+# headers: 66): the share of a kernel-shaped link's rate a transfer's payload can get
+TCP_PAYLOAD = 1448 / 1514
 NODE_STRATEGIES = ("ring", "hierarchical", "double_binary_tree", "node_parameter_server")  # priced per level
 
 
@@ -373,6 +376,8 @@ def format_node_bench(rows: list[dict], workers: int, k: int, network: Network, 
              f"{load_after[0]:.2f} after; times are medians of the slowest rank per iteration",
              "# model: strategies.cost.node_cost, the slower level (NIC: the busiest node's bytes, the node's ranks "
              "summed; intra: the busiest port); MB = 1e6 bytes",
+             *([f"# tbf shapes Ethernet frames: TCP payload gets at most {TCP_PAYLOAD:.3f} of the rate, so "
+                f"a transfer takes about {1 / TCP_PAYLOAD:.3f}x its model even on an idle machine"] if kernel else []),
              f"{'size':>10s} {'strategy':>22s} {'time(ms)':>10s} {'model(ms)':>10s} {'meas/model':>10s} "
              f"{'vs ring':>8s} {'NIC MB':>8s} {'intra MB':>8s} {'bound':>6s}"]
     for r in rows:

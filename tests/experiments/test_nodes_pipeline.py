@@ -95,3 +95,16 @@ def test_the_model_prices_each_level_for_nodes_of_eight(capsys):
     assert "nodes of 8 workers sharing one NIC" in capsys.readouterr().out
     with pytest.raises(ValueError, match="bad ranks per node 0"):
         model_table(None, 100e6, 16, 10e9 / 8, 0.25, ranks_per_node=0)
+
+
+def test_bench_on_nodes_refuses_what_its_substrate_cannot_apply_before_work():
+    """bench --ranks-per-node k: thread ranks with python emulation, Ray actors k per namespace with kernel links."""
+    from experiments.bench.collectives import bench
+
+    kernel = {"bandwidth": "1Gbit", "emulation": "kernel"}
+    with pytest.raises(ValueError, match="--p2p threads with --emulation kernel: .*accepted there: gloo"):
+        bench(4, [1 << 20], link=kernel, p2p="threads", ranks_per_node=2)
+    with pytest.raises(ValueError, match="intra_bandwidth .* emulation 'kernel'.*loopback"):
+        bench(4, [1 << 20], link={**kernel, "intra_bandwidth": "100Gbit"}, p2p="sockets", ranks_per_node=2)
+    with pytest.raises(ValueError, match="--p2p gloo with --ranks-per-node 2: .*or --emulation kernel"):
+        bench(4, [1 << 20], link={"bandwidth": "1Gbit"}, p2p="gloo", ranks_per_node=2)
