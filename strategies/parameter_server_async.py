@@ -184,7 +184,7 @@ class ShardServer:
             return self.comm.irecv_any(incoming[worker][:unit.hi - unit.lo], worker)
 
         receiving = {w: post(w) for w in range(self.workers)}  # worker -> its posted receive
-        held: dict[int, Held] = {}  # worker -> its reply waiting for the bound or the step's backups
+        held: dict[int, dict[int, Held]] = {}  # unit -> worker -> its reply waiting for the bound or the backups
 
         def answer(worker, waiting):
             sends.append(self.comm.isend(waiting.answer(), worker))
@@ -192,23 +192,27 @@ class ShardServer:
             if position[worker] < last:
                 receiving[worker] = post(worker)
 
-        while receiving or held:
+        while receiving or any(held.values()):
             if not receiving:
-                stuck = {w: h.timeout_message(0.0) for w, h in held.items()}
+                stuck = {w: h.timeout_message(0.0) for waiting in held.values() for w, h in waiting.items()}
                 raise RuntimeError(f"rank {self.comm.rank}: every worker's reply is held and no push can free one: "
                                    f"{stuck}")
             workers = list(receiving)
-            worker = workers[self.comm.wait_any([receiving[w] for w in workers])]
-            del receiving[worker]
-            unit = self.units[position[worker] % len(self.units)]
-            waiting = self._accept(unit, worker, position[worker] // len(self.units),
-                                   incoming[worker][:unit.hi - unit.lo])
-            if waiting.ready():
-                answer(worker, waiting)
-            else:
-                held[worker] = waiting
-            for other in [w for w, h in held.items() if h.ready()]:  # in worker order: what this push freed
-                answer(other, held.pop(other))
+            # every push that has arrived, in arrival order (one wait for all that arrived together)
+            for worker in [workers[i] for i in self.comm.wait_any([receiving[w] for w in workers])]:
+                del receiving[worker]
+                unit = self.units[position[worker] % len(self.units)]
+                progress = (unit.version, min(unit.clock))
+                waiting = self._accept(unit, worker, position[worker] // len(self.units),
+                                       incoming[worker][:unit.hi - unit.lo])
+                if waiting.ready():
+                    answer(worker, waiting)
+                else:
+                    held.setdefault(unit.index, {})[worker] = waiting
+                if (unit.version, min(unit.clock)) != progress:  # only then can a held reply of this unit leave
+                    parked = held.get(unit.index, {})
+                    for other in [w for w, h in parked.items() if h.ready()]:  # in the order they were held
+                        answer(other, parked.pop(other))
         for sent in sends:
             sent.wait()
 
@@ -221,7 +225,9 @@ class ShardServer:
     def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
         """SSP / async, under the lock: handle the push at once; the reply waits at the bound."""
         staleness = unit.version - unit.read[worker]
-        scaled = gradient / self.workers  # a new tensor: `gradient` is the worker's receive buffer
+        # a new tensor (`gradient` is the worker's receive buffer); the same bits as gradient / n, and on meta
+        # tensors (the simulator's) 10x cheaper: an out-of-place division there runs torch's Python reference
+        scaled = gradient.clone().div_(self.workers)
         if self.mode == "update":
             unit.params = self.update(unit.bucket, scaled, unit.where).detach().clone()
         else:
@@ -244,8 +250,9 @@ class ShardServer:
             else:  # the pushes since this worker's previous reply, in arrival order (its own included)
                 since = unit.log[unit.read[worker] - unit.base:unit.version - unit.base]
                 reply = since[0].clone()
-                for push in since[1:]:
-                    reply.add_(push)
+                if not reply.is_meta:  # meta tensors (the simulator's) have no values to add, only the shape
+                    for push in since[1:]:
+                        reply.add_(push)
             unit.read[worker] = unit.version
             oldest = min(unit.read)  # pushes every worker has been sent are dropped from the log
             del unit.log[:oldest - unit.base]

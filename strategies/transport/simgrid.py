@@ -368,13 +368,24 @@ class SimGridCommunicator(Communicator):
         activity, data = self.cluster.box(src, self.rank).get_async()
         return _AnyReceive(activity, data, tensor, src, nbytes)
 
-    def wait_any(self, receives: list[_AnyReceive]) -> int:
-        """Wait until one of the posted receives has its message, take it (checked, copied, counted as irecv
-        counts) and return its index in `receives`."""
-        empty = next((i for i, r in enumerate(receives) if r.activity is None), None)
-        index = empty if empty is not None else self.sg.Comm.wait_any([r.activity for r in receives])
-        taken = receives[index]
-        if taken.activity is not None:
+    def wait_any(self, receives: list[_AnyReceive]) -> list[int]:
+        """Wait until one of the posted receives has its message; take every one that has it by now (checked,
+        copied, counted as irecv counts) and return their indices in `receives`, in the order they arrived
+        (finish time, then index). One `Comm.wait_any` (its cost grows with the receives) is shared by all the
+        messages that arrived together: the others are found by their finish time (free to read) and each taken
+        by a wait that returns at once."""
+        found = [i for i, r in enumerate(receives) if r.activity is None]  # empty: done when posted
+        if not found:
+            found = [i for i, r in enumerate(receives) if r.activity.finish_time >= 0]
+        if not found:
+            first = self.sg.Comm.wait_any([r.activity for r in receives])
+            found = [i for i, r in enumerate(receives) if i == first or r.activity.finish_time >= 0]
+        found.sort(key=lambda i: (receives[i].activity.finish_time if receives[i].activity is not None else -1.0, i))
+        for i in found:
+            taken = receives[i]
+            if taken.activity is None:
+                continue
+            taken.activity.wait()  # finished: returns at once, and makes the payload readable
             message = taken.data.get()
             check_received(self.rank, taken.src, taken.tensor, message.nbytes, message.dtype)
             if message.values is not None and not taken.tensor.is_meta:
@@ -382,7 +393,7 @@ class SimGridCommunicator(Communicator):
             peer = self._peers[taken.src]
             peer.bytes_recv += taken.nbytes
             peer.msgs_recv += 1
-        return index
+        return found
 
     def allgather_object(self, obj) -> list:
         return self.cluster.board.exchange(self.rank, obj)
