@@ -47,9 +47,9 @@ class TinyCNN(nn.Module):
 
 class WideCNN(nn.Module):
     """The tiny CNN twice as wide, at a 4x4 pool, with a 512-unit hidden layer: 1,129,866 parameters (4.5 MB of
-    fp32 gradients, 92% of them in fc1). At batch 32 and 16x16 a step takes ~25 ms on one CPU thread and a 4-worker
-    ring allreduce of its gradients ~54 ms at 1 Gbit: communication about twice the compute, as for ResNet-50 on
-    GPUs over 10 Gbit Ethernet (docs/time-to-accuracy.md)."""
+    fp32 gradients, 93% of them in fc1). At batch 32 and 16x16 a step takes ~27 ms on one quiet CPU thread and a
+    4-worker ring allreduce of its gradients ~54 ms at 1 Gbit: communication about twice the compute, as for
+    ResNet-50 on GPUs over 10 Gbit Ethernet (docs/time-to-accuracy.md)."""
 
     def __init__(self, num_classes=10):
         super().__init__()
