@@ -103,7 +103,7 @@ def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, 
     leaf): wall seconds, the simulated sync, its bytes against traffic(), BytePS's optimum (colocated: k = 0)
     and the alpha-beta time of traffic(). A run the simulator refuses (SimGridSubstrate.problems) is a row
     saying why, never simulated."""
-    from experiments.simulate.substrate import SimGridSubstrate, summarize_simulated
+    from experiments.simulate.substrate import SimGridSubstrate, run_in_child_timed, simulate, summarize_simulated
     from strategies.cost import byteps_optimum
     from workloads.profile import load_profile
 
@@ -123,7 +123,7 @@ def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, 
             config = spec.strategy_config()
             row = {"network_model": network_model, "nic": nic, "mode": name, "workers": n, "servers": k,
                    "platform": topology, "ranks": 0, "messages": 0,
-                   "wall_s": float("nan"), "sim_sync_s": float("nan"), "optimum_s": float("nan"),
+                   "wall_s": float("nan"), "cpu_s": float("nan"), "sim_sync_s": float("nan"), "optimum_s": float("nan"),
                    "model_s": float("nan"), "bytes_ok": False, "error": ""}
             substrate = SimGridSubstrate([(spec, SimSpec(plat, timeline))])
             (run,) = substrate.runs()
@@ -142,9 +142,9 @@ def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, 
             row["model_s"] = traffic.rounds * plat.latency + traffic.path_bytes / plat.bandwidth
             print(f"[bench-ps] {name} n={n} k={k} {topology} ranks={row['ranks']} messages={row['messages']:,} ...",
                   file=log, flush=True)
-            results, error, wall = simulate_in_child(run.spec, run.settings)
+            results, error, wall, cpu = run_in_child_timed(functools.partial(simulate, run.spec, run.settings))
             summary, _ = summarize_simulated(run.spec, run.settings, results, error, wall, "now", run.run_id)
-            row["wall_s"], row["error"] = wall, summary["error"]
+            row["wall_s"], row["cpu_s"], row["error"] = wall, cpu, summary["error"]
             if summary["status"] == "ok":
                 row["sim_sync_s"] = summary["comm_s"]
                 row["bytes_ok"] = summary["bytes_sent_per_worker"] == summary["analytic_bytes_sent_per_worker"]
@@ -162,8 +162,10 @@ def format_bench_ps(rows: list[dict]) -> str:
              f"nic {', '.join(sorted({r['nic'] for r in rows}))}",
              f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; optimum s = BytePS's "
              f"2n(n-1)M/((n^2+kn-2k)B) (colocated: k = 0), alpha-beta s = traffic()'s rounds x latency + path "
-             f"bytes / bandwidth; bytes = every rank's counted bytes equal traffic()",
+             f"bytes / bandwidth; bytes = every rank's counted bytes equal traffic(); cpu s = the simulation process's "
+             f"CPU seconds (on a loaded machine nearer a quiet one's wall s)",
              f"{'mode':>20s} {'n':>5s} {'k':>4s} {'platform':>8s} {'ranks':>5s} {'messages':>9s} {'wall s':>7s} "
+             f"{'cpu s':>7s} "
              f"{'sim sync s':>10s} {'optimum s':>9s} {'alpha-beta s':>12s} {'bytes':>5s}"]
     for r in rows:
         if r["error"].startswith("refused"):
@@ -171,8 +173,8 @@ def format_bench_ps(rows: list[dict]) -> str:
                          f"{r['error'][:150]}")
             continue
         lines.append(f"{r['mode']:>20s} {r['workers']:5d} {r['servers']:4d} {r['platform']:>8s} {r['ranks']:5d} "
-                     f"{r['messages']:9,d} {r['wall_s']:7.1f} {r['sim_sync_s']:10.4f} {r['optimum_s']:9.4f} "
-                     f"{r['model_s']:12.4f} {'ok' if r['bytes_ok'] else 'DIFF':>5s}"
+                     f"{r['messages']:9,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['sim_sync_s']:10.4f} "
+                     f"{r['optimum_s']:9.4f} {r['model_s']:12.4f} {'ok' if r['bytes_ok'] else 'DIFF':>5s}"
                      + (f"  FAILED: {r['error'][:200]}" if r["error"] else ""))
     return "\n".join(lines)
 

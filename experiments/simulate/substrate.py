@@ -424,7 +424,14 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
 
 
 def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
-    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds).
+    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds)."""
+    result, error, wall, _ = run_in_child_timed(call)
+    return result, error, wall
+
+
+def run_in_child_timed(call: Callable[[], object]) -> tuple[object, str, float, float]:
+    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds, CPU
+    seconds of the process: on a loaded machine nearer what a quiet one's wall time would be than the wall).
 
     Fork, not spawn: milliseconds instead of seconds of imports, and `call` may be a closure. This process
     must not have run SimGrid's engine itself (it never does: every simulation goes through here).
@@ -436,11 +443,11 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     def main():
         _die_with_parent(parent_pid)
         try:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = call()
-            child.send(("ok", result, time.perf_counter() - start))
+            child.send(("ok", result, time.perf_counter() - start, time.process_time() - cpu))
         except BaseException as e:  # noqa: BLE001 - sent to the parent, which reports it
-            child.send(("error", f"{type(e).__name__}: {e}", 0.0))
+            child.send(("error", f"{type(e).__name__}: {e}", 0.0, 0.0))
         finally:
             child.close()
 
@@ -448,17 +455,17 @@ def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     proc.start()
     child.close()
     try:
-        status, payload, wall = parent.recv()
+        status, payload, wall, cpu = parent.recv()
     except EOFError:
         proc.join()
-        status, payload, wall = "error", f"the simulation process died (exit code {proc.exitcode})", 0.0
+        status, payload, wall, cpu = "error", f"the simulation process died (exit code {proc.exitcode})", 0.0, 0.0
     except BaseException:  # Ctrl-C, a test's timeout: the simulation must not outlive its reason to run
         proc.kill()
         raise
     finally:
         proc.join()
         parent.close()
-    return (payload, "", wall) if status == "ok" else (None, payload, wall)
+    return (payload, "", wall, cpu) if status == "ok" else (None, payload, wall, cpu)
 
 
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
