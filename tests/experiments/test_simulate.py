@@ -31,6 +31,7 @@ from experiments.simulate.substrate import (
     simulate_sweep,
     summarize_simulated,
 )
+from strategies.transport.communicator import CommError
 from strategies.transport.link import Network
 from strategies.transport.simgrid import run_simgrid, simgrid_available
 from strategies.transport.threads import run_threads
@@ -438,3 +439,31 @@ def test_hierarchical_on_nodes_matches_its_per_level_model_and_beats_the_flat_ri
     assert hier["sim_nic_s"] == pytest.approx(hier["model_nic_s"], rel=0.10)
     assert hier["sim_s"] == pytest.approx(hier["model_s"], rel=0.10)
     assert ring["sim_s"] / hier["sim_s"] >= ring["model_s"] / hier["model_s"] > 1
+
+
+def test_wait_any_takes_pushes_in_arrival_order_and_counts_them():
+    """The receive a one-actor barrier-free server waits on (SimGridCommunicator.irecv_any / wait_any): whichever
+    peer's message arrives first is taken first, values and counters as irecv's; messages that arrived together
+    come back from one wait, in arrival order; an ordered irecv from the same peer meanwhile is refused."""
+    platform = Platform.parse({"bandwidth": "1Gbit", "latency": "10us", "network_model": "alpha_beta"})
+
+    def fn(comm):
+        if comm.rank < 3:
+            comm.compute([0.2, 0.0, 0.2][comm.rank])  # rank 1 first, then 0 and 2 together
+            comm.send(torch.full((1000,), float(comm.rank)), 3)
+            return None
+        bufs = [torch.zeros(1000) for _ in range(3)]
+        posted = [comm.irecv_any(bufs[src], src) for src in range(3)]
+        first = comm.wait_any(posted)
+        rest = comm.wait_any([posted[0], posted[2]])
+        try:
+            comm.irecv(torch.zeros(1000), 0)
+            comm.irecv_any(torch.zeros(1000), 0)
+            refused = ""
+        except CommError as e:
+            refused = str(e)
+        return first, rest, [b[0].item() for b in bufs], comm.counters().bytes_recv, refused
+
+    first, rest, values, received, refused = _child_call(fn, 4, platform)[3]
+    assert (first, rest, values, received) == ([1], [0, 1], [0.0, 1.0, 2.0], 3 * 4000)
+    assert "irecv_any from rank 0 while an irecv from it is pending" in refused
