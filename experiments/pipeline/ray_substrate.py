@@ -4,7 +4,9 @@ syncbench's sockets, links emulated in Python or shaped by the kernel (experimen
 Runs that share a world size reuse one worker group (an actor holding torch costs seconds to start), so runs
 execute grouped by world size, in file order within a group. Before any actor starts, the runs are checked
 against the machine or cluster (experiments/cluster/limits.py, placement.py) and against what this substrate
-can apply (experiments/pipeline/substrate.py).
+can apply (experiments/pipeline/substrate.py). Nodes of several ranks (ranks_per_node = k > 1) need kernel-shaped
+links: k actors per namespace of the cluster share its shaped veth (experiments/cluster/placement.py); a
+python-emulated NIC cannot be shared by separate processes, so such runs are refused.
 """
 
 from __future__ import annotations
