@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
                                        "optimizer (one rank alone); or describe one (--synthetic)")
-    p.add_argument("--workload", required=True, help="resnet18 | resnet50 | vgg11 | vgg16 | tiny")
+    p.add_argument("--workload", required=True, help="resnet18 | resnet50 | vgg11 | vgg16 | tiny | wide")
     p.add_argument("--batch-size", type=int, help="per-worker batch size (required to measure; synthetic: 32)")
     p.add_argument("--image-size", type=int, help="input side in pixels (default 32; synthetic: 224)")
     p.add_argument("--num-classes", type=int, help="classifier outputs (default: the workload's, 10)")
