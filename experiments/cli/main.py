@@ -113,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency", default="0s", help="emulated per-message latency, e.g. 50us")
     p.add_argument("--emulation", default="python", choices=("python", "kernel"),
                    help="who shapes --bandwidth: the communicator (python, default) or the kernel, on the cluster "
-                        "of `syncbench cluster up` (one rank per node; native is shaped too)")
+                        "of `syncbench cluster up` (one rank per node, or k per namespace with --ranks-per-node k; "
+                        "native is shaped too)")
     p.add_argument("--ranks-per-node", type=int, default=1,
-                   help="nodes of this many ranks sharing one NIC of --bandwidth, on thread ranks (python emulation; "
-                        "default strategies: ring, hierarchical, double_binary_tree, node_parameter_server)")
+                   help="nodes of this many ranks sharing one NIC of --bandwidth: thread ranks with python emulation, "
+                        "Ray actors k per namespace with --emulation kernel (default strategies: ring, hierarchical, "
+                        "double_binary_tree, node_parameter_server)")
     p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
                                              "(default unlimited)")
     p.add_argument("--intra-latency", help="with --ranks-per-node: its per-message latency, e.g. 2us (default 0)")
