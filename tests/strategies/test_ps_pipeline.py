@@ -211,9 +211,11 @@ SIMGRID = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available
 
 
 @SIMGRID
-def test_simulated_buckets_pipeline_to_one_fan_out_per_step():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_simulated_buckets_pipeline_to_one_fan_out_per_step(overlap):
     """SimGrid (fifo NICs, alpha-beta), 4 workers and 4 dedicated servers, four 4 MiB buckets of 1 MiB partitions,
-    overlap off: the step's sync takes the whole buffer's traffic() time (M / B plus one partition's fan-out: 20 MiB
+    overlap off or on (inline: the simulated backward starts each bucket as it is ready, here all at once): the
+    step's sync takes the whole buffer's traffic() time (M / B plus one partition's fan-out: 20 MiB
     on the busiest link), not four buckets' round trips one after another (each 1 MiB x n of fan-out more: 32)."""
     from experiments.config.sweep import RunSpec
     from experiments.simulate.platform import Platform
@@ -232,6 +234,7 @@ def test_simulated_buckets_pipeline_to_one_fan_out_per_step():
     # 2 steps, the first untimed: a runtime's first sync checks its size with every rank, the servers' included,
     # which holds bucket b + 1's start until the servers are through bucket b
     spec = RunSpec(sweep="test", strategy="parameter_server", workers=4, steps=2, warmup_steps=1, bucket_mb=4.0,
+                   overlap=overlap,
                    link={"bandwidth": "1Gbit", "latency": "20us"},
                    strategy_params={"servers": 4, "mode": "summation", "partition_mb": 1.0})
     substrate = SimGridSubstrate([(spec, SimSpec(platform, Timeline(0.0, 0.0, 0.0, numels, (0.0,) * 4, "none")))])
