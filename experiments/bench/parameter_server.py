@@ -4,10 +4,11 @@ per overlap setting.
 4 workers train resnet18 in profile mode (its 44.7 MB of fp32 gradients) over emulated 1 Gbit NICs; the sweep's
 strategy parameters are lists (servers 1, 2, 4 x dedicated, colocated x summation, update x partition sizes), ring
 runs in the same sweep. Overlap off: one flat bucket, synced after backward; overlap on: 4 MiB buckets synced as
-backward makes them (partition 4 MiB only). The table prints each run's exposed communication time per step (the
-slowest worker's, mean over timed steps: without overlap, all of it) beside the model (traffic()'s critical path
-over the link, one flat bucket), BytePS's optimum for its k extra server NICs, the ratio to ring of the same
-sweep, and the issue's target where it has one. Without overlap: dedicated k = n within 15% of M / B and
+backward makes them (partition 4 MiB only; the synchronous dedicated servers keep the buckets in flight together,
+Strategy.isync, experiments/pipeline/bucket_sync.py). The table prints each run's exposed communication time per
+step (the slowest worker's, mean over timed steps: without overlap, all of it) beside the model (traffic()'s
+critical path over the link, one flat bucket), BytePS's optimum for its k extra server NICs, the ratio to ring of
+the same sweep, and the issue's target where it has one. Without overlap: dedicated k = n within 15% of M / B and
 <= 0.75x ring; k = 1 within 15% of n M / B; colocated k = n within 15% of ring. With overlap: the PS's exposed
 time relative to ring's no worse than the same configuration's without overlap.
 """
