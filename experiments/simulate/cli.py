@@ -47,6 +47,10 @@ def run(args) -> int:
         from experiments.simulate.bench import bench, format_bench
 
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        if args.ps and args.ranks_per_node != 1:
+            raise ValueError(f"simulate --bench --ps --ranks-per-node {args.ranks_per_node}: the parameter-server "
+                             f"bench runs on a star or fat tree of single-rank hosts; accepted: --ps without "
+                             f"--ranks-per-node, or --ranks-per-node without --ps")
         if args.ps:
             from experiments.simulate.bench import PS_MODES, PS_PLATFORMS, bench_ps, format_bench_ps
 
