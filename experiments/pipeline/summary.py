@@ -198,8 +198,9 @@ def bytes_mismatch(steps: pd.DataFrame, traffic: dict, strategy: str) -> str:
 def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:
     """Buckets and overlap: means over the slowest worker of each timed step; the profile a run replayed.
 
-    exposed_comm_s is the communication the step waited for (= comm_s); comm_busy_s the time spent inside
-    bucket syncs; overlap_fraction = 1 - exposed / busy, the share hidden behind backward (NaN for ddp, whose
+    exposed_comm_s is the communication the step waited for (= comm_s); comm_busy_s the time some bucket was in
+    flight (inside a sync, or started and not yet waited for: the dedicated parameter server's pipelined
+    buckets); overlap_fraction = 1 - exposed / busy, the share hidden behind backward (NaN for ddp, whose
     communication is inside the backend, and when nothing moved).
     """
     def mean(column):

@@ -124,7 +124,8 @@ RUNS: tuple[Column, ...] = (
     Column("comm_fraction", FLOAT, "communication's share of the step time"),
     Column("backward_end_s", FLOAT, "time from step start to the end of backward, in seconds"),
     Column("exposed_comm_s", FLOAT, "communication after backward ended (what the step waited for), seconds"),
-    Column("comm_busy_s", FLOAT, "time spent inside synchronization per step, hidden or not, seconds"),
+    Column("comm_busy_s", FLOAT, "time some bucket was in flight (syncing, or started and not yet waited for) "
+                                 "per step, hidden or not, seconds"),
     Column("overlap_fraction", FLOAT, "share of communication hidden behind backward"),
     Column("buckets", FLOAT, "gradient buckets per step"),
     Column("bytes_sent_per_worker", FLOAT, "payload bytes a worker sent per step (measured)"),
