@@ -15,7 +15,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from reports.load import mean_per_config
-from reports.model import EXTRAPOLATION_LINKS, GBIT, MB, TARGET_EFFICIENCIES, extrapolate
+from reports.model import EXTRAPOLATION_LINKS, GBIT, MB, TARGET_EFFICIENCIES, extrapolate, workload_shapes
 from reports.tables import (
     REQUIREMENT_WORKERS,
     compute_time_per_workload,
@@ -216,7 +216,9 @@ def extrapolation_figure(ok: pd.DataFrame, alpha: float, calibrated: bool = True
     frames = []
     for workload, g in ok.groupby("workload", sort=False):
         measured = set(g["label"])
-        df = extrapolate(int(g["numel"].iloc[0]), [s for s in specs if s[0] in measured], alpha)
+        numel = int(g["numel"].iloc[0])
+        df = extrapolate(numel, [s for s in specs if s[0] in measured], alpha,
+                         shapes=workload_shapes(workload, numel))
         df = df.rename(columns={"strategy": "label"})
         if df.empty:
             continue

@@ -35,7 +35,7 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
 )
 from workloads.buckets import make_buckets
 from workloads.models import MODELS as WORKLOAD_MODELS
-from workloads.models import default_num_classes, describe_size, param_count
+from workloads.models import default_num_classes, describe_size, param_count, param_shapes
 
 MODELS = tuple(m for m in WORKLOAD_MODELS if m != "tiny")  # the torchvision models `syncbench model` knows
 EXTRAPOLATION_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -88,6 +88,20 @@ def _bandwidth_for(efficiency_at, target: float) -> float:
 
 
 # ---- the `syncbench model` table --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def workload_shapes(workload: str, numel: int, num_classes: int | None = None):
+    """The parameter shapes of a workload whose buffer holds `numel` elements (PowerSGD's bytes are per tensor),
+    or None when they are not known (model bytes given, another class count): its traffic then takes the buffer as
+    one tensor."""
+    if workload not in WORKLOAD_MODELS:
+        return None
+    try:
+        shapes = param_shapes(workload, default_num_classes(workload) if num_classes is None else num_classes)
+    except ValueError:
+        return None
+    return shapes if sum(math.prod(shape) for shape in shapes) == numel else None
+
 
 def model_table(model: str | None, model_bytes: float | None, workers: int, bandwidth: float,
                 step_time: float | None, latency: float = 0.0, target_efficiency: float = 0.9,
@@ -160,7 +174,9 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     for label, (name, params), config in zip(labels, specs, configs):
         row = {"strategy": label, "workers": int(workers), "model_bytes": numel * 4, "exact": inexact_note(config)}
         try:
-            rounds, path_bytes, note = critical_path(name, int(workers), numel, params)
+            rounds, path_bytes, note = critical_path(name, int(workers), numel, params,
+                                                     shapes=workload_shapes(model, numel, num_classes)
+                                                     if model is not None else None)
             optimum = optimum_comm_s(config, int(workers), numel * 4, bandwidth)
         except (ValueError, NotImplementedError) as e:  # e.g. a strategy that needs a power-of-two n
             rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
@@ -298,14 +314,15 @@ def format_model_table(df: pd.DataFrame) -> str:
 
 def extrapolate(numel: int, strategy_specs: list[tuple[str, str, str]], alpha: float,
                 workers=EXTRAPOLATION_WORKERS, links: dict[str, float] | None = None,
-                compute_s: float | None = None) -> pd.DataFrame:
-    """Modelled comm time per step for each (label, name, params JSON) strategy, n and link; not measured."""
+                compute_s: float | None = None, shapes=None) -> pd.DataFrame:
+    """Modelled comm time per step for each (label, name, params JSON) strategy, n and link; not measured.
+    `shapes`: the buffer's tensors (workload_shapes), for strategies whose bytes depend on them."""
     links = EXTRAPOLATION_LINKS if links is None else links
     rows = []
     for label, name, params in strategy_specs:
         for n in workers:
             try:
-                rounds, path_bytes, note = critical_path(name, n, numel, params)
+                rounds, path_bytes, note = critical_path(name, n, numel, params, shapes=shapes)
             except (ValueError, NotImplementedError):
                 continue  # this strategy cannot run on n workers (e.g. it needs a power of two)
             for link, bandwidth in links.items():

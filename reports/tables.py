@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from reports.load import mean_per_config, strategy_params
-from reports.model import MB, TARGET_EFFICIENCIES, bandwidth_needed, critical_path
+from reports.model import MB, TARGET_EFFICIENCIES, bandwidth_needed, critical_path, workload_shapes
 from strategies import make as make_strategy
 from strategies import names as strategy_names
 
@@ -112,7 +112,8 @@ def requirement_frame(ok: pd.DataFrame) -> pd.DataFrame:
                 continue
             for n in grid:
                 try:
-                    rounds, path_bytes, _ = critical_path(name, n, numel, params)
+                    rounds, path_bytes, _ = critical_path(name, n, numel, params,
+                                                          shapes=workload_shapes(workload, numel))
                 except (ValueError, NotImplementedError):
                     continue  # the strategy cannot run on n workers
                 for p in TARGET_EFFICIENCIES:
@@ -266,7 +267,8 @@ def substrates_frame(ok: pd.DataFrame) -> pd.DataFrame:
         if not math.isfinite(modelled) and math.isfinite(run["link_bandwidth"]):
             try:
                 rounds, path_bytes, _ = critical_path(run["strategy"], int(run["workers"]), int(run["numel"]),
-                                                      strategy_params(run))
+                                                      strategy_params(run),
+                                                      shapes=workload_shapes(run["workload"], int(run["numel"])))
                 modelled = rounds * run["link_latency_s"] + path_bytes / run["link_bandwidth"]
             except (ValueError, NotImplementedError):
                 modelled = math.nan

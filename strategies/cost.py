@@ -15,6 +15,7 @@ Units: bytes and seconds everywhere; MB = 10^6 bytes, Gbit = 10^9 bits.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -155,11 +156,15 @@ def _params_key(params: dict | str | None) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int) -> tuple[float, float, str]:
+def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int,
+             shapes: tuple | None = None) -> tuple[float, float, str]:
     import strategies
 
     config = strategies.make(name, **json.loads(params_key))
-    traffic = config.traffic(workers, numel, itemsize)
+    # the buffer's tensors, for a strategy whose bytes depend on them (PowerSGD compresses each tensor on its own)
+    layout = {"shapes": shapes} if shapes is not None and "shapes" in inspect.signature(config.traffic).parameters \
+        else {}
+    traffic = config.traffic(workers, numel, itemsize, **layout)
     if not traffic.counted:  # the backend hides its bytes (native): model it as a ring allreduce
         ring = strategies.make("ring").traffic(workers, numel, itemsize)
         return ring.rounds, ring.path_bytes, "modelled as ring (the backend hides its bytes)"
@@ -189,14 +194,20 @@ def sync_period(config) -> int:
 
 
 def critical_path(name: str, workers: int, numel: int, params: dict | str | None = None,
-                  itemsize: int = 4) -> tuple[float, float, str]:
+                  itemsize: int = 4, shapes=None) -> tuple[float, float, str]:
     """(rounds, path_bytes, note) of a strategy's analytic traffic per step; cached, as large n is slow to count.
 
     Per step: local SGD (sync_every = H > 1) synchronizes on one step in H, so its rounds and bytes are a sync's
-    / H (what the run measures per step over whole periods); every other strategy's are its traffic()'s."""
+    / H (what the run measures per step over whole periods); every other strategy's are its traffic()'s.
+    `shapes`: the tensors the buffer holds, in buffer order (None: one tensor); PowerSGD's bytes depend on them."""
     if workers < 1:
         raise ValueError(f"bad workers {workers!r}: expected a whole number >= 1")
-    return _traffic(name, _params_key(params), int(workers), int(numel), itemsize)
+    if shapes is not None:
+        shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+        if sum(math.prod(shape) for shape in shapes) != numel:
+            raise ValueError(f"shapes hold {sum(math.prod(shape) for shape in shapes):,} elements, the buffer "
+                             f"{numel:,}: give the buffer's own tensors (or none)")
+    return _traffic(name, _params_key(params), int(workers), int(numel), itemsize, shapes)
 
 
 # ---- nodes of several ranks: one NIC per node, an intra-node link -----------------------------------------

@@ -7,6 +7,7 @@ inputs; only inputs too small for the model's downsampling are rejected.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -120,7 +121,13 @@ def param_count(name, num_classes=10, image_size=32) -> int:
 
 def param_sizes(name, num_classes=10, image_size=32) -> list[int]:
     """Each trainable parameter's element count in registration order (meta device: no memory, no init)."""
+    return [math.prod(shape) for shape in param_shapes(name, num_classes, image_size)]
+
+
+def param_shapes(name, num_classes=10, image_size=32) -> tuple[tuple[int, ...], ...]:
+    """Each trainable parameter's shape in registration order, the flat buffer's layout (PowerSGD compresses per
+    tensor; meta device: no memory, no init)."""
     check_model_args(name, num_classes, image_size)
     with torch.device("meta"):
         model = _construct(name, num_classes)
-    return [p.numel() for p in model.parameters() if p.requires_grad]
+    return tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
