@@ -280,8 +280,12 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's levels on one step in H
         nic, intra, rounds = nic / period, intra / period, rounds / period
-    return NodeCost(nic, intra, nic / nic_bandwidth + rounds * alpha, intra / intra_bandwidth + rounds * intra_latency,
-                    rounds)
+    fill = {"nic": 0.0, "intra": 0.0}
+    if getattr(config, "name", "") == "double_binary_tree":
+        # the pipeline's fill: the first chunk's hops up and down the deepest path, each level's at its bandwidth
+        fill = {level: hops * config.chunk_bytes(numel, itemsize) for level, hops in config.fill_hops(workers).items()}
+    return NodeCost(nic, intra, (nic + fill["nic"]) / nic_bandwidth + rounds * alpha,
+                    (intra + fill["intra"]) / intra_bandwidth + rounds * intra_latency, rounds)
 
 
 # ---- buckets overlapped with backward ---------------------------------------------------------------------

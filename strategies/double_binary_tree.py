@@ -1,10 +1,23 @@
 """Double binary tree allreduce (NCCL 2.4): two complementary binary trees, each reducing and broadcasting half.
 
-Tree 0 is NCCL's btree rooted at rank 0 (ranks alternate between inner nodes and leaves); tree 1 is its mirror
-(n even: rank r plays n-1-r) or its shift by one (n odd: rank r plays r-1), so a rank that is an inner node in one
-tree is mostly a leaf in the other and every rank sends and receives about the whole array once per phase:
-O(log n) latency, per-rank traffic ~2S against the ring's 2(n-1)/n S. Half h of the array travels on tree h, cut
-into `chunks` pipeline chunks: while chunk c is reduced up a tree, chunk c-1 is broadcast down it.
+Tree 0 is NCCL's btree rooted at 0 (ncclGetBtree: indices alternate between inner nodes and leaves); tree 1 is
+its mirror (m even: index i plays m-1-i) or its shift by one (m odd: i plays i-1), so an index that is an inner
+node in one tree is mostly a leaf in the other: O(log m) depth, about the whole array in and out of each index
+per phase. Half h of the array travels on tree h, cut into `chunks` pipeline chunks.
+
+On nodes of `ranks_per_node` = k ranks (ranks k*j .. k*j+k-1 are node j, the last node may be short) the trees
+are built as NCCL builds them (graph/connect.cc, pattern TREE): over the m = ceil(n/k) node indices, with the
+node's ranks in a chain hanging off the node's place in the tree. The chain's head (the node's first rank in
+tree 0, its last in tree 1) talks to the parent node's head and the child nodes' heads; every other rank's parent
+is the rank before it in the chain. So each tree edge between nodes leaves one NIC, and a node's NIC carries its
+node's tree edges only (about 2 S each way, the flat version's per-rank figure). With k = 1 the chain is the rank
+alone: the trees over ranks, as before.
+
+The pipeline: every message has a slot (a chunk c of tree t goes up from depth d in slot c + D_t - d and down
+from depth d in slot c + D_t + d, D_t the tree's depth), and every rank walks its sends and receives in slot order
+(ties: tree, then reduce before broadcast). A receive is in the slot after its send, so both ends of a pair see
+its messages in one order, a rank never waits for a message of a later slot, and while chunk c goes up a tree the
+chunks before it come down.
 """
 
 from __future__ import annotations
@@ -27,12 +40,32 @@ def btree_parent(n: int, rank: int) -> int | None:
 
 
 def tree_parents(n: int, tree: int) -> list[int | None]:
-    """Every rank's parent in tree 0 (the btree) or tree 1 (mirror for even n, shift by one for odd n)."""
+    """Every index's parent in tree 0 (the btree) or tree 1 (mirror for even n, shift by one for odd n)."""
     if tree == 0:
         return [btree_parent(n, r) for r in range(n)]
-    if n % 2:  # shift: rank r plays r - 1 of the btree
+    if n % 2:  # shift: index r plays r - 1 of the btree
         return [None if (p := btree_parent(n, (r - 1) % n)) is None else (p + 1) % n for r in range(n)]
     return [None if (p := btree_parent(n, n - 1 - r)) is None else n - 1 - p for r in range(n)]  # mirror
+
+
+def node_chains(n: int, k: int, tree: int) -> list[list[int]]:
+    """Each node's ranks in chain order for `tree`: ascending in tree 0, descending in tree 1 (the head first)."""
+    nodes = [list(range(lo, min(lo + k, n))) for lo in range(0, n, k)]
+    return nodes if tree == 0 else [node[::-1] for node in nodes]
+
+
+def node_tree_parents(n: int, k: int, tree: int) -> list[int | None]:
+    """Every rank's parent in `tree` over n ranks in nodes of k: a chain head's parent is the head of its node's
+    parent node (tree_parents over the node indices), any other rank's the rank before it in its node's chain.
+    k = 1: tree_parents(n, tree)."""
+    chains = node_chains(n, k, tree)
+    up = tree_parents(len(chains), tree)
+    parents: list[int | None] = [None] * n
+    for node, chain in enumerate(chains):
+        parents[chain[0]] = None if up[node] is None else chains[up[node]][0]
+        for before, rank in zip(chain, chain[1:]):
+            parents[rank] = before
+    return parents
 
 
 def tree_children(parents: list[int | None]) -> list[list[int]]:
@@ -43,52 +76,65 @@ def tree_children(parents: list[int | None]) -> list[list[int]]:
     return children
 
 
-def schedule(chunks: int) -> list[tuple[str, int]]:
-    """The steps every rank walks, in wire order: reduce chunk c on both trees, then broadcast chunk c - 1 on
-    both. Every rank walks the same list, so every pair's messages come in the order both expect."""
+def depths(parents: list[int | None]) -> list[int]:
+    """Every rank's hops to the root."""
+    out = []
+    for rank in range(len(parents)):
+        hops = 0
+        while parents[rank] is not None:
+            rank, hops = parents[rank], hops + 1
+        out.append(hops)
+    return out
+
+
+def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tuple[str, int, int]]:
+    """The (phase, tree, chunk) steps `rank` walks, in slot order: reduce chunk c of tree t in slot
+    c + D_t - d (receive the children's, send to the parent), broadcast it in slot c + D_t + d (receive from the
+    parent, send to the children), d the rank's depth in tree t and D_t the tree's depth."""
     steps = []
-    for c in range(chunks + 1):
-        if c < chunks:
-            steps.append(("reduce", c))
-        if c > 0:
-            steps.append(("broadcast", c - 1))
-    return steps
+    for tree, tree_parents_ in enumerate(parents):
+        depth = depths(tree_parents_)
+        top, d = max(depth), depth[rank]
+        for c in range(chunks):
+            steps.append((c + top - d, tree, 0, c))
+            steps.append((c + top + d, tree, 1, c))
+    return [("reduce" if phase == 0 else "broadcast", tree, c) for _, tree, phase, c in sorted(steps)]
 
 
 class DoubleBinaryTree(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        self.parents = [tree_parents(workers, t) for t in (0, 1)]
+        self.parents = [node_tree_parents(workers, config.ranks_per_node, t) for t in (0, 1)]
         self.children = [tree_children(p) for p in self.parents]
+        self.steps = schedule(self.parents, self.rank, config.chunks) if self.rank < workers else []
         self.scratch = [Scratch(), Scratch()]
 
     def _sync(self, flat, op):
         halves = chunk_bounds(flat.numel(), 2)  # half t travels on tree t
         pieces = [[(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, self.config.chunks)] for lo, hi in halves]
         me, sends = self.rank, []
-        for phase, c in schedule(self.config.chunks):
-            for tree in (0, 1):
-                lo, hi = pieces[tree][c]
-                if hi == lo:
-                    continue
-                parent, children = self.parents[tree][me], self.children[tree][me]
-                if phase == "reduce":
-                    # up the tree: the children's partial sums of chunk c come in, ours goes to the parent
-                    incoming = self.scratch[tree].get((hi - lo) * max(len(children), 1), flat)
-                    bufs = [incoming[i * (hi - lo):(i + 1) * (hi - lo)] for i in range(len(children))]
-                    for handle in [self.comm.irecv(buf, child) for buf, child in zip(bufs, children)]:
-                        handle.wait()
-                    for buf in bufs:  # in child order: the same sum whatever arrived first
-                        reduce_into(flat[lo:hi], buf, op)
-                    if parent is None:
-                        finish_reduction(flat[lo:hi], op, self.workers)  # the root: mean divided once
-                    else:
-                        sends.append(self.comm.isend(flat[lo:hi], parent))
+        for phase, tree, c in self.steps:
+            lo, hi = pieces[tree][c]
+            if hi == lo:
+                continue
+            parent, children = self.parents[tree][me], self.children[tree][me]
+            if phase == "reduce":
+                # up the tree: the children's partial sums of chunk c come in, ours goes to the parent
+                incoming = self.scratch[tree].get((hi - lo) * max(len(children), 1), flat)
+                bufs = [incoming[i * (hi - lo):(i + 1) * (hi - lo)] for i in range(len(children))]
+                for handle in [self.comm.irecv(buf, child) for buf, child in zip(bufs, children)]:
+                    handle.wait()
+                for buf in bufs:  # in child order: the same sum whatever arrived first
+                    reduce_into(flat[lo:hi], buf, op)
+                if parent is None:
+                    finish_reduction(flat[lo:hi], op, self.workers)  # the root: mean divided once
                 else:
-                    # down the tree: the root's result of chunk c comes from the parent, goes on to the children
-                    if parent is not None:
-                        self.comm.recv(flat[lo:hi], parent)
-                    sends += [self.comm.isend(flat[lo:hi], child) for child in children]
+                    sends.append(self.comm.isend(flat[lo:hi], parent))
+            else:
+                # down the tree: the root's result of chunk c comes from the parent, goes on to the children
+                if parent is not None:
+                    self.comm.recv(flat[lo:hi], parent)
+                sends += [self.comm.isend(flat[lo:hi], child) for child in children]
         for handle in sends:
             handle.wait()
 
@@ -96,24 +142,42 @@ class DoubleBinaryTree(Strategy):
 @dataclass(frozen=True)
 class DoubleBinaryTreeConfig(StrategyConfig):
     name = "double_binary_tree"
-    summary = "NCCL's double binary tree: two complementary trees, half the array each, pipelined in chunks"
+    summary = ("NCCL's double binary tree: two complementary trees (over nodes, a chain in each, with "
+               "ranks_per_node > 1), half the array each, pipelined in chunks")
     runtime = DoubleBinaryTree
-    variants = ({"chunks": 1}, {"chunks": 4})
+    variants = ({"chunks": 1}, {"chunks": 4, "ranks_per_node": 3})
     chunks: int = 4
+    ranks_per_node: int = 1
 
     def validate(self):
         if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
             raise ValueError(f"double_binary_tree chunks = {self.chunks!r}: expected an integer >= 1 (pipeline "
                              f"chunks per half of the array)")
+        k = self.ranks_per_node
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"double_binary_tree ranks_per_node = {k!r}: expected an integer >= 1 (1: trees over "
+                             f"the ranks)")
 
-    def levels(self, workers: int, numel: int, itemsize: int = 4, ranks_per_node: int = 1) -> dict:
+    def bind(self, comm, workers):
+        # trees over the ranks (k = 1) run on any placement; trees over nodes of k only where nodes are of k
+        if self.ranks_per_node > 1 and comm.ranks_per_node not in (1, self.ranks_per_node):
+            raise ValueError(f"double_binary_tree ranks_per_node = {self.ranks_per_node}, but the run places "
+                             f"{comm.ranks_per_node} ranks per node: give the strategy the run's ranks_per_node")
+        return super().bind(comm, workers)
+
+    def parents(self, workers: int) -> list[list[int | None]]:
+        """Every rank's parent in tree 0 and tree 1."""
+        return [node_tree_parents(workers, self.ranks_per_node, t) for t in (0, 1)]
+
+    def levels(self, workers: int, numel: int, itemsize: int = 4, ranks_per_node: int | None = None) -> dict:
         """Per rank, per level: bytes sent and received inside its node ('intra') and through its node's NIC
-        ('nic'), ranks k*j .. k*j+k-1 being node j: every tree edge carries its half up once and down once."""
-        k, n = ranks_per_node, workers
+        ('nic'), the nodes being of `ranks_per_node` ranks (default: the strategy's own): every tree edge
+        carries its half up once and down once."""
+        k, n = ranks_per_node or self.ranks_per_node, workers
         totals = {level: [[0, 0, 0, 0] for _ in range(n)] for level in ("intra", "nic")}
-        for tree, (lo, hi) in enumerate(chunk_bounds(numel, 2)):
+        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
             sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
-            for child, parent in enumerate(tree_parents(n, tree)):
+            for child, parent in enumerate(parents):
                 if parent is None:
                     continue
                 level = "intra" if child // k == parent // k else "nic"
@@ -124,13 +188,36 @@ class DoubleBinaryTreeConfig(StrategyConfig):
                     totals[level][b][3] += nonempty(*sizes)
         return {level: [RankTraffic("worker", *t) for t in ranks] for level, ranks in totals.items()}
 
+    def chunk_bytes(self, numel: int, itemsize: int = 4) -> int:
+        """The largest pipeline chunk's bytes."""
+        return max((b - a for lo, hi in chunk_bounds(numel, 2) for a, b in chunk_bounds(hi - lo, self.chunks)),
+                   default=0) * itemsize
+
+    def fill_hops(self, workers: int) -> dict[str, int]:
+        """The pipeline's fill, in chunk transfers per level ('nic': between nodes, 'intra': along a chain): the
+        first chunk's way up the deepest path of either tree and back down, less the last hop each way (the
+        busiest port's own bytes pay for it)."""
+        k, best = self.ranks_per_node, {"nic": 0, "intra": 0}
+        for parents in self.parents(workers):
+            depth = depths(parents)
+            rank = depth.index(max(depth)) if depth else 0
+            hops = {"nic": 0, "intra": 0}
+            while depth and parents[rank] is not None:
+                hops["nic" if rank // k != parents[rank] // k else "intra"] += 1
+                rank = parents[rank]
+            if sum(hops.values()) > sum(best.values()):
+                best = hops
+        fill = {level: 2 * hops for level, hops in best.items()}
+        last = "nic" if fill["nic"] else "intra"  # a tree's first hop out of the root crosses a NIC if any does
+        fill[last] = max(fill[last] - 2, 0)
+        return fill
+
     def traffic(self, workers, numel, itemsize=4):
         n = workers
         sent = [[] for _ in range(n)]
         recv = [[] for _ in range(n)]
         depth = 0
-        for tree, (lo, hi) in enumerate(chunk_bounds(numel, 2)):
-            parents = tree_parents(n, tree)
+        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
             children = tree_children(parents)
             sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
             for rank in range(n):
@@ -138,20 +225,12 @@ class DoubleBinaryTreeConfig(StrategyConfig):
                 for size in sizes:  # reduce: one to the parent, one from each child; broadcast: the reverse
                     sent[rank] += [size] * (has_parent + len(children[rank]))
                     recv[rank] += [size] * (len(children[rank]) + has_parent)
-            depth = max(depth, max(_depth(parents, r) for r in range(n)))
+            depth = max(depth, max(depths(parents), default=0))
         ranks = tuple(RankTraffic("worker", sum(s), sum(r), nonempty(*s), nonempty(*r)) for s, r in zip(sent, recv))
         # pipelined: the deepest leaf's chunk goes up and down (2 x depth hops), the other chunks follow one step
         # behind each; the busiest NIC moves its own bytes (it sends and receives at once)
-        chunk = max((b - a for lo, hi in chunk_bounds(numel, 2) for a, b in chunk_bounds(hi - lo, self.chunks)),
-                    default=0) * itemsize
+        chunk = self.chunk_bytes(numel, itemsize)
         busiest = max((max(r.bytes_sent, r.bytes_recv) for r in ranks), default=0)
         rounds = 2 * depth + (self.chunks - 1) if n > 1 else 0
         path = busiest + max(2 * depth - 2, 0) * chunk if n > 1 else 0
         return Traffic(ranks, rounds=rounds, path_bytes=path)
-
-
-def _depth(parents: list[int | None], rank: int) -> int:
-    hops = 0
-    while parents[rank] is not None:
-        rank, hops = parents[rank], hops + 1
-    return hops

@@ -235,7 +235,8 @@ def bench_nodes(n: int, k: int, names: list[str] | None = None, log=sys.stderr, 
                            "nic": nic})
     rows = []
     for name in names or NODE_STRATEGIES:
-        config = strategies.make(name, **({"ranks_per_node": k} if name == "hierarchical" else {}))
+        node_aware = "ranks_per_node" in strategies.get(name).parameters()  # grouped by the platform's nodes
+        config = strategies.make(name, **({"ranks_per_node": k} if node_aware else {}))
         world = config.world_size(n)
         traffic = [config.traffic(n, numel, 4) for numel in numels]
         messages = sum(r.msgs_sent for t in traffic for r in t.ranks)

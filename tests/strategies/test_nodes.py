@@ -206,6 +206,7 @@ def test_hierarchical_beats_the_flat_ring_on_a_shared_nic():
 
 
 @pytest.mark.parametrize("name,params", [("ring", {}), ("double_binary_tree", {"chunks": 2}),
+                                         ("double_binary_tree", {"chunks": 2, "ranks_per_node": 2}),
                                          ("hierarchical", {"ranks_per_node": 2}),
                                          ("hierarchical", {"ranks_per_node": 2, "inner": "double_binary_tree"})])
 @pytest.mark.parametrize("workers", [4, 5, 7])
@@ -214,6 +215,24 @@ def test_bytes_per_level_measured_equal_the_model(name, params, workers):
     results = _per_level(name, make_inputs(workers, 1001, "sum"), 2, **params)
     assert [intra for _, intra, _ in results] == [t.bytes_sent for t in levels["intra"]]
     assert [nic for _, _, nic in results] == [t.bytes_sent for t in levels["nic"]]
+
+
+def test_double_binary_tree_on_nodes_crosses_each_nic_once_per_tree_edge():
+    """8 ranks in 2 nodes of 4: trees over the 2 nodes, a chain in each, so one edge per tree crosses the nodes
+    and each node's NIC sends S (its half up or down each tree) where the trees over the ranks send 2 S (counted
+    on thread ranks: the per-peer bytes split by node equal levels(), every rank's result bitwise equal)."""
+    numel = 1000
+    flat = cost.node_levels(strategies.make("double_binary_tree", chunks=2), 8, numel, 4, 4)
+    nodes = strategies.make("double_binary_tree", chunks=2, ranks_per_node=4)
+    levels = cost.node_levels(nodes, 8, numel, 4, 4)
+    results = _per_level("double_binary_tree", make_inputs(8, numel, "sum"), 4, chunks=2, ranks_per_node=4)
+    assert [nic for _, _, nic in results] == [t.bytes_sent for t in levels["nic"]]
+    assert [intra for _, intra, _ in results] == [t.bytes_sent for t in levels["intra"]]
+    assert all(out.tobytes() == results[0][0].tobytes() for out, _, _ in results)
+    per_node = [sum(nic for _, _, nic in results[lo:lo + 4]) for lo in (0, 4)]
+    assert per_node == [numel * 4, numel * 4]  # S each way: half up and half down one edge per tree
+    assert max(sum(t.bytes_sent for t in flat["nic"][lo:lo + 4]) for lo in (0, 4)) == 2 * numel * 4
+    assert cost.node_cost(nodes, 8, numel, 4, 1.0, 1e9).nic_bytes == numel * 4
 
 
 def test_the_model_says_hierarchical_is_two_thirds_of_the_flat_ring_on_two_nodes_of_two():
