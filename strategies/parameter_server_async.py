@@ -78,14 +78,45 @@ def push_pull(comm, flat: torch.Tensor, workers: int, servers: int, partition_mb
     flat.copy_(replies)
 
 
+class Clocks:
+    """Per-worker counts that never decrease, with their minimum kept as they change (`lowest`): a server asks
+    for the slowest worker's clock at every push, and a min() over 1,024 workers each time was about a tenth of
+    a 1,024 x 128 simulation's CPU time (perf). A rescan happens only when the last worker at the minimum moves
+    on."""
+
+    __slots__ = ("values", "lowest", "at_lowest")
+
+    def __init__(self, workers: int):
+        self.values = [0] * workers
+        self.lowest = 0
+        self.at_lowest = workers  # how many workers are at `lowest`
+
+    def __getitem__(self, worker: int) -> int:
+        return self.values[worker]
+
+    def __setitem__(self, worker: int, value: int) -> None:
+        old = self.values[worker]
+        if value < old:
+            raise ValueError(f"worker {worker}'s count would go back from {old} to {value}: counts only grow")
+        self.values[worker] = value
+        if old == self.lowest and value != old:
+            self.at_lowest -= 1
+            if self.at_lowest == 0:
+                self.lowest = min(self.values)
+                self.at_lowest = self.values.count(self.lowest)
+
+    def __repr__(self) -> str:
+        return repr(self.values)
+
+
 class Unit:
     """One (bucket, partition) of a server's shard: its clocks, version and what its mode keeps."""
 
     def __init__(self, index: int, bucket: int, lo: int, hi: int, workers: int):
         self.index, self.bucket, self.lo, self.hi = index, bucket, lo, hi
         self.version = 0                  # pushes handled (SSP/async) or steps made (backups)
-        self.clock = [0] * workers        # pushes received per worker
-        self.read = [0] * workers         # the version each worker last got a reply at (backups: its replies)
+        self.clock = Clocks(workers)      # pushes received per worker
+        self.read = Clocks(workers)       # the version each worker last got a reply at (backups: its replies)
         self.params: torch.Tensor | None = None   # update mode: the newest parameters
         self.log: list[torch.Tensor] = []         # summation, SSP/async: pushes from version `base` on
         self.base = 0
@@ -202,14 +233,14 @@ class ShardServer:
             for worker in [workers[i] for i in self.comm.wait_any([receiving[w] for w in workers])]:
                 del receiving[worker]
                 unit = self.units[position[worker] % len(self.units)]
-                progress = (unit.version, min(unit.clock))
+                progress = (unit.version, unit.clock.lowest)
                 waiting = self._accept(unit, worker, position[worker] // len(self.units),
                                        incoming[worker][:unit.hi - unit.lo])
                 if waiting.ready():
                     answer(worker, waiting)
                 else:
                     held.setdefault(unit.index, {})[worker] = waiting
-                if (unit.version, min(unit.clock)) != progress:  # only then can a held reply of this unit leave
+                if (unit.version, unit.clock.lowest) != progress:  # only then can a held reply of this unit leave
                     parked = held.get(unit.index, {})
                     for other in [w for w, h in parked.items() if h.ready()]:  # in the order they were held
                         answer(other, parked.pop(other))
@@ -240,11 +271,11 @@ class ShardServer:
         bound = unit.clock[worker] - self.staleness if self.staleness != ASYNC else None
 
         def ready():
-            return bound is None or min(unit.clock) >= bound
+            return bound is None or unit.clock.lowest >= bound
 
         def answer():
             self.records.append(PushRecord(step, worker, staleness, self.comm.concurrency.clock() - start, False,
-                                           unit.clock[worker] - min(unit.clock), unit.index, unit.hi - unit.lo))
+                                           unit.clock[worker] - unit.clock.lowest, unit.index, unit.hi - unit.lo))
             if self.mode == "update":
                 reply = unit.params.clone()
             else:  # the pushes since this worker's previous reply, in arrival order (its own included)
@@ -254,7 +285,7 @@ class ShardServer:
                     for push in since[1:]:
                         reply.add_(push)
             unit.read[worker] = unit.version
-            oldest = min(unit.read)  # pushes every worker has been sent are dropped from the log
+            oldest = unit.read.lowest  # pushes every worker has been sent are dropped from the log
             del unit.log[:oldest - unit.base]
             unit.base = max(unit.base, oldest)
             return reply
@@ -299,7 +330,7 @@ class ShardServer:
                 reply = unit.made[step].clone()
             unit.read[worker] = step + 1  # replies this worker got
             # a step every worker has been answered for is never asked for again (update mode keeps the newest)
-            for old in [t for t in unit.made if t < min(unit.read) and t != max(unit.made)]:
+            for old in [t for t in unit.made if t < unit.read.lowest and t != max(unit.made)]:
                 del unit.made[old]
             return reply
 

@@ -372,8 +372,11 @@ class SimGridCommunicator(Communicator):
         """Wait until one of the posted receives has its message; take every one that has it by now (checked,
         copied, counted as irecv counts) and return their indices in `receives`, in the order they arrived
         (finish time, then index). One `Comm.wait_any` (its cost grows with the receives) is shared by all the
-        messages that arrived together: the others are found by their finish time (free to read) and each taken
-        by a wait that returns at once."""
+        messages that arrived together: the others are found by their finish time (free to read). None is waited
+        for once finished: SimGrid copied its payload when it ended, and a wait would be one more switch and, in
+        SimGrid 3.32, a walk of this actor's list of activities (a std::list, removed from on each wait: at 1,024
+        pending receives a server's waits were 12% of a 1,024 x 128 simulation's CPU time, perf). An activity
+        never waited for stays in that list until the actor ends, as a send found finished does."""
         found = [i for i, r in enumerate(receives) if r.activity is None]  # empty: done when posted
         if not found:
             found = [i for i, r in enumerate(receives) if r.activity.finish_time >= 0]
@@ -385,8 +388,7 @@ class SimGridCommunicator(Communicator):
             taken = receives[i]
             if taken.activity is None:
                 continue
-            taken.activity.wait()  # finished: returns at once, and makes the payload readable
-            message = taken.data.get()
+            message = taken.data.get()  # finished: SimGrid copied the payload out when the transfer ended
             check_received(self.rank, taken.src, taken.tensor, message.nbytes, message.dtype)
             if message.values is not None and not taken.tensor.is_meta:
                 taken.tensor.copy_(message.values)

@@ -228,3 +228,17 @@ def test_training_without_a_barrier_records_staleness_and_outruns_a_straggler(pa
                                            "gpu": "", "cores": 2, "host": "h"})
     assert row["status"] == "ok", row["error"]
     assert all(np.isfinite(r["final"]["loss"]) for r in results[:4])
+
+
+def test_clocks_keep_the_minimum_of_counts_that_only_grow():
+    from strategies.parameter_server_async import Clocks
+
+    rng = np.random.default_rng(7)
+    clocks, reference = Clocks(5), [0] * 5
+    for _ in range(400):  # steps of 1 (a push) and jumps (a reply's version), ties at the minimum included
+        w = int(rng.integers(5))
+        reference[w] += int(rng.choice([0, 1, 1, 3]))
+        clocks[w] = reference[w]
+        assert clocks.lowest == min(reference) and clocks[w] == reference[w] and repr(clocks) == repr(reference)
+    with pytest.raises(ValueError, match="only grow"):
+        clocks[0] = reference[0] - 1
