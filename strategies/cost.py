@@ -269,7 +269,8 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
               latency: float = 0.0, intra_latency: float = 0.0, itemsize: int = 4) -> NodeCost:
     """Price one allreduce on nodes of ranks_per_node: a node's ranks share its NIC (their NIC bytes add up), a
     rank's intra-node bytes go at intra_bandwidth. The time is the slower level's bytes / bandwidth plus the
-    strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node)."""
+    strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node).
+    double_binary_tree: each level's time is its pipeline slots' (slot_levels), one after another."""
     levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
     nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
     nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
@@ -277,15 +278,19 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
     rounds = config.traffic(workers, numel, itemsize).rounds
     alpha = latency if nic else intra_latency
+    nic_s, intra_s = nic / nic_bandwidth, intra / intra_bandwidth
+    if getattr(config, "name", "") == "double_binary_tree":
+        # a pipeline of slots, one after another (a slot's sends leave when the slot before's have): each slot
+        # takes its busiest port's time, so the fill and drain (slots with less than the full load, as many as
+        # the trees' depth) cost what they move, and the NIC level waits out the slots only a chain works in
+        slots = config.slot_levels(workers, numel, itemsize, ranks_per_node)
+        nic_s = sum(max(b / nic_bandwidth, i / intra_bandwidth) for b, i in slots)
+        intra_s = sum(i for _, i in slots) / intra_bandwidth
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's levels on one step in H
         nic, intra, rounds = nic / period, intra / period, rounds / period
-    fill = {"nic": 0.0, "intra": 0.0}
-    if getattr(config, "name", "") == "double_binary_tree":
-        # the pipeline's fill: the first chunk's hops up and down the deepest path, each level's at its bandwidth
-        fill = {level: hops * config.chunk_bytes(numel, itemsize) for level, hops in config.fill_hops(workers).items()}
-    return NodeCost(nic, intra, (nic + fill["nic"]) / nic_bandwidth + rounds * alpha,
-                    (intra + fill["intra"]) / intra_bandwidth + rounds * intra_latency, rounds)
+        nic_s, intra_s = nic_s / period, intra_s / period
+    return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds)
 
 
 # ---- buckets overlapped with backward ---------------------------------------------------------------------

@@ -14,10 +14,13 @@ node's tree edges only (about 2 S each way, the flat version's per-rank figure).
 alone: the trees over ranks, as before.
 
 The pipeline: every message has a slot (a chunk c of tree t goes up from depth d in slot c + D_t - d and down
-from depth d in slot c + D_t + d, D_t the tree's depth), and every rank walks its sends and receives in slot order
-(ties: tree, then reduce before broadcast). A receive is in the slot after its send, so both ends of a pair see
-its messages in one order, a rank never waits for a message of a later slot, and while chunk c goes up a tree the
-chunks before it come down.
+from depth d in slot c + D_t + d, D_t the tree's depth), and every rank walks its steps in slot order (ties:
+tree, then reduce before broadcast). A receive is in the slot after its send, so both ends of a pair see its
+messages in one order and while chunk c goes up a tree the chunks before it come down. A rank posts all its
+receives first (the children's partial sums in a scratch of its children x the half, per tree), and its sends of
+a slot leave only once its sends of the slot before have: eager sends of later slots would otherwise share the
+NIC with the chunk a peer is waiting for (on SimGrid that made 4 chunks slower than 1). The slots then follow one
+another, which is what cost.node_cost prices (slot_levels: each slot's busiest port).
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ def depths(parents: list[int | None]) -> list[int]:
     return out
 
 
-def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tuple[str, int, int]]:
-    """The (phase, tree, chunk) steps `rank` walks, in slot order: reduce chunk c of tree t in slot
+def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tuple[int, str, int, int]]:
+    """The (slot, phase, tree, chunk) steps `rank` walks, in slot order: reduce chunk c of tree t in slot
     c + D_t - d (receive the children's, send to the parent), broadcast it in slot c + D_t + d (receive from the
     parent, send to the children), d the rank's depth in tree t and D_t the tree's depth."""
     steps = []
@@ -98,7 +101,7 @@ def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tu
         for c in range(chunks):
             steps.append((c + top - d, tree, 0, c))
             steps.append((c + top + d, tree, 1, c))
-    return [("reduce" if phase == 0 else "broadcast", tree, c) for _, tree, phase, c in sorted(steps)]
+    return [(slot, "reduce" if phase == 0 else "broadcast", tree, c) for slot, tree, phase, c in sorted(steps)]
 
 
 class DoubleBinaryTree(Strategy):
@@ -112,28 +115,47 @@ class DoubleBinaryTree(Strategy):
     def _sync(self, flat, op):
         halves = chunk_bounds(flat.numel(), 2)  # half t travels on tree t
         pieces = [[(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, self.config.chunks)] for lo, hi in halves]
-        me, sends = self.rank, []
-        for phase, tree, c in self.steps:
+        me = self.rank
+        # every receive posted at once, in slot order (each pair's order): the children's partial sums of a
+        # chunk land in the tree's scratch (child i's at i x the half), the parent's result in place
+        scratch = [self.scratch[t].get((hi - lo) * len(self.children[t][me]), flat) for t, (lo, hi) in
+                   enumerate(halves)]
+        posted = []
+        for _, phase, tree, c in self.steps:
+            lo, hi = pieces[tree][c]
+            parent, children = self.parents[tree][me], self.children[tree][me]
+            if hi == lo:
+                posted.append([])
+            elif phase == "reduce":
+                half, at = halves[tree][1] - halves[tree][0], lo - halves[tree][0]
+                bufs = [scratch[tree][i * half + at:i * half + at + hi - lo] for i in range(len(children))]
+                posted.append([(buf, self.comm.irecv(buf, child)) for buf, child in zip(bufs, children)])
+            else:
+                posted.append([] if parent is None else [(flat[lo:hi], self.comm.irecv(flat[lo:hi], parent))])
+        # a slot's sends leave once the slot before's have: a chunk a peer waits for does not share the NIC
+        # with chunks it will need only later
+        sends, current = [], None
+        for (slot, phase, tree, c), receives in zip(self.steps, posted):
             lo, hi = pieces[tree][c]
             if hi == lo:
                 continue
-            parent, children = self.parents[tree][me], self.children[tree][me]
-            if phase == "reduce":
-                # up the tree: the children's partial sums of chunk c come in, ours goes to the parent
-                incoming = self.scratch[tree].get((hi - lo) * max(len(children), 1), flat)
-                bufs = [incoming[i * (hi - lo):(i + 1) * (hi - lo)] for i in range(len(children))]
-                for handle in [self.comm.irecv(buf, child) for buf, child in zip(bufs, children)]:
+            if slot != current:
+                for handle in sends:
                     handle.wait()
-                for buf in bufs:  # in child order: the same sum whatever arrived first
+                sends, current = [], slot
+            parent, children = self.parents[tree][me], self.children[tree][me]
+            for _, handle in receives:
+                handle.wait()
+            if phase == "reduce":
+                # up the tree: the children's partial sums of chunk c are in; ours goes to the parent
+                for buf, _ in receives:  # in child order: the same sum whatever arrived first
                     reduce_into(flat[lo:hi], buf, op)
                 if parent is None:
                     finish_reduction(flat[lo:hi], op, self.workers)  # the root: mean divided once
                 else:
                     sends.append(self.comm.isend(flat[lo:hi], parent))
             else:
-                # down the tree: the root's result of chunk c comes from the parent, goes on to the children
-                if parent is not None:
-                    self.comm.recv(flat[lo:hi], parent)
+                # down the tree: the root's result of chunk c came from the parent, goes on to the children
                 sends += [self.comm.isend(flat[lo:hi], child) for child in children]
         for handle in sends:
             handle.wait()
@@ -145,7 +167,7 @@ class DoubleBinaryTreeConfig(StrategyConfig):
     summary = ("NCCL's double binary tree: two complementary trees (over nodes, a chain in each, with "
                "ranks_per_node > 1), half the array each, pipelined in chunks")
     runtime = DoubleBinaryTree
-    variants = ({"chunks": 1}, {"chunks": 4, "ranks_per_node": 3})
+    variants = ({"chunks": 1}, {"chunks": 4, "ranks_per_node": 2})
     chunks: int = 4
     ranks_per_node: int = 1
 
@@ -193,24 +215,33 @@ class DoubleBinaryTreeConfig(StrategyConfig):
         return max((b - a for lo, hi in chunk_bounds(numel, 2) for a, b in chunk_bounds(hi - lo, self.chunks)),
                    default=0) * itemsize
 
-    def fill_hops(self, workers: int) -> dict[str, int]:
-        """The pipeline's fill, in chunk transfers per level ('nic': between nodes, 'intra': along a chain): the
-        first chunk's way up the deepest path of either tree and back down, less the last hop each way (the
-        busiest port's own bytes pay for it)."""
-        k, best = self.ranks_per_node, {"nic": 0, "intra": 0}
-        for parents in self.parents(workers):
+    def slot_levels(self, workers: int, numel: int, itemsize: int = 4,
+                    ranks_per_node: int | None = None) -> list[tuple[int, int]]:
+        """Per slot of the pipeline (the slot a message is sent in, see schedule), the busiest node NIC's bytes
+        (sent or received, the node's ranks summed) and the busiest rank's intra-node bytes, in nodes of
+        `ranks_per_node` (default: the strategy's own). A slot's sends leave when the slot before's have, so
+        the slots follow one another: the pipeline's fill and drain are the slots with less than the full load."""
+        k, n = ranks_per_node or self.ranks_per_node, workers
+        slots: dict[int, dict[tuple[str, int, int], int]] = {}
+        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
             depth = depths(parents)
-            rank = depth.index(max(depth)) if depth else 0
-            hops = {"nic": 0, "intra": 0}
-            while depth and parents[rank] is not None:
-                hops["nic" if rank // k != parents[rank] // k else "intra"] += 1
-                rank = parents[rank]
-            if sum(hops.values()) > sum(best.values()):
-                best = hops
-        fill = {level: 2 * hops for level, hops in best.items()}
-        last = "nic" if fill["nic"] else "intra"  # a tree's first hop out of the root crosses a NIC if any does
-        fill[last] = max(fill[last] - 2, 0)
-        return fill
+            top = max(depth, default=0)
+            sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
+            for child, parent in enumerate(parents):
+                if parent is None:
+                    continue
+                nic = child // k != parent // k
+                for c, size in enumerate(sizes):
+                    # up: sent in slot c + D - depth(child); down: sent in slot c + D + depth(parent)
+                    for slot, src, dst in ((c + top - depth[child], child, parent),
+                                           (c + top + depth[parent], parent, child)):
+                        ports = slots.setdefault(slot, {})
+                        for port in (("nic", src // k, 0), ("nic", dst // k, 1)) if nic else \
+                                (("intra", src, 0), ("intra", dst, 1)):
+                            ports[port] = ports.get(port, 0) + size
+        return [(max((b for (level, _, _), b in ports.items() if level == "nic"), default=0),
+                 max((b for (level, _, _), b in ports.items() if level == "intra"), default=0))
+                for _, ports in sorted(slots.items())]
 
     def traffic(self, workers, numel, itemsize=4):
         n = workers
