@@ -256,9 +256,12 @@ class ShardServer:
     def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
         """SSP / async, under the lock: handle the push at once; the reply waits at the bound."""
         staleness = unit.version - unit.read[worker]
-        # a new tensor (`gradient` is the worker's receive buffer); the same bits as gradient / n, and on meta
-        # tensors (the simulator's) 10x cheaper: an out-of-place division there runs torch's Python reference
-        scaled = gradient.clone().div_(self.workers)
+        # a new tensor (`gradient` is the worker's receive buffer); the same bits as gradient / n. Meta tensors
+        # (the simulator's) have a shape and no values: nothing to divide, and torch's meta ops cost 50-650 us
+        # each, 7 s of a 1,024 x 128 simulation (as strategies/ops.py reduce_into skips them)
+        scaled = gradient.clone()
+        if not scaled.is_meta:
+            scaled.div_(self.workers)
         if self.mode == "update":
             unit.params = self.update(unit.bucket, scaled, unit.where).detach().clone()
         else:
@@ -308,10 +311,11 @@ class ShardServer:
             arrived[worker] = gradient.clone()
             if len(arrived) == self.workers - self.backups:
                 rows = [arrived[w] for w in sorted(arrived)]  # worker-rank order: the same bits whoever came first
-                total = rows[0].clone()
-                for row in rows[1:]:
-                    total.add_(row)
-                mean = total / len(rows)
+                mean = rows[0].clone()
+                if not mean.is_meta:  # meta (the simulator's): the shape is the mean's, no values to add
+                    for row in rows[1:]:
+                        mean.add_(row)
+                    mean = mean / len(rows)
                 unit.made[step] = (self.update(unit.bucket, mean, unit.where).detach().clone()
                                    if self.mode == "update" else mean)
                 unit.version += 1
