@@ -121,8 +121,14 @@ class BucketSync:
             self._thread = None
 
     def _start(self, bucket: Bucket) -> None:
+        runtime = self.runtimes[bucket.index]
+        if self._in_flight and getattr(runtime, "_checked_numel", bucket.numel) != bucket.numel:
+            # a runtime's first sync checks its size with every rank on the control plane: finish the buckets in
+            # flight first, or a server still sending this rank an earlier bucket's reply (over the sockets, bytes
+            # move only inside a wait) never reaches the check, and both wait out the timeout. First step only.
+            self._wait_all()
         start = self.clock()
-        handle = self.runtimes[bucket.index].isync(self.buffer[bucket.lo:bucket.hi], self.op)
+        handle = runtime.isync(self.buffer[bucket.lo:bucket.hi], self.op)
         if handle is DONE:  # synced inside isync()
             self._spans.append((start, self.clock()))
         else:

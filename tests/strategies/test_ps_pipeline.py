@@ -153,13 +153,26 @@ def test_a_buckets_pushes_leave_before_the_previous_buckets_replies_are_in(overl
     def body(comm):
         if comm.rank >= workers:
             runtimes = [config.bind(comm, workers) for _ in buckets]
-            for bucket in buckets:
-                runtimes[bucket.index].serve(bucket.numel, torch.float32, "mean")
+            for _ in range(2):
+                for bucket in buckets:
+                    runtimes[bucket.index].serve(bucket.numel, torch.float32, "mean")
             return None
         events, buffer = [], inputs[comm.rank].clone()
         _Recorder(comm, buffer, buckets, events)
-        busy = _bucket_sync(comm, config, workers, buffer, buckets, overlap)
-        return events, busy
+        # two steps: in the first each bucket's runtime checks its size with every rank, which finishes the buckets
+        # in flight first (see the socket-buffer test below); the second is the pipeline of every later step
+        syncer = BucketSync(config, comm, workers, buffer, buckets, overlap=overlap)
+        try:
+            for _ in range(2):
+                events.clear()
+                syncer.begin_step()
+                if overlap:
+                    for i in reversed(range(len(SIZES))):
+                        syncer.grad_ready(i)
+                syncer.finish()
+        finally:
+            syncer.close()
+        return events, syncer.busy_s
 
     for rank, (events, busy) in enumerate(run_threads(config.world_size(workers), body, timeout=30)[:workers]):
         assert busy > 0
@@ -312,3 +325,36 @@ def test_the_overlap_timeline_prices_pipelined_buckets_with_one_fan_out():
                         ("parameter_server", params | {"staleness": 2}), ("ring", {})):
         assert pipeline_fill(name, n, numel, other) == (0, 0), (name, other)
     assert pipeline_fill("parameter_server", 1, numel, params) == (0, 0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_buckets_larger_than_a_socket_buffer_do_not_deadlock_on_the_first_size_check(overlap):
+    """Each bucket's runtime checks its size with every rank at its first sync (the control plane). Over the sockets
+    a server's reply moves only while the worker waits for it, so a worker that went on to the next bucket's check
+    with a large reply still in flight left the server blocked in its send and both waited out the timeout (make
+    demo: 1 worker, 1 server, DDP's 1 MiB + 24 MiB buckets). Buckets of 4 MB each here, far above the buffers."""
+    config = strategies.make("parameter_server", servers=1)
+    sizes = [1_000_000, 1_000_000, 1_000_000]
+    buckets = make_buckets(sizes, 3.0)
+    assert len(buckets) == 3
+
+    def body(comm):
+        if comm.rank >= 1:
+            runtimes = [config.bind(comm, 1) for _ in buckets]
+            for bucket in buckets:
+                runtimes[bucket.index].serve(bucket.numel, torch.float32, "mean")
+            return None
+        buffer = torch.arange(sum(sizes), dtype=torch.float32)
+        syncer = BucketSync(config, comm, 1, buffer, buckets, overlap=overlap)
+        try:
+            syncer.begin_step()
+            if overlap:
+                for i in reversed(range(len(sizes))):
+                    syncer.grad_ready(i)
+            syncer.finish()
+        finally:
+            syncer.close()
+        return buffer
+
+    [result, _] = run_threads(2, body, timeout=20, p2p="sockets")
+    assert torch.equal(result, torch.arange(sum(sizes), dtype=torch.float32))
