@@ -160,15 +160,8 @@ class Strategy:
 
     def sync(self, tensor: torch.Tensor, op: str = "mean") -> None:
         """Worker ranks: synchronize `tensor` in place (an allreduce, a neighbour average, a push-pull)."""
-        check_op(op, tensor.dtype, self.config.ops)
-        if self.is_server:
-            raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not sync()")
-        self._check_size(tensor.numel())
-        if not tensor.is_contiguous():
-            raise ValueError("sync() needs a contiguous tensor (flatten gradients into one buffer first)")
-        flat = tensor.view(-1)
-        if tensor.numel() == 0 or self.comm.world_size == 1:
-            finish_reduction(flat, op, 1)  # nothing to agree on: no elements, or one rank alone
+        flat = self._flat_to_sync(tensor, op, "sync")
+        if flat is None:
             return
         with wire_form(flat, op) as wire:  # wide unsigned integers travel as their signed twin
             if self.config.exact:
@@ -184,6 +177,21 @@ class Strategy:
         it; a handle that is not DONE may offer `wait_sent()` (see Pending)."""
         self.sync(tensor, op)
         return DONE
+
+    def _flat_to_sync(self, tensor: torch.Tensor, op: str, call: str) -> torch.Tensor | None:
+        """A worker's checks before a sync (`call`: the method's name, for the errors); the flat view to sync, or
+        None when there is nothing to agree on (no elements, or one rank alone: the tensor is already the result)."""
+        check_op(op, tensor.dtype, self.config.ops)
+        if self.is_server:
+            raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not {call}()")
+        self._check_size(tensor.numel())
+        if not tensor.is_contiguous():
+            raise ValueError(f"{call}() needs a contiguous tensor (flatten gradients into one buffer first)")
+        flat = tensor.view(-1)
+        if tensor.numel() == 0 or self.comm.world_size == 1:
+            finish_reduction(flat, op, 1)
+            return None
+        return flat
 
     def serve(self, numel: int, dtype: torch.dtype, op: str = "mean",
               update: Callable[[torch.Tensor, slice], torch.Tensor] | None = None,

@@ -99,15 +99,8 @@ class ParameterServer(Strategy):
         and barrier-free servers: sync() now (the base class)."""
         if not self.pipelines:
             return super().isync(tensor, op)
-        check_op(op, tensor.dtype, self.config.ops)  # sync()'s checks, in its order (strategies/base.py)
-        if self.is_server:
-            raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not isync()")
-        self._check_size(tensor.numel())
-        if not tensor.is_contiguous():
-            raise ValueError("isync() needs a contiguous tensor (flatten gradients into one buffer first)")
-        flat = tensor.view(-1)
-        if tensor.numel() == 0 or self.comm.world_size == 1:
-            finish_reduction(flat, op, 1)
+        flat = self._flat_to_sync(tensor, op, "isync")  # sync()'s checks (strategies/base.py)
+        if flat is None:
             return DONE
         form = contextlib.ExitStack()  # the wire form lasts until the replies are in (sync() holds it as long)
         try:

@@ -31,15 +31,20 @@ def _inputs(workers: int) -> list[torch.Tensor]:
     return [torch.randn(sum(SIZES), generator=g) for _ in range(workers)]
 
 
-def _bucket_sync(comm, config, workers, buffer, buckets, overlap):
+def _step(syncer, params: int, overlap: bool) -> None:
     """One step of BucketSync: with overlap, the buckets handed over as a backward would make them ready."""
+    syncer.begin_step()
+    if overlap:
+        for i in reversed(range(params)):  # backward: the last registered parameter first
+            syncer.grad_ready(i)
+    syncer.finish()
+
+
+def _bucket_sync(comm, config, workers, buffer, buckets, overlap):
+    """One step of a new BucketSync; its busy time."""
     syncer = BucketSync(config, comm, workers, buffer, buckets, overlap=overlap)
     try:
-        syncer.begin_step()
-        if overlap:
-            for i in reversed(range(len(SIZES))):  # backward: the last registered parameter first
-                syncer.grad_ready(i)
-        syncer.finish()
+        _step(syncer, len(SIZES), overlap)
         return syncer.busy_s
     finally:
         syncer.close()
@@ -165,11 +170,7 @@ def test_a_buckets_pushes_leave_before_the_previous_buckets_replies_are_in(overl
         try:
             for _ in range(2):
                 events.clear()
-                syncer.begin_step()
-                if overlap:
-                    for i in reversed(range(len(SIZES))):
-                        syncer.grad_ready(i)
-                syncer.finish()
+                _step(syncer, len(SIZES), overlap)
         finally:
             syncer.close()
         return events, syncer.busy_s
@@ -347,11 +348,7 @@ def test_buckets_larger_than_a_socket_buffer_do_not_deadlock_on_the_first_size_c
         buffer = torch.arange(sum(sizes), dtype=torch.float32)
         syncer = BucketSync(config, comm, 1, buffer, buckets, overlap=overlap)
         try:
-            syncer.begin_step()
-            if overlap:
-                for i in reversed(range(len(sizes))):
-                    syncer.grad_ready(i)
-            syncer.finish()
+            _step(syncer, len(sizes), overlap)
         finally:
             syncer.close()
         return buffer
