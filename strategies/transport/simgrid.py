@@ -392,7 +392,7 @@ class SimGridCommunicator(Communicator):
             check_received(self.rank, taken.src, taken.tensor, message.nbytes, message.dtype)
             if message.values is not None and not taken.tensor.is_meta:
                 taken.tensor.copy_(message.values)
-            peer = self._peers[taken.src]
+            peer = self._peer(taken.src)
             peer.bytes_recv += taken.nbytes
             peer.msgs_recv += 1
         return found
