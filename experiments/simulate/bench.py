@@ -17,7 +17,7 @@ from pathlib import Path
 import strategies
 from experiments.config.sweep import RunSpec
 from experiments.simulate.platform import Platform
-from experiments.simulate.substrate import SimSpec, Timeline, run_in_child, simulate_in_child
+from experiments.simulate.substrate import SimSpec, Timeline, run_in_child
 
 PROFILE = Path(__file__).resolve().parents[1] / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
 DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("decentralized", {}), ("ring", {}),
@@ -26,8 +26,12 @@ LINK = {"bandwidth": "10Gbit", "latency": "20us"}
 
 
 def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
-          network_model: str = "tcp") -> list[dict]:
-    """One row per (strategy, ranks): wall seconds to simulate one step, and what the step was."""
+          network_model: str = "tcp", max_memory: int | None = None) -> list[dict]:
+    """One row per (strategy, ranks): wall and CPU seconds and peak memory to simulate one step, and what the
+    step was. A cell over the actor limit or whose estimated memory does not fit (memory.refusal: this machine's,
+    or `max_memory` bytes) is a row saying why, never started."""
+    from experiments.simulate import memory
+    from experiments.simulate.substrate import MAX_ACTORS, run_child, simulate
     from workloads.profile import load_profile
 
     profile = load_profile(PROFILE)
@@ -37,25 +41,42 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
     for n in workers:
         for name, params in chosen:
             config = strategies.make(name, **params)
+            row = {"network_model": network_model, "strategy": name + (f"({params['servers']} servers)" if params
+                                                                        else ""),
+                   "workers": n, "ranks": config.world_size(n), "messages": 0, "wall_s": math.nan,
+                   "total_s": math.nan, "cpu_s": math.nan, "peak_bytes": 0, "estimate_bytes": 0,
+                   "sim_step_s": math.nan, "sim_sync_s": math.nan, "model_sync_s": math.nan, "error": ""}
+            if row["ranks"] > MAX_ACTORS:
+                rows.append({**row, "error": f"refused: {row['ranks']:,} ranks exceed the simulator's {MAX_ACTORS:,} "
+                                            f"(each an OS thread)"})
+                print(f"[bench] {name} ranks={row['ranks']:,}: refused", file=log, flush=True)
+                continue
             spec = RunSpec(sweep="bench", workload=profile.model, image_size=profile.image_size,
                            num_classes=profile.num_classes, batch_size=profile.batch_size, steps=1, warmup_steps=0,
                            strategy=name, workers=n, link=LINK, strategy_params=params)
             sim = SimSpec(Platform.parse({**LINK, "network_model": network_model}), timeline)
             traffic = config.traffic(n, timeline.numel, 4)
-            messages = sum(r.msgs_sent for r in traffic.ranks)
-            print(f"[bench] {name} ranks={config.world_size(n)} messages={messages:,} ...", file=log, flush=True)
+            row["messages"] = messages = sum(r.msgs_sent for r in traffic.ranks)
+            row["model_sync_s"] = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
+            needed = memory.estimate(row["ranks"], messages)
+            row["estimate_bytes"] = needed.peak_bytes
+            refused = memory.refusal(needed, max_memory, f"{name} at {row['ranks']:,} ranks")
+            if refused:
+                rows.append({**row, "error": "refused: " + refused})
+                print(f"[bench] {refused}", file=log, flush=True)
+                continue
+            print(f"[bench] {name} ranks={row['ranks']} messages={messages:,}, estimated peak "
+                  f"{needed.peak_bytes / memory.MiB:,.0f} MiB ...", file=log, flush=True)
             start = time.perf_counter()
-            results, error, wall = simulate_in_child(spec, sim)
-            total = time.perf_counter() - start
-            workers = [r["steps"][0] for r in results or [] if r["steps"][0]["role"] == "worker"]
-            step = max((w["compute_s"] + w["comm_s"] for w in workers), default=float("nan"))
-            sync = max((w["comm_busy_s"] for w in workers), default=float("nan"))
-            model = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
-            rows.append({"network_model": network_model,
-                         "strategy": name + (f"({params['servers']} servers)" if params else ""), "workers": n,
-                         "ranks": config.world_size(n), "messages": messages, "wall_s": wall, "total_s": total,
-                         "sim_step_s": step, "sim_sync_s": sync, "model_sync_s": model, "error": error})
-            print(f"        -> {wall:.1f} s" + (f"  FAILED: {error}" if error else ""), file=log, flush=True)
+            done = run_child(functools.partial(simulate, spec, sim))
+            workers_ = [r["steps"][0] for r in done.result or [] if r["steps"][0]["role"] == "worker"]
+            row.update(wall_s=done.wall_s, total_s=time.perf_counter() - start, cpu_s=done.cpu_s,
+                       peak_bytes=done.peak_bytes, error=done.error,
+                       sim_step_s=max((w["compute_s"] + w["comm_s"] for w in workers_), default=math.nan),
+                       sim_sync_s=max((w["comm_busy_s"] for w in workers_), default=math.nan))
+            rows.append(row)
+            print(f"        -> {done.wall_s:.1f} s, {done.cpu_s:.1f} CPU s, peak {done.peak_bytes / memory.MiB:,.0f} "
+                  f"MiB" + (f"  FAILED: {done.error}" if done.error else ""), file=log, flush=True)
     return rows
 
 
@@ -68,16 +89,26 @@ def format_bench(rows: list[dict]) -> str:
              f"{LINK['latency']} NICs, SimGrid {_simgrid_version()}, network model {models} "
              f"(tcp = SimGrid's default LV08, alpha_beta = its corrections off)",
              f"# host {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
-             f"wall s = the simulation, total s = with the process start",
+             f"wall s = the simulation, total s = with the process start, CPU s = the simulation's process",
+             "# peak MiB = the simulation process's peak resident memory (it starts with this process's, forked), "
+             "estimate MiB = what was predicted before it started",
              "# sim step s = the simulated step (compute + exposed sync), sim sync s = the simulated gradient sync, "
              "alpha-beta s = rounds x latency + path bytes / bandwidth",
-             f"{'strategy':>28s} {'workers':>7s} {'ranks':>6s} {'messages':>10s} {'wall s':>8s} {'total s':>8s} "
-             f"{'sim step s':>10s} {'sim sync s':>10s} {'alpha-beta s':>12s}"]
+             f"{'strategy':>28s} {'workers':>7s} {'ranks':>6s} {'messages':>11s} {'wall s':>8s} {'total s':>8s} "
+             f"{'CPU s':>8s} {'peak MiB':>9s} {'estimate MiB':>12s} {'sim step s':>10s} {'sim sync s':>10s} "
+             f"{'alpha-beta s':>12s}"]
     for r in rows:
-        lines.append(f"{r['strategy']:>28s} {r['workers']:7d} {r['ranks']:6d} {r['messages']:10,d} {r['wall_s']:8.1f} "
-                     f"{r['total_s']:8.1f} {r['sim_step_s']:10.3f} {r['sim_sync_s']:10.3f} {r['model_sync_s']:12.3f}"
-                     + (f"  FAILED: {r['error']}" if r["error"] else ""))
+        lines.append(f"{r['strategy']:>28s} {r['workers']:7d} {r['ranks']:6d} {r['messages']:11,d} "
+                     f"{r['wall_s']:8.1f} {r['total_s']:8.1f} {r['cpu_s']:8.1f} {r['peak_bytes'] / 2**20:9,.0f} "
+                     f"{r['estimate_bytes'] / 2**20:12,.0f} {r['sim_step_s']:10.3f} {r['sim_sync_s']:10.3f} "
+                     f"{r['model_sync_s']:12.3f}" + _bench_error(r["error"]))
     return "\n".join(lines)
+
+
+def _bench_error(error: str) -> str:
+    if not error:
+        return ""
+    return f"  NOT RUN: {error.removeprefix('refused: ')}" if error.startswith("refused: ") else f"  FAILED: {error}"
 
 
 def _simgrid_version() -> str:

@@ -19,6 +19,8 @@ def add_arguments(p) -> None:
                         "corrections off)")
     p.add_argument("--strategies", help="with --bench: comma-separated names (default: halving_doubling, "
                                         "parameter_server with 8 servers, decentralized, ring, all_to_all)")
+    p.add_argument("--max-memory", help="refuse, before it starts, a simulation whose estimated peak memory is over "
+                                         "this (e.g. 8GB, 512MiB; default: what this machine has available)")
     p.add_argument("--ps", action="store_true",
                    help="with --bench: the parameter-server family instead: every mode (dedicated/colocated x "
                         "update/summation, SSP s=2, async, backups=1) for each --servers k, against BytePS's optimum")
@@ -43,6 +45,9 @@ def run(args) -> int:
     if missing:
         print(f"syncbench simulate: error: {missing}", file=sys.stderr)
         return 2
+    from experiments.simulate.memory import parse_memory
+
+    max_memory = parse_memory(args.max_memory) if args.max_memory is not None else None
     if args.bench:
         from experiments.simulate.bench import bench, format_bench
 
@@ -76,9 +81,9 @@ def run(args) -> int:
             return 0 if all(not r["error"] for r in rows) else 1
         if args.ranks_per_node < 1:
             raise ValueError(f"simulate --bench --ranks-per-node {args.ranks_per_node}: expected an integer >= 1")
-        rows = bench(workers, names, log=sys.stderr, network_model=args.network_model)
+        rows = bench(workers, names, log=sys.stderr, network_model=args.network_model, max_memory=max_memory)
         print(format_bench(rows))
-        return 0
+        return 0 if all(not r["error"] for r in rows) else 1
     if not args.sweep:
         raise ValueError("syncbench simulate needs a sweep file (or --bench)")
     out = args.out
@@ -86,7 +91,7 @@ def run(args) -> int:
         out, note = default_dir(load(args.sweep)[0].name)
         if note:
             print(f"syncbench simulate: {note}", file=sys.stderr)
-    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite)
+    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite, max_memory=max_memory)
     print(format_runs(runs))
     print(f"results: {out}")
     return 1 if (runs["status"] != "ok").any() else 0

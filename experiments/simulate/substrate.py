@@ -130,8 +130,9 @@ class SimGridSubstrate(Substrate):
     wall_clock = False  # simulated seconds: a long timeline costs no wall time
     nodes = True  # ranks_per_node = k: the `nodes` platform, k ranks behind one NIC (load() places them)
 
-    def __init__(self, pairs: list[tuple[RunSpec, SimSpec]]):
+    def __init__(self, pairs: list[tuple[RunSpec, SimSpec]], max_memory: int | None = None):
         self.pairs = pairs
+        self.max_memory = max_memory  # bytes a simulation may reach (--max-memory); None: what the machine has
 
     def runs(self, sweep=None) -> list[Run]:
         return [Run(run_id(spec, sim), _effective(spec, sim), sim) for spec, sim in self.pairs]
@@ -153,6 +154,8 @@ class SimGridSubstrate(Substrate):
             found.append(f"{what}: {actors:,} SimGrid actors (each an OS thread, one per rank) exceed this "
                          f"simulator's {MAX_ACTORS:,}; accepted: at most {MAX_ACTORS:,} ranks (workers and "
                          f"dedicated servers)")
+        elif refused := self.memory_refusal(run, actors):
+            found.append(f"{what}: {refused}")
         if spec.device != "cpu":
             found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
                          f"device = \"cpu\" (the default)")
@@ -160,6 +163,22 @@ class SimGridSubstrate(Substrate):
             found.append(f"{what}: dataset = {spec.dataset!r}: a simulated run moves no values, so nothing trains; "
                          f"accepted is dataset = \"synthetic\" (the default)")
         return found
+
+    def memory_refusal(self, run: Run, actors: int) -> str | None:
+        """Why the run's simulation would not fit in memory (experiments/simulate/memory.py), or None. The ranks
+        alone first: a run refused by them is refused without pricing its messages."""
+        from experiments.simulate import memory
+
+        refused = memory.refusal(memory.estimate(actors, 0), self.max_memory, "its simulation")
+        if refused:
+            return refused
+        config = run.spec.strategy_config()
+        try:
+            traffic = config.traffic(run.spec.workers, run.settings.timeline.numel, 4)
+        except Exception:  # noqa: BLE001 - a strategy's own traffic error is reported where it is checked
+            return None
+        messages = sum(r.msgs_sent for r in traffic.ranks)
+        return memory.refusal(memory.estimate(actors, messages), self.max_memory, "its simulation")
 
     @contextlib.contextmanager
     def session(self, runs: list[Run], store, log):
@@ -276,12 +295,13 @@ def _timeline(spec: RunSpec, fixed: dict, where: Path) -> Timeline:
 
 
 def simulate_sweep(path: str | Path, out: str | Path, resume: bool = False, overwrite: bool = False,
-                   log=sys.stderr):
+                   log=sys.stderr, max_memory: int | None = None):
     """`syncbench simulate`: the sweep file's runs on SimGrid through the one runner; runs.parquet as a frame."""
     from experiments.pipeline.runner import run_sweep
 
     sweep, pairs = load(path)
-    return run_sweep(sweep, out, resume=resume, overwrite=overwrite, log=log, substrate=SimGridSubstrate(pairs))
+    return run_sweep(sweep, out, resume=resume, overwrite=overwrite, log=log,
+                     substrate=SimGridSubstrate(pairs, max_memory))
 
 
 # -- one simulation: the step loop on simulated ranks ----------------------------------------------------------
@@ -432,13 +452,31 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
 
 def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
     """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds)."""
-    result, error, wall, _ = run_in_child_timed(call)
-    return result, error, wall
+    done = run_child(call)
+    return done.result, done.error, done.wall_s
 
 
 def run_in_child_timed(call: Callable[[], object]) -> tuple[object, str, float, float]:
-    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds, CPU
-    seconds of the process: on a loaded machine nearer what a quiet one's wall time would be than the wall).
+    """As run_in_child, with the CPU seconds of the process (on a loaded machine nearer what a quiet one's wall
+    time would be than the wall)."""
+    done = run_child(call)
+    return done.result, done.error, done.wall_s, done.cpu_s
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """What a forked simulation gave back: its result or error, wall and CPU seconds, and its peak resident
+    memory (the kernel's high-water mark, read while it ran: known even when the kernel killed it)."""
+
+    result: object
+    error: str
+    wall_s: float
+    cpu_s: float
+    peak_bytes: int
+
+
+def run_child(call: Callable[[], object]) -> ChildRun:
+    """call() in a forked process, its peak memory watched from here.
 
     Fork, not spawn: milliseconds instead of seconds of imports, and `call` may be a closure. This process
     must not have run SimGrid's engine itself (it never does: every simulation goes through here).
@@ -461,18 +499,43 @@ def run_in_child_timed(call: Callable[[], object]) -> tuple[object, str, float, 
     proc = ctx.Process(target=main, daemon=True)
     proc.start()
     child.close()
+    peak = 0
     try:
+        while not parent.poll(0.5):  # the high-water mark is gone with the process: read it while it lives
+            peak = max(peak, _peak_resident(proc.pid))
+            if not proc.is_alive():
+                break
+        peak = max(peak, _peak_resident(proc.pid))
         status, payload, wall, cpu = parent.recv()
     except EOFError:
         proc.join()
-        status, payload, wall, cpu = "error", f"the simulation process died (exit code {proc.exitcode})", 0.0, 0.0
+        died = f"the simulation process died (exit code {proc.exitcode})"
+        if peak:
+            died += f" at {peak / 2**20:,.0f} MiB resident"
+            if proc.exitcode == -signal.SIGKILL:
+                died += " (killed: the kernel's out-of-memory killer, most likely; see --max-memory)"
+        status, payload, wall, cpu = "error", died, 0.0, 0.0
     except BaseException:  # Ctrl-C, a test's timeout: the simulation must not outlive its reason to run
         proc.kill()
         raise
     finally:
         proc.join()
         parent.close()
-    return (payload, "", wall, cpu) if status == "ok" else (None, payload, wall, cpu)
+    if status == "ok":
+        return ChildRun(payload, "", wall, cpu, peak)
+    return ChildRun(None, payload, wall, cpu, peak)
+
+
+def _peak_resident(pid: int) -> int:
+    """A live process's peak resident memory in bytes (VmHWM; 0 where /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
