@@ -103,15 +103,37 @@ def warnings(r: Results) -> list[tuple[str, str]]:
                     "reference; compare them on full-speed or kernel-shaped links."))
     profiled = r.ok[r.ok["compute"] == "profile"]
     if not profiled.empty:
-        which = ", ".join(sorted({f"{x.profile_id} ({x.profile_device})" for x in profiled.itertuples()}))
-        out.append(("Replayed compute:", f"{len(profiled)} of {len(r.ok)} runs replayed a measured compute profile "
-                    f"instead of computing ({which}); their compute times are the profile's and their parameters "
-                    "did not train."))
+        synthetic = profiled[profiled["profile_synthetic"]]
+        measured = profiled[~profiled["profile_synthetic"]]
+        kinds = [(measured, "a measured compute profile"),
+                 (synthetic, "a SYNTHETIC compute profile (described by a user, not measured)")]
+        parts = [f"{len(runs)} replayed {kind} "
+                 f"({', '.join(sorted({f'{x.profile_id} ({x.profile_device})' for x in runs.itertuples()}))})"
+                 for runs, kind in kinds if not runs.empty]
+        out.append(("Replayed compute:", f"of the {len(r.ok)} successful runs, {'; '.join(parts)} instead of "
+                    "computing: their compute times are the profile's and their parameters did not train."))
     failed = int((~r.runs["ok"]).sum())
     if failed:
         out.append(("Failed runs:", f"{failed} run(s) failed; they are left out of the figures (see the runs "
                     "table)."))
     return out
+
+
+def machines(runs: pd.DataFrame) -> dict:
+    """What the runs ran on: the measured runs' machine (host, cores, GPU, device, transport, compute), None when
+    every run was simulated; and the simulated runs' platforms (SimGrid's network model, and where the compute
+    times came from), '' when none was: a simulated run's times are its platform's, not this machine's cores."""
+    measured = runs[runs["substrate"] != "simgrid"]
+    simulated = runs[runs["substrate"] == "simgrid"]
+    machine = ({c: _values(measured, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")}
+               if not measured.empty else None)
+    platforms = []
+    for (platform, network, source), _ in simulated.groupby(["sim_platform", "sim_network_model", "compute_source"],
+                                                             sort=False):
+        compute = f"compute from {source}" if source else "compute fixed"
+        platforms.append(f"{platform or 'a platform'} (SimGrid {network or 'default'} network model, {compute})")
+    return {"machine": machine, "simulated": "; ".join(platforms),
+            "simulated_host": _values(simulated, "host") if not simulated.empty else ""}
 
 
 # ---- the sections, in page order --------------------------------------------------------------------------
@@ -131,10 +153,10 @@ def summary(r: Results) -> dict:
     return {"answers": verdicts.verdicts(best), "warnings": warnings(r), "description": description,
             "sweep_text": r.sweep_text,
             "sweeps": ", ".join(r.runs["sweep"].astype(str).unique()),
-            "machine": {c: _values(r.runs, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")},
+            **machines(r.runs),
             "runs": len(r.runs), "ok": int(r.runs["ok"].sum()), "failed": int((~r.runs["ok"]).sum()),
             "workloads": _values(r.runs, "workload"), "strategies": ", ".join(r.runs["label"].unique()),
-            "links": ", ".join(r.links),
+            "links": ", ".join(r.links), "simulated_tie": f"{verdicts.SIMULATED_TIE:.0%}",
             "best": Table(shown, {"workers": "d", "runs": "d", "samples/s": ",.1f", "step time s": ".3f",
                                   "comm share %": ".1f", "lead over next %": "+.1f"}) if not best.empty else None}
 

@@ -212,4 +212,5 @@ def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:
             "exposed_comm_s": mean("comm_s"), "comm_busy_s": mean("comm_busy_s"),
             "overlap_fraction": min(1.0, max(0.0, hidden)) if math.isfinite(hidden) else math.nan,
             "profile_id": final.get("profile_id", ""), "profile_device": final.get("profile_device", ""),
+            "profile_synthetic": bool(final.get("profile_synthetic", False)),
             "profile_step_s": float(final.get("profile_step_s", math.nan))}

@@ -69,7 +69,9 @@ RUNS: tuple[Column, ...] = (
     # compute and overlap
     Column("compute", STR, "'real' (the model computes) or 'profile' (a measured timeline is replayed)"),
     Column("profile_id", STR, "the compute profile replayed ('' in real mode)"),
-    Column("profile_device", STR, "the device the profile was measured on"),
+    Column("profile_device", STR, "the device the profile was measured on (synthetic: the hardware it describes)"),
+    Column("profile_synthetic", BOOL, "the replayed profile was described by a user (syncbench profile --synthetic), "
+                                      "not measured"),
     Column("profile_step_s", FLOAT, "the profile's own step time in seconds"),
     Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
                               "flat bucket)"),
