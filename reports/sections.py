@@ -130,7 +130,7 @@ def machines(runs: pd.DataFrame) -> dict:
     platforms = []
     for (platform, network, source), _ in simulated.groupby(["sim_platform", "sim_network_model", "compute_source"],
                                                              sort=False):
-        compute = f"compute from {source}" if source else "compute fixed"
+        compute = "fixed compute times" if source in ("", "fixed") else f"compute from the {source}"
         platforms.append(f"{platform or 'a platform'} (SimGrid {network or 'default'} network model, {compute})")
     return {"machine": machine, "simulated": "; ".join(platforms),
             "simulated_host": _values(simulated, "host") if not simulated.empty else ""}
