@@ -217,7 +217,7 @@ def _missing(value) -> bool:
     return (isinstance(value, float) and math.isnan(value)) or value == ""
 
 
-METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
+METRICS = ("throughput", "step_time_s", "fast_step_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
            "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
            "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "exposed_comm_s",
            "comm_busy_s", "overlap_fraction")

@@ -165,6 +165,9 @@ def straggler_frame(ok: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFram
                          "workers": int(row["workers"]), "configuration": row["config_label"],
                          "scheme": scheme(row) if row["_kind"] == "ps" else "allreduce", "runs": int(row["runs"]),
                          "samples/s": row["throughput"],
+                         # the slowest rank's pace sets samples/s; without a barrier the servers' parameters
+                         # advance at the fastest worker's (time to target uses it)
+                         "slowest rank s/step": row["step_time_s"], "fastest worker s/step": row["fast_step_s"],
                          "range samples/s": _pm(row["throughput_lo"], row["throughput_hi"], ",.1f", row["runs"],
                                                 row["simulated"]),
                          "workers idle %": w["idle"] * 100, "held at bound s/step": w["bound"],

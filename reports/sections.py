@@ -299,7 +299,8 @@ def parameter_server(r: Results) -> dict | Absent:
             "comm": Table(comm, {"workers": "d", "k": "d", "runs": "d", "partition MB": "g", "comm s": ".4f",
                                  "BytePS formula s": ".4f", "measured / formula": ".2f", "allreduce comm s": ".4f",
                                  "PS / allreduce": ".2f"}, sortable=True, id="ps-comm") if not comm.empty else None,
-            "slow": Table(slow, {"workers": "d", "runs": "d", "samples/s": ",.1f", "workers idle %": ".1f",
+            "slow": Table(slow, {"workers": "d", "runs": "d", "samples/s": ",.1f", "slowest rank s/step": ".4f",
+                                 "fastest worker s/step": ".4f", "workers idle %": ".1f",
                                  "held at bound s/step": ".4f", "dropped pushes/step": ".2f",
                                  "staleness mean": ".2f", "staleness max": "g"}) if not slow.empty else None}
 
