@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, tables, tta, verdicts
+from reports import calibration, figures, levels, ps, reconcile, tables, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,14 @@ def bandwidth(r: Results) -> dict | Absent:
     if fig is None:
         return Absent("no measured strategy has an analytic traffic to size a link from")
     ts = tables.compute_time_per_workload(r.ok)
-    return {"ts": "; ".join(f"{w}: Ts = {t:.4g} s ({how})" for w, (t, how) in ts.items()),
+    measured = r.ok[r.ok["workers"] > 1]["workers"]
+    shown = tables.REQUIREMENT_WORKERS
+    rule = (f"Rule: the formula above at every n, with the strategy's analytic bytes at that n and the Ts below; "
+            f"nothing else is fitted. The runs measured n = {measured.min()}-{measured.max()}; the figure shows "
+            f"n = {min(shown)}-{max(shown):,}, up to {max(shown) / measured.max():,.0f}x beyond the largest n "
+            f"measured: there it is the model's, not a measurement's." if not measured.empty else
+            f"Rule: the formula above at every n (n = {min(shown)}-{max(shown):,}); no multi-worker run measured it.")
+    return {"ts": "; ".join(f"{w}: Ts = {t:.4g} s ({how})" for w, (t, how) in ts.items()), "rule": rule,
             "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]), "figure": figure(fig)}
 
 
@@ -213,6 +220,7 @@ def cost_model(r: Results) -> dict | Absent:
     fits, predicted = calibration.calibration(r.ok)
     alpha = calibration.extrapolation_alpha(fits, r.ok)
     extrapolation = figures.extrapolation_figure(r.ok, alpha.alpha, alpha.calibrated)
+    rule = calibration.extrapolation_rule(fits, r.ok, alpha)
     if fits.empty and extrapolation is None:
         return Absent("no multi-worker run has analytic rounds and bytes")
     bad = fits[fits["plausible"] == "no"] if not fits.empty else fits
@@ -221,7 +229,7 @@ def cost_model(r: Results) -> dict | Absent:
                            "link MB/s": ",.1f", "rmse ms": ",.2f"}) if not fits.empty else None,
             "bad_links": ", ".join(bad["link"]) if not bad.empty else "",
             "bad_why": " | ".join(bad["why not"]) if not bad.empty else "",
-            "alpha": alpha, "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]),
+            "alpha": alpha, "rule": rule, "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]),
             "parity": figure(figures.parity_figure(predicted, r.ok)), "extrapolation": figure(extrapolation)}
 
 
@@ -253,6 +261,20 @@ def substrates(r: Results) -> dict | Absent:
     return {"table": Table(df, {"workers": "d", "measured comm ms": ",.1f", "simulated comm ms": ",.1f",
                                 "simulated step ms": ",.1f", "modelled comm ms": ",.1f"}),
             "figure": figure(figures.substrates_figure(df))}
+
+
+def one_answer(r: Results) -> dict | Absent:
+    """Every configuration's communication per step from the model, SimGrid and the measurements, the one the
+    report trusts (reports/reconcile.py TRUST) and how far the others are from it."""
+    frame = reconcile.reconcile_frame(r.ok)
+    if frame.empty:
+        return Absent("no multi-worker run whose bytes crossed its link")
+    formats = {f"{name} ms": ",.2f" for name in reconcile.TRUST} | {"workers": "d", "spread": ".2f", "sources": "d"}
+    return {"trust": reconcile.TRUST, "agree": f"{reconcile.AGREE:.0%}",
+            "disagreements": reconcile.disagreements(frame),
+            "agreeing": int((frame["spread"] <= 1 + reconcile.AGREE).sum()),
+            "compared": int(frame["spread"].notna().sum()), "configurations": len(frame),
+            "table": Table(frame, formats, sortable=True, id="one-answer")}
 
 
 def convergence(r: Results) -> dict | Absent:
@@ -339,6 +361,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),
+    Section("one-answer", "One answer: which number to trust", one_answer),
     Section("parameter-server", "Parameter server vs allreduce", parameter_server),
     Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),
