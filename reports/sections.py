@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, reconcile, tables, tta, verdicts
+from reports import calibration, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,20 @@ def bandwidth(r: Results) -> dict | Absent:
             "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]), "figure": figure(fig)}
 
 
+def teaching_question(r: Results) -> dict:
+    """Bytes per worker and communication time against n for the classic four (reports/teaching.py): the model's
+    curves, the runs of these results that answer the same question drawn through them."""
+    model_bytes, bandwidth, latency, runs = teaching.condition(r.ok)
+    model = teaching.model_frame(model_bytes, bandwidth, latency)
+    points = teaching.with_model_ratio(teaching.points_table(runs), model)
+    numbers = {"workers": "d", "MB sent per worker": ",.1f", "MB through the busiest NIC": ",.1f", "comm s": ".3f",
+               "model comm s": ".3f", "comm / model": ".2f"}
+    return {"figure": figure(teaching.teaching_figure(model, runs, model_bytes, bandwidth, latency)),
+            "asked": runs.empty, "model_mb": f"{model_bytes / 1e6:,.2f}", "gbit": f"{bandwidth * 8 / 1e9:g}",
+            "table": Table(teaching.table(model), numbers, sortable=True, id="teaching-model"),
+            "points": Table(points, numbers, sortable=True, id="teaching-runs") if not points.empty else None}
+
+
 def cost_model(r: Results) -> dict | Absent:
     """Calibration from the runs the model describes, the parity plot, and the extrapolation with the alpha it
     may use (the links' own latency, said so, when no fit is plausible)."""
@@ -358,6 +372,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("levels", "Traffic per level: node NICs and inside the nodes", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
+    Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
+            teaching_question, needs_runs=False),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),
