@@ -373,7 +373,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
     Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
-            teaching_question, needs_runs=False),
+            teaching_question),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),

@@ -117,7 +117,7 @@ def teaching_figure(model: pd.DataFrame, runs: pd.DataFrame, model_bytes: float,
     ticks = [2, 4, 8, 16, 32, 64]
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[str(t) for t in ticks], title_text="workers (n)")
     fig.update_yaxes(type="log", title_text="MB per step (MB = 10^6 bytes)", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="seconds per step", row=1, col=2)
+    fig.update_yaxes(type="log", title_text="communication per step (s)", row=1, col=2)
     link = f"{bandwidth * 8 / 1e9:g} Gbit/s" + (f", {latency * 1e6:g} us" if latency else "")
     fig.update_layout(template="plotly_white", height=480, margin=dict(t=90, r=20, l=70, b=60),
                       title=esc(f"MODEL (lines) and runs (markers): {model_bytes / MB:,.2f} MB of fp32 gradients, "
