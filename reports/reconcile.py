@@ -46,7 +46,15 @@ def _finite(value) -> bool:
 
 def platform(run) -> tuple:
     """The typed platform: ('star',), ('nodes', k, intra bytes/s or None) or ('fat_tree', hosts per leaf,
-    oversubscription): measured nodes (ranks_per_node) and simulated ones (the nodes topology) are one platform."""
+    oversubscription): measured nodes (ranks_per_node) and simulated ones (the nodes topology) are one platform. A
+    simulation whose NIC is not 'shared' (SimGrid's TCP-like default) adds its NIC mode: another platform."""
+    base = _base_platform(run)
+    if run["substrate"] == "simgrid" and run["sim_nic"] not in ("", "shared"):
+        return (*base, ("nic", str(run["sim_nic"])))
+    return base
+
+
+def _base_platform(run) -> tuple:
     if run["substrate"] == "simgrid":
         if run["sim_topology"] == "nodes":
             intra = run["sim_intra_bandwidth"]
@@ -61,6 +69,8 @@ def platform(run) -> tuple:
 
 
 def platform_label(key: tuple) -> str:
+    if isinstance(key[-1], tuple):  # ("nic", mode): a simulated NIC mode other than shared
+        return f"{platform_label(key[:-1])}, {key[-1][1]} NIC (simulated)"
     if key[0] == "nodes":
         inside = f", {rate_label(key[2])} inside" if key[2] else ""
         return f"nodes of {key[1]}{inside}"

@@ -85,14 +85,16 @@ def test_the_rule_falls_through_the_order_and_a_distorted_measurement_is_not_tru
 
 def test_configurations_that_differ_are_rows_of_their_own_and_the_model_says_what_it_cannot_price(tmp_path):
     """Another worker count, a full-speed link (nothing to price: a note), a straggler (no compute imbalance in
-    the model), and nodes of 2 (priced per level): four more rows; agreeing sources (within 15%) are no
-    disagreement."""
+    the model), nodes of 2 (priced per level) and a simulation with a FIFO NIC: five more rows; agreeing sources
+    (within 15%) are no disagreement."""
     rows = [_run("e", MODEL_S), _run("e8", 0.1, workers=8),
             _run("f", 0.01, link_bandwidth=math.nan, link_emulation=""),
             _run("s", 0.3, straggler_ranks=[1], straggler_slowdown=2.0),
-            _run("n", 0.05, ranks_per_node=2, link_intra_bandwidth=10 * GBIT, link_intra_latency_s=0.0)]
+            _run("n", 0.05, ranks_per_node=2, link_intra_bandwidth=10 * GBIT, link_intra_latency_s=0.0),
+            _run("q", 0.05, kind="tcp", sim_nic="fifo")]  # another simulated NIC: never averaged with a shared one
     frame = reconcile.reconcile_frame(_ok(tmp_path, rows))
-    assert len(frame) == 5
+    assert len(frame) == 6
+    assert "one NIC per rank, fifo NIC (simulated)" in set(frame["platform"])
     by = {(r["workers"], r["link"], r["platform"], r["note"].split(":")[0] if r["note"] else ""): r
           for _, r in frame.iterrows()}
     full = next(r for k, r in by.items() if k[1] == "full speed")
