@@ -101,7 +101,7 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
             source = (f"profile twin ({len(twin)} run{'s' if len(twin) > 1 else ''}"
                       + (f", {', '.join(devices)}" if devices else "") + ")")
         if barrier_free:
-            source += "; no barrier: the fastest worker's pace, the servers' parameters'"
+            source += "; no barrier: the fastest worker's pace, at which the servers' parameters advance"
         time_sd = product_sd(steps_mean, steps_sd, step_mean, step_sd)
         if math.isfinite(time_sd) and not (math.isfinite(steps_sd) and math.isfinite(step_sd)):
             one = "steps to target" if not math.isfinite(steps_sd) else "seconds per step"
