@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from reports.load import is_server
-from reports.model import MB, calibrate
+from reports.model import EXTRAPOLATION_LINKS, EXTRAPOLATION_WORKERS, GBIT, MB, calibrate
 
 # A fit is implausible when its bandwidth is this far from the emulated link's, or its residuals this large.
 PLAUSIBLE_BANDWIDTH_RATIO = 2.0
@@ -97,3 +97,29 @@ def extrapolation_alpha(fits: pd.DataFrame, ok: pd.DataFrame) -> ExtrapolationAl
     why = "no fit is plausible" if not fits.empty else "no run the model describes could be fitted"
     return ExtrapolationAlpha(alpha, False, f"UNCALIBRATED ({why}): alpha = {alpha * 1e6:,.1f} us, the links' own "
                                             f"latency, and no per-message cost of the transport")
+
+
+def extrapolation_rule(fits: pd.DataFrame, ok: pd.DataFrame, alpha: ExtrapolationAlpha,
+                       workers=EXTRAPOLATION_WORKERS, links: dict[str, float] | None = None) -> str:
+    """The rule that produced the extrapolated figure, in a sentence: the formula, what it was fitted on (runs,
+    their worker counts and links) and how far beyond that range the figure goes (in workers and in bandwidth)."""
+    links = EXTRAPOLATION_LINKS if links is None else links
+    shown = (f"shown for n = {min(workers):,}-{max(workers):,} workers at {min(links.values()) / GBIT:g}-"
+             f"{max(links.values()) / GBIT:g} Gbit/s")
+    rule = ("Rule: communication per step = rounds x alpha + critical-path bytes / bandwidth, rounds and bytes from "
+            "each strategy's analytic traffic")
+    plausible = fits[fits["plausible"] == "yes"] if not fits.empty else fits
+    fitted = ok[describes(ok) & ok["link"].isin(set(plausible["link"]))] if not plausible.empty else ok.iloc[0:0]
+    if fitted.empty:
+        measured = ok[(ok["workers"] > 1) & ok["link_bandwidth"].notna()]
+        seen = (f"; the runs measured n = {measured['workers'].min()}-{measured['workers'].max()}"
+                if not measured.empty else "")
+        return (f"{rule}; fitted on nothing ({alpha.source}): every point is the formula alone{seen}; {shown}.")
+    n_lo, n_hi = int(fitted["workers"].min()), int(fitted["workers"].max())
+    bw_lo, bw_hi = float(fitted["link_bandwidth"].min()), float(fitted["link_bandwidth"].max())
+    beyond_n = max(workers) / n_hi
+    beyond_bw = max(links.values()) / bw_hi
+    return (f"{rule}; alpha fitted on {len(fitted)} runs at n = {n_lo}-{n_hi} workers on links of "
+            f"{bw_lo / MB:,.1f}-{bw_hi / MB:,.1f} MB/s ({alpha.source}), beta = 1/bandwidth of each link shown; "
+            f"{shown}: up to {beyond_n:,.0f}x the largest n fitted and {beyond_bw:,.0f}x the fastest link fitted. "
+            f"Beyond the fitted range the figure is the model's, not a measurement's.")

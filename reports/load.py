@@ -44,6 +44,9 @@ def load_runs(results_dir: Path) -> pd.DataFrame:
     # The summary records it (bypasses_link); results written before it read false there and are derived here.
     derived = ~runs["bytes_counted"] & (runs["link_emulation"] == "python")
     runs["bypasses_link"] = runs["bypasses_link"].astype(bool) | derived if "bypasses_link" in runs else derived
+    # results written before profile_synthetic: a synthetic profile's id names its source "synthetic"
+    # (workloads/profile.py Profile.id), so an old synthetic run is never shown as measured
+    runs["profile_synthetic"] = runs["profile_synthetic"] | runs["profile_id"].str.contains("-synthetic-")
     # strategy parameters only: param_norm is a measured column of the schema, and would split every seed apart
     params = sorted(c for c in runs.columns if c.startswith("param_") and c not in RUN_COLUMNS)
     runs["strategy_key"] = [group_key(row) for row in runs[list(STRATEGY_COLUMNS) + params].itertuples(index=False)]
@@ -214,7 +217,7 @@ def _missing(value) -> bool:
     return (isinstance(value, float) and math.isnan(value)) or value == ""
 
 
-METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
+METRICS = ("throughput", "step_time_s", "fast_step_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
            "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
            "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "exposed_comm_s",
            "comm_busy_s", "overlap_fraction")
@@ -223,8 +226,9 @@ METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", 
 def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Mean metrics over the repeats (seeds) of each group, with the spread of throughput between them
     (throughput_min/max), its interval (throughput_lo/hi: that spread widened by the runs' per-step intervals
-    when the runs carry them) and whether any run was distorted. `by` names typed keys ("config", "condition",
-    "workers", ...); the display columns that go with them (label, link) are carried along."""
+    when the runs carry them), whether any run was distorted and whether every run was simulated (deterministic).
+    `by` names typed keys ("config", "condition", "workers", ...); the display columns that go with them (label,
+    link) are carried along."""
     carried = [c for c in ("label", "config_label", "link", "condition_label", "strategy", "compute")
                if c not in by and c in ok]
     groups = ok.groupby(by, sort=False, dropna=False)
@@ -241,4 +245,6 @@ def mean_per_config(ok: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     agg["distorted"] = groups["distorted"].any()
     agg["bypasses"] = groups["bypasses_link"].any()
     agg["runs"] = groups.size()
+    # simulated (SimGrid): the same platform and timeline give the same numbers on every seed, no sampling spread
+    agg["simulated"] = groups["substrate"].agg(lambda s: bool((s == "simgrid").all()))
     return agg.reset_index()

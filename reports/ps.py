@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from reports.load import mean_per_config
+from reports.verdicts import SIMULATED_TIE, lead_counts
 from strategies import get as strategy_class
 from strategies.base import GRADIENTS
 from strategies.cost import byteps_optimum
@@ -93,7 +94,9 @@ def _reference(group: pd.DataFrame):
     return (ring if not ring.empty else allreduce).sort_values("throughput", ascending=False).iloc[0]
 
 
-def _pm(low: float, high: float, fmt: str, runs: int) -> str:
+def _pm(low: float, high: float, fmt: str, runs: int, simulated: bool = False) -> str:
+    if simulated:
+        return "simulated: deterministic"
     return "one run" if runs < 2 else f"{format(low, fmt)}-{format(high, fmt)}"
 
 
@@ -113,7 +116,8 @@ def comm_frame(ok: pd.DataFrame) -> pd.DataFrame:
                          "k": int(_p(ps, "servers", 1)), "placement": _p(ps, "placement", "dedicated"),
                          "mode": _p(ps, "mode", "update"), "partition MB": float(_p(ps, "partition_mb", 4.0)),
                          "configuration": ps["config_label"], "runs": int(ps["runs"]),
-                         "comm s": ps["comm_s"], "comm range s": _pm(ps["comm_min"], ps["comm_max"], ".3f", ps["runs"]),
+                         "comm s": ps["comm_s"],
+                         "comm range s": _pm(ps["comm_min"], ps["comm_max"], ".3f", ps["runs"], ps["simulated"]),
                          "BytePS formula s": formula, "measured / formula": ps["comm_s"] / formula,
                          "allreduce": ref["config_label"] if ref is not None else "none in this sweep",
                          "allreduce comm s": ref["comm_s"] if ref is not None else math.nan,
@@ -161,7 +165,11 @@ def straggler_frame(ok: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFram
                          "workers": int(row["workers"]), "configuration": row["config_label"],
                          "scheme": scheme(row) if row["_kind"] == "ps" else "allreduce", "runs": int(row["runs"]),
                          "samples/s": row["throughput"],
-                         "range samples/s": _pm(row["throughput_lo"], row["throughput_hi"], ",.1f", row["runs"]),
+                         # the slowest rank's pace sets samples/s; without a barrier the servers' parameters
+                         # advance at the fastest worker's (time to target uses it)
+                         "slowest rank s/step": row["step_time_s"], "fastest worker s/step": row["fast_step_s"],
+                         "range samples/s": _pm(row["throughput_lo"], row["throughput_hi"], ",.1f", row["runs"],
+                                                row["simulated"]),
                          "workers idle %": w["idle"] * 100, "held at bound s/step": w["bound"],
                          "dropped pushes/step": w["dropped"], "staleness mean": w["stale_mean"],
                          "staleness max": w["stale_max"]})
@@ -170,8 +178,9 @@ def straggler_frame(ok: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFram
 
 def ps_verdicts(ok: pd.DataFrame) -> list[str]:
     """Per sweep, workload, condition and workers with both kinds: the PS configuration with the most samples/s
-    against the allreduce (ring, or the best exact one) with the report's tie rule: a lead counts only outside the
-    intervals (the spread between repeats widened by their per-step intervals; one run each: a tie)."""
+    against the allreduce (ring, or the best exact one) with the report's tie rule (reports/verdicts.py
+    lead_counts): measured, a lead counts only outside the intervals (the spread between repeats widened by their
+    per-step intervals; one run each: a tie); simulated (deterministic), any lead over SIMULATED_TIE counts."""
     out = []
     for _, group in _agg(_candidates(ok)).groupby(KEYS, sort=False, dropna=False):
         ref, ps = _reference(group), group[group["_kind"] == "ps"]
@@ -181,20 +190,26 @@ def ps_verdicts(ok: pd.DataFrame) -> list[str]:
         where = f"{best['workload']} on {best['condition_label']}, {int(best['workers'])} workers"
         ratio = best["throughput"] / ref["throughput"]
         numbers = (f"{best['config_label']} {best['throughput']:,.1f} samples/s "
-                   f"({_pm(best['throughput_lo'], best['throughput_hi'], ',.1f', best['runs'])}) against "
-                   f"{ref['config_label']} {ref['throughput']:,.1f} "
-                   f"({_pm(ref['throughput_lo'], ref['throughput_hi'], ',.1f', ref['runs'])})")
+                   f"({_pm(best['throughput_lo'], best['throughput_hi'], ',.1f', best['runs'], best['simulated'])}) "
+                   f"against {ref['config_label']} {ref['throughput']:,.1f} "
+                   f"({_pm(ref['throughput_lo'], ref['throughput_hi'], ',.1f', ref['runs'], ref['simulated'])})")
         stale = "" if scheme(best) in ("synchronous",) else \
             f" ({scheme(best)} trades gradient staleness for speed: see time to target for what it costs)"
-        if best["runs"] < 2 or ref["runs"] < 2:
+        simulated = bool(best["simulated"] and ref["simulated"])
+        outside = (f"a simulated lead (deterministic: no sampling interval, a tie only under {SIMULATED_TIE:.0%})"
+                   if simulated else "outside the intervals (repeats and their steps)")
+        if lead_counts(best, ref) and ratio > 1:
+            out.append(f"{where}: the parameter server wins: {numbers}, {ratio:.2f}x {ref['config_label']}'s "
+                       f"samples/s, {outside}{stale}.")
+        elif lead_counts(ref, best) and ratio < 1:
+            out.append(f"{where}: no PS configuration wins: {ref['config_label']} is "
+                       f"{1 / ratio:.2f}x the best one: {numbers}" + (f", {outside}." if simulated else "."))
+        elif simulated:
+            out.append(f"{where}: tie within the stated {SIMULATED_TIE:.0%} tolerance: {numbers}, {ratio:.3f}x "
+                       f"(simulated runs are deterministic: no sampling interval).")
+        elif best["runs"] < 2 or ref["runs"] < 2:
             out.append(f"{where}: tie, not distinguishable: {numbers}, {ratio:.2f}x; one run each, so there is no "
                        f"spread between repeats to measure a lead against.")
-        elif best["throughput_lo"] > ref["throughput_hi"]:
-            out.append(f"{where}: the parameter server wins: {numbers}, {ratio:.2f}x {ref['config_label']}'s "
-                       f"samples/s, outside the intervals (repeats and their steps){stale}.")
-        elif ref["throughput_lo"] > best["throughput_hi"]:
-            out.append(f"{where}: no PS configuration wins: {ref['config_label']} is "
-                       f"{1 / ratio:.2f}x the best one: {numbers}.")
         else:
             out.append(f"{where}: tie, not distinguishable: {numbers}, {ratio:.2f}x, inside the spread between "
                        f"repeats and their steps.")

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, tables, tta, verdicts
+from reports import calibration, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -103,15 +103,37 @@ def warnings(r: Results) -> list[tuple[str, str]]:
                     "reference; compare them on full-speed or kernel-shaped links."))
     profiled = r.ok[r.ok["compute"] == "profile"]
     if not profiled.empty:
-        which = ", ".join(sorted({f"{x.profile_id} ({x.profile_device})" for x in profiled.itertuples()}))
-        out.append(("Replayed compute:", f"{len(profiled)} of {len(r.ok)} runs replayed a measured compute profile "
-                    f"instead of computing ({which}); their compute times are the profile's and their parameters "
-                    "did not train."))
+        synthetic = profiled[profiled["profile_synthetic"]]
+        measured = profiled[~profiled["profile_synthetic"]]
+        kinds = [(measured, "a measured compute profile"),
+                 (synthetic, "a SYNTHETIC compute profile (described by a user, not measured)")]
+        parts = [f"{len(runs)} replayed {kind} "
+                 f"({', '.join(sorted({f'{x.profile_id} ({x.profile_device})' for x in runs.itertuples()}))})"
+                 for runs, kind in kinds if not runs.empty]
+        out.append(("Replayed compute:", f"of the {len(r.ok)} successful runs, {'; '.join(parts)} instead of "
+                    "computing: their compute times are the profile's and their parameters did not train."))
     failed = int((~r.runs["ok"]).sum())
     if failed:
         out.append(("Failed runs:", f"{failed} run(s) failed; they are left out of the figures (see the runs "
                     "table)."))
     return out
+
+
+def machines(runs: pd.DataFrame) -> dict:
+    """What the runs ran on: the measured runs' machine (host, cores, GPU, device, transport, compute), None when
+    every run was simulated; and the simulated runs' platforms (SimGrid's network model, and where the compute
+    times came from), '' when none was: a simulated run's times are its platform's, not this machine's cores."""
+    measured = runs[runs["substrate"] != "simgrid"]
+    simulated = runs[runs["substrate"] == "simgrid"]
+    machine = ({c: _values(measured, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")}
+               if not measured.empty else None)
+    platforms = []
+    for (platform, network, source), _ in simulated.groupby(["sim_platform", "sim_network_model", "compute_source"],
+                                                             sort=False):
+        compute = "fixed compute times" if source in ("", "fixed") else f"compute from the {source}"
+        platforms.append(f"{platform or 'a platform'} (SimGrid {network or 'default'} network model, {compute})")
+    return {"machine": machine, "simulated": "; ".join(platforms),
+            "simulated_host": _values(simulated, "host") if not simulated.empty else ""}
 
 
 # ---- the sections, in page order --------------------------------------------------------------------------
@@ -131,10 +153,10 @@ def summary(r: Results) -> dict:
     return {"answers": verdicts.verdicts(best), "warnings": warnings(r), "description": description,
             "sweep_text": r.sweep_text,
             "sweeps": ", ".join(r.runs["sweep"].astype(str).unique()),
-            "machine": {c: _values(r.runs, c) for c in ("host", "cores", "gpu", "device", "transport", "compute")},
+            **machines(r.runs),
             "runs": len(r.runs), "ok": int(r.runs["ok"].sum()), "failed": int((~r.runs["ok"]).sum()),
             "workloads": _values(r.runs, "workload"), "strategies": ", ".join(r.runs["label"].unique()),
-            "links": ", ".join(r.links),
+            "links": ", ".join(r.links), "simulated_tie": f"{verdicts.SIMULATED_TIE:.0%}",
             "best": Table(shown, {"workers": "d", "runs": "d", "samples/s": ",.1f", "step time s": ".3f",
                                   "comm share %": ".1f", "lead over next %": "+.1f"}) if not best.empty else None}
 
@@ -181,8 +203,29 @@ def bandwidth(r: Results) -> dict | Absent:
     if fig is None:
         return Absent("no measured strategy has an analytic traffic to size a link from")
     ts = tables.compute_time_per_workload(r.ok)
-    return {"ts": "; ".join(f"{w}: Ts = {t:.4g} s ({how})" for w, (t, how) in ts.items()),
+    measured = r.ok[r.ok["workers"] > 1]["workers"]
+    shown = tables.REQUIREMENT_WORKERS
+    rule = (f"Rule: the formula above at every n, with the strategy's analytic bytes at that n and the Ts below; "
+            f"nothing else is fitted. The runs measured n = {measured.min()}-{measured.max()}; the figure shows "
+            f"n = {min(shown)}-{max(shown):,}, up to {max(shown) / measured.max():,.0f}x beyond the largest n "
+            f"measured: there it is the model's, not a measurement's." if not measured.empty else
+            f"Rule: the formula above at every n (n = {min(shown)}-{max(shown):,}); no multi-worker run measured it.")
+    return {"ts": "; ".join(f"{w}: Ts = {t:.4g} s ({how})" for w, (t, how) in ts.items()), "rule": rule,
             "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]), "figure": figure(fig)}
+
+
+def teaching_question(r: Results) -> dict:
+    """Bytes per worker and communication time against n for the classic four (reports/teaching.py): the model's
+    curves, the runs of these results that answer the same question drawn through them."""
+    model_bytes, bandwidth, latency, runs = teaching.condition(r.ok)
+    model = teaching.model_frame(model_bytes, bandwidth, latency)
+    points = teaching.with_model_ratio(teaching.points_table(runs), model)
+    numbers = {"workers": "d", "MB sent per worker": ",.1f", "MB through the busiest NIC": ",.1f", "comm s": ".3f",
+               "model comm s": ".3f", "comm / model": ".2f"}
+    return {"figure": figure(teaching.teaching_figure(model, runs, model_bytes, bandwidth, latency)),
+            "asked": runs.empty, "model_mb": f"{model_bytes / 1e6:,.2f}", "gbit": f"{bandwidth * 8 / 1e9:g}",
+            "table": Table(teaching.table(model), numbers, sortable=True, id="teaching-model"),
+            "points": Table(points, numbers, sortable=True, id="teaching-runs") if not points.empty else None}
 
 
 def cost_model(r: Results) -> dict | Absent:
@@ -191,6 +234,7 @@ def cost_model(r: Results) -> dict | Absent:
     fits, predicted = calibration.calibration(r.ok)
     alpha = calibration.extrapolation_alpha(fits, r.ok)
     extrapolation = figures.extrapolation_figure(r.ok, alpha.alpha, alpha.calibrated)
+    rule = calibration.extrapolation_rule(fits, r.ok, alpha)
     if fits.empty and extrapolation is None:
         return Absent("no multi-worker run has analytic rounds and bytes")
     bad = fits[fits["plausible"] == "no"] if not fits.empty else fits
@@ -199,7 +243,7 @@ def cost_model(r: Results) -> dict | Absent:
                            "link MB/s": ",.1f", "rmse ms": ",.2f"}) if not fits.empty else None,
             "bad_links": ", ".join(bad["link"]) if not bad.empty else "",
             "bad_why": " | ".join(bad["why not"]) if not bad.empty else "",
-            "alpha": alpha, "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]),
+            "alpha": alpha, "rule": rule, "not_modelled": "; ".join(tables.strategy_specs(r.ok)[1]),
             "parity": figure(figures.parity_figure(predicted, r.ok)), "extrapolation": figure(extrapolation)}
 
 
@@ -231,6 +275,20 @@ def substrates(r: Results) -> dict | Absent:
     return {"table": Table(df, {"workers": "d", "measured comm ms": ",.1f", "simulated comm ms": ",.1f",
                                 "simulated step ms": ",.1f", "modelled comm ms": ",.1f"}),
             "figure": figure(figures.substrates_figure(df))}
+
+
+def one_answer(r: Results) -> dict | Absent:
+    """Every configuration's communication per step from the model, SimGrid and the measurements, the one the
+    report trusts (reports/reconcile.py TRUST) and how far the others are from it."""
+    frame = reconcile.reconcile_frame(r.ok)
+    if frame.empty:
+        return Absent("no multi-worker run whose bytes crossed its link")
+    formats = {f"{name} ms": ",.2f" for name in reconcile.TRUST} | {"workers": "d", "spread": ".2f", "sources": "d"}
+    return {"trust": reconcile.TRUST, "agree": f"{reconcile.AGREE:.0%}",
+            "disagreements": reconcile.disagreements(frame),
+            "agreeing": int((frame["spread"] <= 1 + reconcile.AGREE).sum()),
+            "compared": int(frame["spread"].notna().sum()), "configurations": len(frame),
+            "table": Table(frame, formats, sortable=True, id="one-answer")}
 
 
 def convergence(r: Results) -> dict | Absent:
@@ -277,7 +335,8 @@ def parameter_server(r: Results) -> dict | Absent:
             "comm": Table(comm, {"workers": "d", "k": "d", "runs": "d", "partition MB": "g", "comm s": ".4f",
                                  "BytePS formula s": ".4f", "measured / formula": ".2f", "allreduce comm s": ".4f",
                                  "PS / allreduce": ".2f"}, sortable=True, id="ps-comm") if not comm.empty else None,
-            "slow": Table(slow, {"workers": "d", "runs": "d", "samples/s": ",.1f", "workers idle %": ".1f",
+            "slow": Table(slow, {"workers": "d", "runs": "d", "samples/s": ",.1f", "slowest rank s/step": ".4f",
+                                 "fastest worker s/step": ".4f", "workers idle %": ".1f",
                                  "held at bound s/step": ".4f", "dropped pushes/step": ".2f",
                                  "staleness mean": ".2f", "staleness max": "g"}) if not slow.empty else None}
 
@@ -313,9 +372,12 @@ SECTIONS: tuple[Section, ...] = (
     Section("levels", "Traffic per level: node NICs and inside the nodes", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
+    Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
+            teaching_question),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),
+    Section("one-answer", "One answer: which number to trust", one_answer),
     Section("parameter-server", "Parameter server vs allreduce", parameter_server),
     Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),

@@ -53,14 +53,33 @@ def scaling_efficiency(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def compute_time_per_workload(ok: pd.DataFrame) -> dict[str, tuple[float, str]]:
-    """workload -> (Ts, how it was measured): the median compute time of its fewest-worker undistorted runs."""
+    """workload -> (Ts, where it comes from): the median compute time of its fewest-worker undistorted runs, and
+    whether those runs measured it, replayed a measured or a synthetic (described) profile, or simulated it."""
     out = {}
     for workload, g in ok.groupby("workload", sort=False):
         clean = g[~g["distorted"]] if (~g["distorted"]).any() else g
         n0 = clean["workers"].min()
-        ts = float(clean.loc[clean["workers"] == n0, "compute_s"].median())
-        out[workload] = (ts, f"median compute time of the {n0}-worker runs")
+        fewest = clean[clean["workers"] == n0]
+        ts = float(fewest["compute_s"].median())
+        out[workload] = (ts, f"median compute time of the {n0}-worker runs, {_compute_source(fewest)}")
     return out
+
+
+def _compute_source(runs: pd.DataFrame) -> str:
+    """Where these runs' compute times came from, in words: measured, a replayed profile (measured or synthetic),
+    a simulated timeline; several joined with 'and'."""
+    kinds = []
+    real = runs[(runs["compute"] != "profile") & (runs["substrate"] != "simgrid")]
+    if not real.empty:
+        kinds.append("measured")
+    profiled = runs[runs["compute"] == "profile"]
+    if profiled["profile_synthetic"].any():
+        kinds.append("replayed from a SYNTHETIC profile (described, not measured)")
+    if (~profiled["profile_synthetic"]).any():
+        kinds.append("replayed from a measured profile")
+    if ((runs["substrate"] == "simgrid") & (runs["compute"] != "profile")).any():
+        kinds.append("a simulation's fixed compute times")
+    return " and ".join(kinds)
 
 
 def strategy_specs(ok: pd.DataFrame) -> tuple[list[tuple[str, str, dict]], list[str]]:

@@ -8,7 +8,16 @@ time needs the cluster's compute and links. A real-mode configuration's **profil
 compute = "profile": the measured or described compute of the target hardware replayed while the real bytes cross
 the emulated link. When a twin exists, seconds per step come from it and time to target = the real runs' steps x the
 twin's seconds per step; the table says which source each row used. Without one, both factors come from the same
-real runs (on 2 shared cores their seconds per step are this machine's, not a cluster's)."""
+real runs (on 2 shared cores their seconds per step are this machine's, not a cluster's).
+
+Time to target carries the uncertainty of both its factors: its standard deviation is that of a product of
+independent factors, sqrt(S^2 sd_N^2 + N^2 sd_S^2 + sd_N^2 sd_S^2) (N steps to target, S seconds per step, each
+mean and sd over its runs), so steps that agree over seeds never hide seconds per step that do not.
+
+A parameter server without a barrier (SSP, async, backups) does not step at its slowest rank's pace: its servers'
+parameters advance at the fast workers' (the summary's fast_step_s), and its time to target is when they met the
+target (experiments/pipeline/summary.py time_to_target). Its seconds per step are that pace, shown beside the
+slowest rank's."""
 
 from __future__ import annotations
 
@@ -34,6 +43,22 @@ def _pm(mean: float, sd: float, fmt: str) -> str:
     return format(mean, fmt) + (f" ± {format(sd, fmt)}" if math.isfinite(sd) else " (1 run)")
 
 
+def product_sd(n_mean: float, n_sd: float, s_mean: float, s_sd: float) -> float:
+    """The standard deviation of N x S for independent N and S: sqrt(S^2 sd_N^2 + N^2 sd_S^2 + sd_N^2 sd_S^2). A
+    factor without a spread (NaN: one run) counts as exact; NaN when neither factor has one."""
+    if not (math.isfinite(n_sd) or math.isfinite(s_sd)):
+        return math.nan
+    n_sd, s_sd = (n_sd if math.isfinite(n_sd) else 0.0), (s_sd if math.isfinite(s_sd) else 0.0)
+    return math.sqrt(s_mean ** 2 * n_sd ** 2 + n_mean ** 2 * s_sd ** 2 + n_sd ** 2 * s_sd ** 2)
+
+
+def _pace(runs: pd.DataFrame) -> pd.Series:
+    """Each run's seconds per step for time to target: the fast workers' pace (fast_step_s) for a parameter
+    server without a barrier, else the step time (the slowest rank's)."""
+    fast = runs["fast_step_s"] if "fast_step_s" in runs else pd.Series(math.nan, index=runs.index)
+    return fast.where(fast.notna(), runs["step_time_s"])
+
+
 # What makes a profile-mode run the twin of a real-mode one: everything but the compute mode (and the seed)
 TWIN_COLUMNS = ("strategy_key", "workers", "workload", "batch_size", "image_size", "link_bandwidth", "link_latency_s",
                 "link_emulation", "link_heterogeneous", "straggler_slowdown", "substrate")
@@ -45,12 +70,13 @@ def _twin_key(run) -> tuple:
 
 def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and condition of the runs with a target: runs, how many reached it, steps to
-    target, seconds per step (from the profile twin when there is one, else from the runs themselves) and time to
-    target (mean ± sd over the runs that reached it; seconds per step over all), bytes sent per worker per step,
-    and the rank by time to target and by throughput alone. Beside exact ring in the same condition (strategy ring,
-    no compression, sync_every 1): time to target and bytes per step as multiples of ring's, the bytes both as
-    measured and as the runs' analytic traffic (each run's `traffic()` over its own timed steps, PowerSGD with its
-    buckets' parameter shapes), and measured / analytic, which is 1 when the wire carried exactly the model's bytes."""
+    target, seconds per step (from the profile twin when there is one, else from the runs themselves; the fast
+    workers' pace without a barrier, beside the slowest rank's) and time to target (mean over the runs that reached
+    it, ± the spread of both factors: product_sd), bytes sent per worker per step, and the rank by time to target
+    and by throughput alone. Beside exact ring in the same condition (strategy ring, no compression, sync_every 1):
+    time to target and bytes per step as multiples of ring's, the bytes both as measured and as the runs' analytic
+    traffic (each run's `traffic()` over its own timed steps, PowerSGD with its buckets' parameter shapes), and
+    measured / analytic, which is 1 when the wire carried exactly the model's bytes."""
     runs = ok[ok["target_metric"].fillna("") != ""] if "target_metric" in ok else ok.iloc[0:0]
     profiled = ok.iloc[0:0] if runs.empty else ok[(ok["compute"] == "profile") & (ok["target_metric"].fillna("") == "")]
     twins: dict[tuple, list] = {}
@@ -62,16 +88,26 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
         reached = group[group["target_reached"].astype(bool)]
         steps_mean, steps_sd = _spread(reached["steps_to_target"])
         twin = pd.DataFrame(twins.get(_twin_key(first), []))
-        if twin.empty:  # both factors from the same real runs
-            step_mean, step_sd = _spread(group["step_time_s"])
-            time_mean, time_sd = _spread(reached["time_to_target_s"])
+        timed = group if twin.empty else twin  # the runs whose seconds per step count
+        barrier_free = bool(_pace(timed).ne(timed["step_time_s"]).any())
+        step_mean, step_sd = _spread(_pace(timed))
+        slowest_mean, slowest_sd = _spread(timed["step_time_s"])
+        if twin.empty:  # both factors from the same real runs: each run's own product
+            time_mean, _ = _spread(reached["time_to_target_s"])
             source = "these real runs"
         else:  # steps from the real runs, seconds per step from the replayed hardware on the emulated link
-            step_mean, step_sd = _spread(twin["step_time_s"])
-            time_mean, time_sd = _spread(reached["steps_to_target"] * step_mean)
+            time_mean = steps_mean * step_mean
             devices = sorted({str(d) for d in twin.get("profile_device", pd.Series(dtype=str)).fillna("") if d})
             source = (f"profile twin ({len(twin)} run{'s' if len(twin) > 1 else ''}"
                       + (f", {', '.join(devices)}" if devices else "") + ")")
+        if barrier_free:
+            source += "; no barrier: the fastest worker's pace, at which the servers' parameters advance"
+        time_sd = product_sd(steps_mean, steps_sd, step_mean, step_sd)
+        if math.isfinite(time_sd) and not (math.isfinite(steps_sd) and math.isfinite(step_sd)):
+            one = "steps to target" if not math.isfinite(steps_sd) else "seconds per step"
+            time_text = f"{_pm(time_mean, time_sd, '.3f')} ({one}: 1 run, no spread)"
+        else:
+            time_text = _pm(time_mean, time_sd, ".3f")
         thr_mean, _ = _spread(group["throughput"] if twin.empty else twin["throughput"])
         rows.append({"configuration": first["config_label"], "condition": first["condition_label"],
                      "target": f"{first['target_metric']} {'>=' if first['target_metric'] == 'accuracy' else '<='} "
@@ -79,8 +115,9 @@ def tta_frame(ok: pd.DataFrame) -> pd.DataFrame:
                      "runs": len(group), "reached": len(reached),
                      "steps to target": _pm(steps_mean, steps_sd, ".1f"),
                      "ms per step": _pm(step_mean * 1e3, step_sd * 1e3, ".2f"),
+                     "slowest rank ms per step": _pm(slowest_mean * 1e3, slowest_sd * 1e3, ".2f"),
                      "seconds per step from": source,
-                     "time to target s": _pm(time_mean, time_sd, ".3f"),
+                     "time to target s": time_text,
                      "MB sent/worker/step": float(group["bytes_sent_per_worker"].mean()) / 1e6,
                      "_bytes": float(group["bytes_sent_per_worker"].mean()),
                      "_analytic": float(group["analytic_bytes_sent_per_worker"].mean())

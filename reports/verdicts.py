@@ -1,11 +1,16 @@
 """The answer: the fastest strategy per workload, condition and worker count, with its uncertainty.
 
-Each configuration's throughput has an interval: the spread between its repeats (runs of one configuration with
-other seeds) widened by every repeat's per-step interval (reports/load.py, with_step_intervals: Student's t over
-the run's timed steps). A lead counts only when the best's interval lies wholly above every other's; overlapping
-intervals are a tie, and so is one run each (a run's steps say nothing of how the next run, on another seed and
-another moment of the machine, would go). Verdicts are per condition (link, straggler, compute mode, simulated
-platform), never averaged across conditions.
+Each measured configuration's throughput has an interval: the spread between its repeats (runs of one configuration
+with other seeds) widened by every repeat's per-step interval (reports/load.py, with_step_intervals: Student's t
+over the run's timed steps). A measured lead counts only when the best's interval lies wholly above every other's;
+overlapping intervals are a tie, and so is one run each (a run's steps say nothing of how the next run, on another
+seed and another moment of the machine, would go).
+
+A simulated configuration (SimGrid) has no sampling interval: the same platform and compute timeline give the same
+numbers on every seed, so one run is the answer and more seeds change nothing. A simulated lead is a lead; it is a
+tie only inside a stated tolerance, SIMULATED_TIE: a difference smaller than what the simulator's own model of the
+network resolves. Verdicts are per condition (link, straggler, compute mode, simulated platform), never averaged
+across conditions; a condition holds one substrate, so a verdict never weighs a simulated run against a measured one.
 """
 
 from __future__ import annotations
@@ -18,12 +23,24 @@ from reports.load import STEP_LEVEL, is_server, mean_per_config
 from reports.model import MB
 
 SHOWN_IN_A_TIE = 3  # a tie names its fastest few; the best-strategy table has the rest
+# Simulated runs are deterministic: a lead under this share of the slower's throughput is a tie. SimGrid's TCP model
+# and the alpha-beta model it is checked against agree to a few percent, not better: a 1% difference is inside what
+# the simulator resolves, anything larger is a lead of the simulated platform.
+SIMULATED_TIE = 0.01
+
+
+def lead_counts(best, other) -> bool:
+    """Whether `best` (higher throughput) leads `other`: simulated, by more than SIMULATED_TIE; measured, with the
+    best's interval wholly above the other's and more than one run each."""
+    if best["simulated"] and other["simulated"]:
+        return best["throughput"] > other["throughput"] * (1 + SIMULATED_TIE)
+    return best["runs"] >= 2 and other["runs"] >= 2 and other["throughput_hi"] < best["throughput_lo"]
 
 
 def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
     """Per (workload, condition, workers > 1): the fastest configuration by mean throughput, its spread, the
-    runner-up, and whether the lead is measured ("clear") or not ("tie"). n = 1 has nothing to synchronize;
-    runs whose bytes bypassed the emulated link did not pay for it and cannot take part."""
+    runner-up, and whether the lead counts ("clear": lead_counts) or not ("tie"). n = 1 has nothing to
+    synchronize; runs whose bytes bypassed the emulated link did not pay for it and cannot take part."""
     multi = ok[(ok["workers"] > 1) & ~ok["bypasses_link"]]
     agg = mean_per_config(multi, ["workload", "condition", "workers", "config"])
     rows = []
@@ -31,7 +48,7 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
         g = g.sort_values("throughput", ascending=False)
         best = g.iloc[0]
         others = g.iloc[1:]
-        tied = others[(others["runs"] < 2) | (best["runs"] < 2) | (others["throughput_hi"] >= best["throughput_lo"])]
+        tied = others[[not lead_counts(best, other) for _, other in others.iterrows()]]
         runner_up = others.iloc[0] if len(others) else None
         rows.append({"workload": best["workload"], "condition": best["condition_label"], "link": best["link"],
                      "workers": int(best["workers"]), "best strategy": best["config_label"],
@@ -52,7 +69,9 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
 
 def spread(row) -> str:
     """'98.0-105.1': the interval (repeats and their steps); 'one run' when there is neither a spread between
-    repeats nor a per-step interval to show."""
+    repeats nor a per-step interval to show; 'simulated: deterministic' for a simulated configuration."""
+    if row["simulated"]:
+        return "simulated: deterministic"
     lo, hi = row["throughput_lo"], row["throughput_hi"]
     if row["runs"] < 2 and not lo < hi:
         return "one run"
@@ -75,25 +94,35 @@ def verdicts(best: pd.DataFrame) -> list[str]:
             out.append(f"{where}: {winner['config_label']} is the only strategy measured.{distorted}")
         elif row["verdict"] == "tie":
             names = [winner, *(r for _, r in tied.iterrows())]
+            shown = ", ".join(_measured(r) for r in names[:SHOWN_IN_A_TIE])
+            more = f" and {len(names) - SHOWN_IN_A_TIE} more" if len(names) > SHOWN_IN_A_TIE else ""
+            if winner["simulated"]:
+                out.append(f"{where}: tie within the stated {SIMULATED_TIE:.0%} tolerance: {shown}{more} (a lead of "
+                           f"{row['lead over next %']:.2f}%; simulated runs are deterministic, so there is no "
+                           f"sampling interval: the tie is the tolerance, not noise).{distorted}")
+                continue
             why = ("one run each, so there is no spread between repeats to measure a lead against; repeat the "
                    "runs (repeats or seeds) to separate them" if (pd.Series([r["runs"] for r in names]) < 2).any()
                    else f"a lead of {row['lead over next %']:.1f}% is inside the intervals, which span the repeats "
                         f"and each run's {STEP_LEVEL:.0%} per-step interval")
-            shown = ", ".join(_measured(r) for r in names[:SHOWN_IN_A_TIE])
-            more = f" and {len(names) - SHOWN_IN_A_TIE} more" if len(names) > SHOWN_IN_A_TIE else ""
             out.append(f"{where}: tie, not distinguishable: {shown}{more} ({why}).{distorted}")
         else:
             why = _why(winner, runner_up)
+            simulated = (f" A simulated lead: deterministic, no sampling interval (a tie only under "
+                         f"{SIMULATED_TIE:.0%})." if winner["simulated"] else "")
             out.append(f"{where}: use {winner['config_label']}, {_measured(winner)} against {_measured(runner_up)} "
                        f"for the next best, {winner['throughput'] / runner_up['throughput']:.2f}x"
-                       + (f": {why}." if why else ".") + distorted)
+                       + (f": {why}." if why else ".") + simulated + distorted)
     return out
 
 
 def _measured(row) -> str:
-    """'ring 102.3 samples/s (98.0-105.1 over 3 runs)', '... (one run, its steps 99.0-104.2)' or '... (one run)'."""
+    """'ring 102.3 samples/s (98.0-105.1 over 3 runs)', '... (one run, its steps 99.0-104.2)', '... (one run)' or
+    '... (simulated: deterministic)'."""
     interval = spread(row)
-    if row["runs"] < 2:
+    if row["simulated"]:
+        runs = interval
+    elif row["runs"] < 2:
         runs = "one run" if interval == "one run" else f"one run, its steps {interval}"
     else:
         runs = f"{interval} over {int(row['runs'])} runs"
@@ -115,7 +144,7 @@ def _why(winner, runner_up) -> str:
         parts.append(f"{w_rounds:.0f} message rounds against {r_rounds:.0f}")
     if not parts:
         w_comm, r_comm = winner["comm_s"], runner_up["comm_s"]
+        decider = "the simulated network" if winner["simulated"] else "the measured transport"
         return (f"it moves as many or more bytes in as many or more rounds, yet spent {w_comm * 1e3:,.1f} ms "
-                f"communicating per step against {r_comm * 1e3:,.1f} ms (the measured transport, not the model, "
-                f"decided)")
+                f"communicating per step against {r_comm * 1e3:,.1f} ms ({decider}, not the model, decided)")
     return "it moves " + " and ".join(parts)

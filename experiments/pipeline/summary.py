@@ -58,7 +58,8 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
                "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
                "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "numel",
                "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy",
-               "buckets", "backward_end_s", "exposed_comm_s", "comm_busy_s", "overlap_fraction", "profile_step_s")
+               "buckets", "backward_end_s", "exposed_comm_s", "comm_busy_s", "overlap_fraction", "profile_step_s",
+               "fast_step_s")
     row.update({k: math.nan for k in metrics})
     if results is None:
         return schema_row(RUNS, **row), []
@@ -119,7 +120,11 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
                      if "accuracy" in finals[0] else math.nan),
     })
     row.update(_overlap_columns(slowest, finals[0]))
-    row.update(time_to_target(spec, steps, row["step_time_s"]))
+    barrier_free = bool(getattr(strategy, "asynchronous", False))  # a parameter server's SSP, async or backups
+    paces = workers.groupby("rank")["total_s"].mean()  # each worker's own seconds per step
+    if barrier_free:
+        row["fast_step_s"] = float(paces.min())
+    row.update(time_to_target(spec, steps, row["step_time_s"], paces if barrier_free else None))
     if not config.exact:
         row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
         row["spectral_gap"] = float(config.spectral_gap(spec.workers))
@@ -145,15 +150,32 @@ def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int |
     return {"ranks": ranks or [], "rounds": rounds, "path_bytes": path, "counted": counted}
 
 
-def time_to_target(spec: RunSpec, steps: pd.DataFrame, step_time_s: float) -> dict:
-    """The first evaluation (the workers' mean at a step) that meets the run's target: steps run by then, and
-    time to target = those steps x the run's seconds per step (its two factors are columns of their own)."""
+def time_to_target(spec: RunSpec, steps: pd.DataFrame, step_time_s: float,
+                   paces: pd.Series | None = None) -> dict:
+    """The first evaluation that meets the run's target: steps run by then, and time to target = those steps x
+    seconds per step (its two factors are columns of their own).
+
+    With a barrier (every synchronous strategy) the workers step together: the evaluation is the workers' mean at
+    a step, and seconds per step the run's (its slowest rank's). Without one (a parameter server's SSP, async or
+    backups: `paces`, each worker's mean seconds per step over the timed steps) the target is the servers'
+    parameters', which every worker pulls and evaluates on its own clock: they reached it at the earliest of the
+    workers' first evaluations that met it, each at that worker's steps x its own pace, not the slowest rank's."""
     if not spec.target:
         return {}
     metric, value = spec.target["metric"], spec.target["value"]
     out = {"target_metric": metric, "target_value": value, "eval_every": spec.eval_every, "target_reached": False,
            "steps_to_target": math.nan, "time_to_target_s": math.nan}
     if "eval_value" not in steps:
+        return out
+    worker_evals = steps[steps["role"] == "worker"].dropna(subset=["eval_value"])
+    worker_evals = worker_evals[worker_evals["eval_value"] >= value if metric == "accuracy"
+                                else worker_evals["eval_value"] <= value]
+    if paces is not None:  # no barrier: the first worker, by its own clock, to hold parameters that meet it
+        firsts = worker_evals.groupby("rank")["step"].min() + 1
+        if not firsts.empty:
+            times = firsts * paces.reindex(firsts.index)
+            rank = times.idxmin()
+            out.update(target_reached=True, steps_to_target=float(firsts[rank]), time_to_target_s=float(times[rank]))
         return out
     evals = steps[(steps["role"] == "worker")].groupby("step")["eval_value"].mean().dropna()
     met = evals[evals >= value] if metric == "accuracy" else evals[evals <= value]
@@ -212,4 +234,5 @@ def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:
             "exposed_comm_s": mean("comm_s"), "comm_busy_s": mean("comm_busy_s"),
             "overlap_fraction": min(1.0, max(0.0, hidden)) if math.isfinite(hidden) else math.nan,
             "profile_id": final.get("profile_id", ""), "profile_device": final.get("profile_device", ""),
+            "profile_synthetic": bool(final.get("profile_synthetic", False)),
             "profile_step_s": float(final.get("profile_step_s", math.nan))}

@@ -457,6 +457,7 @@ class MeasuredCompute:
         profile = self.profile
         final = {"param_norm": float(self.params().norm()), "profile_id": profile.id if profile else "",
                  "profile_device": profile.device_name if profile else "",
+                 "profile_synthetic": bool(profile and profile.synthetic),
                  "profile_step_s": profile.step_s if profile else math.nan}
         # held-out accuracy of a model that trained; a replayed (profile) step applies one fixed gradient, so its
         # model's accuracy says nothing and is left out (NaN), not printed beside the real runs'

@@ -69,7 +69,9 @@ RUNS: tuple[Column, ...] = (
     # compute and overlap
     Column("compute", STR, "'real' (the model computes) or 'profile' (a measured timeline is replayed)"),
     Column("profile_id", STR, "the compute profile replayed ('' in real mode)"),
-    Column("profile_device", STR, "the device the profile was measured on"),
+    Column("profile_device", STR, "the device the profile was measured on (synthetic: the hardware it describes)"),
+    Column("profile_synthetic", BOOL, "the replayed profile was described by a user (syncbench profile --synthetic), "
+                                      "not measured"),
     Column("profile_step_s", FLOAT, "the profile's own step time in seconds"),
     Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
                               "flat bucket)"),
@@ -91,7 +93,9 @@ RUNS: tuple[Column, ...] = (
     Column("eval_every", INT, "steps between held-out evaluations (and after the last step)"),
     Column("target_reached", BOOL, "an evaluation met the target"),
     Column("steps_to_target", FLOAT, "steps run when an evaluation first met the target (NaN: never)"),
-    Column("time_to_target_s", FLOAT, "steps_to_target x step_time_s, seconds (NaN: never reached)"),
+    Column("time_to_target_s", FLOAT, "steps_to_target x seconds per step, seconds (NaN: never reached): step_time_s, "
+                                      "or without a barrier (a parameter server's SSP, async, backups) the pace of "
+                                      "the worker whose pulled parameters met the target first"),
     # simulation (substrate = 'simgrid'; empty or NaN for measured runs)
     Column("sim_topology", STR, "star, fat_tree or nodes (of k GPUs)"),
     Column("sim_network_model", STR, "SimGrid's network model: 'tcp' (its corrections) or 'alpha_beta' (none)"),
@@ -119,6 +123,9 @@ RUNS: tuple[Column, ...] = (
     # the numbers (means over timed steps; a step is the slowest worker's)
     Column("throughput", FLOAT, "samples per second of the whole group"),
     Column("step_time_s", FLOAT, "mean step time in seconds"),
+    Column("fast_step_s", FLOAT, "a parameter server without a barrier (SSP, async, backups): the fastest "
+                                 "worker's mean seconds per step (compute + communication), the pace at which the "
+                                 "servers' parameters advance; step_time_s is the slowest rank's (NaN elsewhere)"),
     Column("compute_s", FLOAT, "mean compute time per step in seconds (slowest worker)"),
     Column("comm_s", FLOAT, "mean exposed communication per step in seconds (slowest worker)"),
     Column("comm_fraction", FLOAT, "communication's share of the step time"),

@@ -85,6 +85,7 @@ class Timeline:
     source: str
     profile_id: str = ""
     profile_device: str = ""
+    profile_synthetic: bool = False  # described by a user (syncbench profile --synthetic), not measured
 
     @property
     def numel(self) -> int:
@@ -92,9 +93,10 @@ class Timeline:
 
     @classmethod
     def from_profile(cls, profile) -> Timeline:
+        kind = "SYNTHETIC profile (described, not measured)" if profile.synthetic else "measured profile"
         return cls(profile.forward_s, profile.backward_s, profile.optimizer_s, tuple(profile.numels),
-                   tuple(profile.ready_s), f"profile {profile.id} ({profile.device_name})", profile.id,
-                   profile.device)
+                   tuple(profile.ready_s), f"{kind} {profile.id} ({profile.device_name})", profile.id,
+                   profile.device, bool(profile.synthetic))
 
     @classmethod
     def fixed(cls, forward_s: float, backward_s: float, optimizer_s: float, numels: tuple[int, ...]) -> Timeline:
@@ -405,6 +407,7 @@ class SimulatedCompute:
     def final(self) -> dict:
         t = self.timeline
         return {"param_norm": math.nan, "profile_id": t.profile_id, "profile_device": t.profile_device,
+                "profile_synthetic": t.profile_synthetic,
                 "profile_step_s": t.forward_s + t.backward_s + t.optimizer_s if t.profile_id else math.nan}
 
 

@@ -189,6 +189,7 @@ def test_a_synthetic_profile_replays_in_a_run_and_a_simulation(tmp_path):
     assert (runs["status"] == "ok").all(), runs["error"].tolist()
     assert runs["profile_id"].str.contains("-synthetic-").all()
     assert runs["profile_device"].str.startswith("synthetic").all()
+    assert runs["profile_synthetic"].all()  # a typed fact: the report calls it synthetic, never measured
     if simgrid_available():
         return  # SimGrid's Python module is missing here (CI installs it)
     from experiments.simulate.substrate import simulate_sweep
@@ -198,6 +199,8 @@ def test_a_synthetic_profile_replays_in_a_run_and_a_simulation(tmp_path):
     simulated = simulate_sweep(tmp_path / "sim.toml", tmp_path / "sim", log=io.StringIO())
     assert (simulated["status"] == "ok").all(), simulated["error"].tolist()
     assert simulated["profile_id"].str.contains("-synthetic-").all()
+    assert simulated["profile_synthetic"].all()
+    assert simulated["compute_source"].str.startswith("SYNTHETIC profile (described, not measured)").all()
 
 
 def test_a_refused_sweep_leaves_no_directory_behind(tmp_path):

@@ -160,6 +160,9 @@ def test_ssp_holds_fast_workers_at_the_bound_and_backups_drop_the_straggler():
     assert server["dropped_pushes"].tolist() == [1, 1, 1, 1]
     later = _worker_steps(steps).query("step > 0 and rank != 1")
     assert later["step_s"].max() < 0.06  # the straggler's step takes 0.09 s
+    # the run's pace: the slowest rank's step time, and beside it the fastest worker's, at which the servers'
+    # parameters advance (time to target uses it)
+    assert row["fast_step_s"] < 0.06 < 0.09 <= row["step_time_s"] + 1e-9, (row["fast_step_s"], row["step_time_s"])
 
 
 def test_barrier_free_servers_need_no_actor_per_worker_and_too_many_ranks_are_refused_before_work():

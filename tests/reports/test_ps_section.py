@@ -117,6 +117,7 @@ def test_with_a_straggler_the_schemes_get_samples_per_second_and_idle_fraction(t
     rows = [_ps("sync", 120.0, slowdown=3.0), _ps("ssp", 200.0, staleness=2, slowdown=3.0),
             _ps("async", 210.0, staleness="async", slowdown=3.0), _ps("b1", 190.0, backups=1, slowdown=3.0),
             _run("ring", "ring", 110.0, slowdown=3.0)]
+    rows[3]["fast_step_s"] = 0.3  # backups: the fast workers' pace beside the slowest rank's 128 / 190 = 0.674 s
     steps = (_steps("sync", 4, [0.2, 0.6, 0.2, 0.2], [0.5, 0.1, 0.5, 0.5])
              + _steps("ssp", 4, [0.2, 0.6, 0.2, 0.2], [0.1, 0.1, 0.1, 0.1],
                       {"bound_wait_s": 0.05, "staleness": [0, 1, 2], "dropped_pushes": 0}))
@@ -128,6 +129,9 @@ def test_with_a_straggler_the_schemes_get_samples_per_second_and_idle_fraction(t
     assert slow.loc["SSP s=2", "held at bound s/step"] == pytest.approx(0.05)
     assert (slow.loc["SSP s=2", "staleness mean"], slow.loc["SSP s=2", "staleness max"]) == (1.0, 2.0)
     assert math.isnan(slow.loc["async", "workers idle %"])  # no steps recorded for it
+    assert slow.loc["backups b=1", "slowest rank s/step"] == pytest.approx(128 / 190)
+    assert slow.loc["backups b=1", "fastest worker s/step"] == pytest.approx(0.3)
+    assert math.isnan(slow.loc["synchronous", "fastest worker s/step"])  # a barrier: one pace, the slowest rank's
 
 
 def test_no_ps_runs_lists_the_section_as_absent(tmp_path):

@@ -80,4 +80,4 @@ def test_the_traffic_sentence_and_the_compute_time_come_from_the_runs(report):
     assert same == 2  # the measured pipeline's bytes are exact
     assert f"Measured bytes sent per worker equal the analytic bytes in {same} of {len(multi)} runs." in page
     ts = runs.loc[runs["workers"] == 1, "compute_s"].median()
-    assert f"tiny: Ts = {ts:.4g} s (median compute time of the 1-worker runs)" in page
+    assert f"tiny: Ts = {ts:.4g} s (median compute time of the 1-worker runs, measured)" in page

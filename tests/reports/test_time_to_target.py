@@ -97,7 +97,9 @@ def _twin(run_id, seed, step_s, **kw):
 def test_a_profile_twin_gives_the_seconds_per_step_and_the_table_says_so(tmp_path):
     ok = _ok(tmp_path, [
         # ring: real runs reach the target at 60 and 80 steps (at this machine's 10 ms); its twins step in 30 and
-        # 50 ms on the emulated link: time to target = 60 x 0.04 and 80 x 0.04 = 2.4 and 3.2 s
+        # 50 ms on the emulated link: time to target = 70 steps (sd 14.142) x 0.040 s (sd 0.014142) = 2.8 s, and
+        # its sd carries both factors: sqrt(0.04^2 x 14.142^2 + 70^2 x 0.014142^2 + 14.142^2 x 0.014142^2)
+        # = sqrt(0.32 + 0.98 + 0.04) = 1.158 s (the steps' spread alone would say 0.566)
         _run("a", 0, 60, 0.010), _run("b", 1, 80, 0.010), _twin("ta", 0, 0.030), _twin("tb", 1, 0.050),
         # a profile run on another link is nobody's twin
         {**_twin("tx", 0, 0.500), "link_bandwidth": 125e6},
@@ -108,7 +110,7 @@ def test_a_profile_twin_gives_the_seconds_per_step_and_the_table_says_so(tmp_pat
     by = tta.tta_frame(ok).set_index("configuration")
     assert set(by.index) == {"ring", "ring + fp16"}  # twins are no rows of their own
     assert by.loc["ring", "ms per step"] == "40.00 ± 14.14"
-    assert by.loc["ring", "time to target s"] == "2.800 ± 0.566"
+    assert by.loc["ring", "time to target s"] == "2.800 ± 1.158"
     assert by.loc["ring", "seconds per step from"] == "profile twin (2 runs, example GPU)"
     assert by.loc["ring + fp16", "time to target s"] == "0.490 ± 0.099"
     assert by.loc["ring + fp16", "seconds per step from"] == "these real runs"
