@@ -15,6 +15,7 @@ import jinja2
 import plotly.offline
 from markupsafe import Markup
 
+from experiments.results.dataset import check_contained, write_text_atomic
 from reports.load import link_order, load_runs, load_steps, with_step_intervals
 from reports.sections import SECTIONS, Absent, Results
 
@@ -45,15 +46,13 @@ def render(r: Results) -> str:
 def build(results_dir: str | os.PathLike) -> Path:
     """Write results_dir/report.html from its runs.parquet (and steps.parquet, sweep.toml); return its path."""
     results_dir = Path(results_dir)
+    check_contained(results_dir)  # before any work: report.html and its tmp are never written through a link
     steps = load_steps(results_dir)
     runs = with_step_intervals(load_runs(results_dir), steps)
     sweep_path = results_dir / "sweep.toml"
     results = Results(runs=runs, ok=runs[runs["ok"]], steps=steps,
                       sweep_text=sweep_path.read_text(encoding="utf-8", errors="replace")
                       if sweep_path.exists() else None, links=link_order(runs))
-    out = results_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(render(results), encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    # replaced whole or not at all; a full or read-only disk: StoreError in one line, no report.html.tmp left
+    return write_text_atomic(results_dir / "report.html", render(results))
 

@@ -65,6 +65,7 @@ class Store:
                 pass
         except OSError as e:
             raise StoreError(f"results directory {str(self.dir)!r} is not writable: {e.strerror}") from None
+        dataset.check_contained(self.dir)  # no table folder, part or file the store writes is a link out of it
 
     # ---- one writer ----------------------------------------------------------------------------------------
 

@@ -1,0 +1,153 @@
+"""Results stay inside --out: a table folder, part, temporary file or report that is a symbolic link is refused
+with its path named, before any work, and a victim directory outside --out survives `run --overwrite`,
+`run --resume` and `report` untouched. No Ray: the store API builds the results, the refusals come first."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from experiments.cli.main import main
+from experiments.pipeline.store import Store, StoreError
+from experiments.results import dataset, schema
+from tests.helpers import tiny_sweep_toml
+
+
+def _run(run_id: str, strategy: str = "ring", **values) -> dict:
+    base = {"sweep": "tiny", "workers": 2, "status": "ok", "link_bandwidth": 125e6, "link_latency_s": 50e-6,
+            "started_at": "2026-01-01T12:00:00+00:00"}
+    return schema.row(schema.RUNS, run_id=run_id, strategy=strategy, **{**base, **values})
+
+
+def _steps(run_id: str, n: int = 2) -> list[dict]:
+    return [schema.row(schema.STEPS, run_id=run_id, step=i, rank=0, role="worker", timed=True) for i in range(n)]
+
+
+def _victim(root: Path) -> dict[Path, bytes]:
+    """A directory outside --out holding files the store's names would match (parts and temporaries)."""
+    victim = root / "victim"
+    victim.mkdir()
+    files = {victim / "00000000.parquet": b"precious 0", victim / "00000007.parquet": b"precious 7",
+             victim / "00000000.parquet.tmp": b"precious tmp", victim / "notes.txt": b"precious notes"}
+    for path, data in files.items():
+        path.write_bytes(data)
+    return files
+
+
+def _intact(files: dict[Path, bytes]) -> None:
+    for path, data in files.items():
+        assert path.is_file() and path.read_bytes() == data, f"{path} was touched"
+    assert sorted(p.name for p in next(iter(files)).parent.iterdir()) == sorted(p.name for p in files)
+
+
+def _results(out: Path) -> None:
+    with Store(out) as store:
+        store.append(_run("a"), _steps("a"))
+        store.append(_run("b"), _steps("b"))
+
+
+def _plant(out: Path, how: str, victim: Path) -> Path:
+    """One way a results directory can point outside itself; the link's path."""
+    if how == "runs folder":
+        for part in (out / "runs").iterdir():
+            part.unlink()
+        (out / "runs").rmdir()
+        link = out / "runs"
+        os.symlink(victim, link)
+    elif how == "steps folder":
+        for part in (out / "steps").iterdir():
+            part.unlink()
+        (out / "steps").rmdir()
+        link = out / "steps"
+        os.symlink(victim, link)
+    elif how == "part":
+        link = out / "runs" / "00000005.parquet"
+        os.symlink(victim / "00000007.parquet", link)
+    elif how == "temporary part":
+        link = out / "steps" / "00000009.parquet.tmp"
+        os.symlink(victim / "00000000.parquet.tmp", link)
+    elif how == "report tmp":
+        link = out / "report.html.tmp"
+        os.symlink(victim / "notes.txt", link)
+    elif how == "report":
+        link = out / "report.html"
+        os.symlink(victim / "notes.txt", link)
+    else:
+        raise AssertionError(how)
+    return link
+
+
+HOW = ["runs folder", "steps folder", "part", "temporary part", "report tmp", "report"]
+
+
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("command", ["overwrite", "resume", "report"])
+def test_a_link_out_of_the_results_directory_is_refused_and_the_victim_survives(tmp_path, capsys, how, command):
+    out = tmp_path / "out"
+    _results(out)
+    files = _victim(tmp_path)
+    link = _plant(out, how, tmp_path / "victim")
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(tiny_sweep_toml(["ring"]))
+    argv = {"overwrite": ["run", str(sweep), "--out", str(out), "--overwrite", "--substrate", "threads"],
+            "resume": ["run", str(sweep), "--out", str(out), "--resume", "--substrate", "threads"],
+            "report": ["report", str(out)]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert str(link) in err and "symbolic link" in err
+    assert "runs" not in capsys.readouterr().out  # refused before any run
+    _intact(files)
+    assert link.is_symlink()  # left for the user to see
+
+
+def test_a_link_planted_at_a_temporary_name_while_writing_is_replaced_not_followed(tmp_path, monkeypatch):
+    """A link that appears at a part's temporary name after the checks: the writer removes the link (never its
+    target) and creates its own file, O_EXCL | O_NOFOLLOW."""
+    out = tmp_path / "out"
+    files = _victim(tmp_path)
+    store = Store(out)
+    store.lock()
+    (out / "runs").mkdir()
+    os.symlink(tmp_path / "victim" / "00000000.parquet", out / "runs" / "00000000.parquet.tmp")
+    monkeypatch.setattr(dataset, "_refuse_link", lambda path: None)  # as if planted after every check
+    store.append(_run("a"), _steps("a"))
+    store.write_text("sweep.toml", "name = 'x'\n")
+    store.close()
+    _intact(files)
+    assert list(Store(out).runs()["run_id"]) == ["a"]
+
+
+def test_out_itself_may_be_a_link_to_a_directory(tmp_path):
+    """--out is the user's choice: a link there is where they want results; only what is inside is checked."""
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "out")
+    _results(tmp_path / "out")
+    assert main(["report", str(tmp_path / "out")]) == 0
+    assert (real / "report.html").is_file() and (real / "runs").is_dir()
+
+
+def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    _results(out)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "report.html" in err
+    assert not (out / "report.html.tmp").exists() and not (out / "report.html").exists()
+
+
+def test_store_refuses_a_linked_table_folder_naming_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", out / "steps")
+    with pytest.raises(StoreError, match=r"steps.*symbolic link"):
+        Store(out)
