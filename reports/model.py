@@ -166,6 +166,7 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     for label, (name, params) in zip(labels, specs):
         try:
             configs.append(make_strategy(name, **params))
+            configs[-1].check_messages(int(workers), numel)  # before pricing: 1e-9 MiB partitions took 7 GB
         except TypeError as e:
             raise ValueError(f"strategy {label!r}: {e}") from None
 

@@ -357,6 +357,7 @@ def _model(args) -> int:
 
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
+    _check_link("--intra-bandwidth", args.intra_bandwidth, "--intra-latency", None)
     profile, model, step_time = None, args.model, args.step_time
     if args.num_classes is not None and args.model_bytes:
         raise ValueError("--num-classes sizes a --model; with --model-bytes the size is given (accepted: one of them)")
@@ -529,6 +530,8 @@ def _bench(args) -> int:
             if not link:
                 raise ValueError(f"--{key.replace('_', '-')}: give the node NIC's --bandwidth too")
             link[key] = getattr(args, key)
+    if link:
+        _check_link("--intra-bandwidth", link.get("intra_bandwidth"), "--intra-latency", link.get("intra_latency"))
     bench(workers=args.workers, sizes=sizes, names=_names(args.strategies), link=link, iters=args.iters,
           address=args.address, oversubscribe=args.oversubscribe, p2p=args.p2p, ranks_per_node=args.ranks_per_node)
     return 0
@@ -597,13 +600,16 @@ def _size(option: str, text: str, high: int) -> int:
     return value
 
 
-def _check_link(bandwidth_option: str, bandwidth: str, latency_option: str, latency: str) -> None:
-    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever)."""
+def _check_link(bandwidth_option: str, bandwidth: str | None, latency_option: str, latency: str | None) -> None:
+    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever); None:
+    not given."""
     from experiments.config.sweep import RANGES
     from strategies.transport.link import parse_bandwidth, parse_latency
 
     for option, text, parse, key, unit in ((bandwidth_option, bandwidth, parse_bandwidth, "link.bandwidth", "bytes/s"),
                                           (latency_option, latency, parse_latency, "link.latency", "s")):
+        if text is None:
+            continue
         value = parse(text)
         if RANGES[key].problem(key, value):
             shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")

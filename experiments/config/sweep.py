@@ -6,6 +6,7 @@ what would be accepted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -22,7 +23,7 @@ from strategies.transport.link import Network, parse_bandwidth, parse_latency
 from strategies.transport.names import P2P, default_p2p
 from workloads.data import DATASETS
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, check_model_args
+from workloads.models import MODELS, check_model_args, param_count
 from workloads.profile import ProfileError, load_profile
 
 DEVICES = ("cpu", "cuda")
@@ -491,6 +492,13 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     if world > MAX_RANKS:
         servers = f" + {world - workers} server(s)" if world > workers else ""
         errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")
+    elif _setting(point, "workload") in MODELS:
+        try:  # a partition, chunk or pipeline setting that would cut the model's gradients into too many messages
+            config.check_messages(workers, _param_count(_setting(point, "workload"), _setting(point, "num_classes"),
+                                                        _setting(point, "image_size")))
+        except ValueError as e:
+            errors.append(f"strategy_params.{strategy}: {e}")
+            return None
     for rank in sorted(int(r) for r in (link or {}).get("ranks") or {}):
         if rank >= world:  # an override for a rank that does not exist would label the run heterogeneous
             errors.append(f"link.ranks.{rank}: {strategy} with workers = {workers} has ranks 0..{world - 1} only")
@@ -512,6 +520,11 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     if values.get("target") is None:
         values.pop("target", None)
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
+
+
+@functools.lru_cache(maxsize=64)
+def _param_count(workload: str, num_classes: int, image_size: int) -> int:
+    return param_count(workload, num_classes, image_size)
 
 
 def _check_compute(point: dict, config, errors: list[str]) -> None:
@@ -660,3 +673,8 @@ def _check_link_ranges(link: dict, network: Network, errors: list[str]) -> None:
                                    ("latency", one.latency, f"{one.latency:g} s")):
             if RANGES[f"link.{name}"].problem(name, value):
                 errors.append(f"{where}.{name} = {shown}: accepted are {RANGES[f'link.{name}'].describe()}")
+    # the link inside a node: the NIC's ranges (a 1 bit/s or 2 s intra-node link sat silent past the timeout)
+    for name, value, unit in (("bandwidth", network.intra.bandwidth, "bytes/s"),
+                              ("latency", network.intra.latency, "s")):
+        if f"intra_{name}" in link and RANGES[f"link.{name}"].problem(name, value):
+            errors.append(f"link.intra_{name} = {value:g} {unit}: accepted are {RANGES[f'link.{name}'].describe()}")

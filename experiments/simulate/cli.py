@@ -46,7 +46,7 @@ def run(args) -> int:
     if args.bench:
         from experiments.simulate.bench import bench, format_bench
 
-        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        workers = _counts("--workers", args.workers)
         if args.ps and args.ranks_per_node != 1:
             raise ValueError(f"simulate --bench --ps --ranks-per-node {args.ranks_per_node}: the parameter-server "
                              f"bench runs on a star or fat tree of single-rank hosts; accepted: --ps without "
@@ -54,7 +54,7 @@ def run(args) -> int:
         if args.ps:
             from experiments.simulate.bench import PS_MODES, PS_PLATFORMS, bench_ps, format_bench_ps
 
-            servers = [int(k) for k in args.servers.split(",") if k.strip()]
+            servers = _counts("--servers", args.servers)
             platforms = [t.strip() for t in args.platforms.split(",") if t.strip()]
             modes = [m.strip() for m in args.modes.split(",")] if args.modes else None
             bad = [t for t in platforms if t not in PS_PLATFORMS] + [m for m in modes or [] if m not in
@@ -113,3 +113,23 @@ def format_runs(runs) -> str:
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60,
                            "display.float_format", "{:.3f}".format):
         return table.to_string(index=False)
+
+
+def _counts(option: str, text: str) -> list[int]:
+    """--workers / --servers of the bench: integers from 1 to the sweeps' rank limit (a million workers was 20.9
+    million messages), or one line naming the value and the range."""
+    from experiments.config.sweep import MAX_RANKS
+
+    values = []
+    for item in (w.strip() for w in text.split(",")):
+        if not item:
+            continue
+        if not (item.isdigit() and 1 <= int(item) <= MAX_RANKS):
+            shown = repr(item) if len(item) <= 20 else repr(item[:20] + "...")
+            raise ValueError(f"simulate --bench {option} {shown}: accepted are integers from 1 to {MAX_RANKS:,}, "
+                             f"comma-separated (as a sweep's ranks)")
+        values.append(int(item))
+    if not values:
+        raise ValueError(f"simulate --bench {option} {text!r}: give at least one count, e.g. 64,256")
+    return values
+

@@ -1,0 +1,124 @@
+"""Settings that pass validation never become memory or time bombs: the message count a partition, chunk or
+pipeline setting implies for the run's array (strategies.base.MAX_MESSAGES) and the link inside a node are checked
+before any work, naming the value and the accepted range; `simulate --bench` takes the sweeps' rank limit."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+
+import pytest
+
+import strategies
+from experiments.cli.main import main
+from experiments.config import sweep as sweep_mod
+from experiments.config.sweep import MAX_RANKS, SweepError
+from strategies.base import MAX_MESSAGES
+from workloads.models import param_count
+
+SWEEP = """
+name = "bounds"
+[defaults]
+workload = "{workload}"
+image_size = 32
+batch_size = 8
+steps = 3
+warmup_steps = 1
+workers = {workers}
+strategy = "{strategy}"
+{extra}
+[strategy_params.{strategy}]
+{params}
+"""
+
+
+def _load(tmp_path, strategy: str, params: str, workload: str = "resnet50", workers: int = 4, extra: str = ""):
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(SWEEP.format(workload=workload, workers=workers, strategy=strategy,
+                                                 params=params, extra=extra)))
+    return sweep_mod.load(path)
+
+
+@pytest.mark.parametrize("strategy, params, fragments", [
+    ("parameter_server", "partition_mb = 1e-9", ["parameter_server", "partition_mb from", "100,000"]),
+    ("parameter_server", "partition_mb = 1e-6", ["parameter_server", "partition_mb from"]),
+    ("node_parameter_server", "partition_mb = 1e-9\nranks_per_node = 2",
+     ["node_parameter_server", "partition_mb from"]),
+    ("hierarchical", "pipeline_mb = 1e-12", ["hierarchical", "pipeline_mb >="]),
+    ("double_binary_tree", "chunks = 1000000000", ["chunks = 1000000000", "from 1 to 8,333"]),
+    ("parameter_server", "partition_mb = 1e300", ["partition_mb=1e+300", "at most 1,000,000"]),
+])
+def test_a_setting_that_would_cut_the_model_into_too_many_messages_is_refused_fast(tmp_path, strategy, params,
+                                                                                     fragments):
+    started = time.perf_counter()
+    with pytest.raises(SweepError) as info:
+        _load(tmp_path, strategy, params, workers=8)
+    assert time.perf_counter() - started < 10  # (was 36 s and 7.1 GB, or a MemoryError)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_the_accepted_bound_named_is_the_bound(tmp_path):
+    """At the partition_mb and pipeline_mb the error names the sweep loads; at half of it, it is refused."""
+    numel = param_count("resnet50", 1000, 32)
+    for name, key, params in (("parameter_server", "partition_mb", {"servers": 3}),
+                              ("node_parameter_server", "partition_mb", {"ranks_per_node": 2}),
+                              ("hierarchical", "pipeline_mb", {"ranks_per_node": 2})):
+        config = strategies.make(name, **params, **{key: 1e-9})
+        with pytest.raises(ValueError) as info:
+            config.check_messages(8, numel)
+        low = float(re.search(rf"{key} (?:from|>=) ([0-9.e-]+)", str(info.value)).group(1))
+        ok = strategies.make(name, **params, **{key: low})
+        assert ok.messages(8, numel) <= MAX_MESSAGES
+        ok.check_messages(8, numel)
+        with pytest.raises(ValueError, match=key):
+            strategies.make(name, **params, **{key: low / 2}).check_messages(8, numel)
+    # the count is the plan's: partitions() cut as many as partition_count() says
+    from strategies.parameter_server import partition_count, partitions
+
+    for numel, servers, mb in ((1000, 3, 1e-4), (12345, 4, 3e-4), (7, 8, 1e-6), (0, 2, 1.0)):
+        assert partition_count(numel, servers, 4, mb) == sum(len(p) for p in partitions(numel, servers, 4, mb))
+
+
+def test_a_runtime_refuses_an_array_cut_into_too_many_messages_before_sending():
+    """The same bound where a runtime meets the array (verify, bench, a plug-in's caller): before any message."""
+    import numpy as np
+
+    from strategies.testing import run_collective
+
+    started = time.perf_counter()
+    inputs = [np.ones(MAX_MESSAGES, np.float32)] * 2
+    with pytest.raises(Exception, match="messages per worker") as info:
+        run_collective("parameter_server", inputs, partition_mb=1e-6, timeout=20)
+    assert "partition_mb from" in str(info.value)
+    assert time.perf_counter() - started < 15
+
+
+@pytest.mark.parametrize("link, fragment", [
+    ('{ bandwidth = "1Gbit", intra_bandwidth = "1bit" }', "link.intra_bandwidth = 0.125 bytes/s"),
+    ('{ bandwidth = "1Gbit", intra_latency = "2s" }', "link.intra_latency = 2 s"),
+])
+def test_the_link_inside_a_node_is_range_checked(tmp_path, link, fragment):
+    with pytest.raises(SweepError) as info:
+        _load(tmp_path, "ring", "", workload="tiny", extra=f"link = {link}\nranks_per_node = 2")
+    assert fragment in str(info.value) and "accepted are" in str(info.value)
+
+
+def test_cli_refuses_bombs_in_one_line(capsys):
+    started = time.perf_counter()
+    assert main(["model", "--model", "resnet50", "--workers", "4", "--bandwidth", "1Gbit", "--step-time", "0.1",
+                 "--strategy", "parameter_server:partition_mb=1e-9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "partition_mb from" in err
+    assert time.perf_counter() - started < 10
+    assert main(["model", "--model", "resnet50", "--workers", "4", "--bandwidth", "1Gbit", "--step-time", "0.1",
+                 "--ranks-per-node", "2", "--intra-bandwidth", "1bit"]) == 2
+    assert "--intra-bandwidth '1bit'" in capsys.readouterr().err
+    assert main(["bench", "--workers", "2", "--bandwidth", "1Gbit", "--ranks-per-node", "2",
+                 "--intra-latency", "2s"]) == 2
+    assert "--intra-latency '2s'" in capsys.readouterr().err
+    for workers in ("1000000", "0", "x"):
+        assert main(["simulate", "--bench", "--workers", workers]) == 2
+        err = capsys.readouterr().err
+        assert f"--workers '{workers}'" in err and f"1 to {MAX_RANKS:,}" in err
