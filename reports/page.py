@@ -1,6 +1,6 @@
 """The HTML page: results -> sections (reports/sections.py) -> templates/report.html.j2 -> one report.html.
 
-`build(results_dir)` reads runs.parquet (one row per run), steps.parquet (optional) and sweep.toml (optional)
+`build(results_dir)` reads the runs (one row per run), the steps (optional) and sweep.toml (optional)
 and writes results_dir/report.html: plotly's JavaScript inlined once, every figure a <div> that uses it, with
 no network. Sections this sweep has nothing for are listed once, at the end. The templates escape every string
 (autoescape).
@@ -44,7 +44,7 @@ def render(r: Results) -> str:
 
 
 def build(results_dir: str | os.PathLike) -> Path:
-    """Write results_dir/report.html from its runs.parquet (and steps.parquet, sweep.toml); return its path."""
+    """Write results_dir/report.html from its runs (and steps, sweep.toml); return its path."""
     results_dir = Path(results_dir)
     check_contained(results_dir)  # before any work: report.html and its tmp are never written through a link
     steps = load_steps(results_dir)

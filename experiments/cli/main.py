@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="syncbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run a sweep file and write runs.parquet, steps.parquet and report.html")
+    p = sub.add_parser("run", help="run a sweep file and write its results to --out: runs/ and steps/ (one Parquet "
+                                   "part per run; `syncbench export` or experiments.results.load_runs to read "
+                                   "them), sweep.toml and report.html")
     p.add_argument("sweep", help="a sweep TOML file, e.g. experiments/config/sweeps/quick.toml")
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="run only what is missing or failed in --out")
@@ -42,8 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
     _simulate_arguments(p)
 
-    p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's Parquet files")
+    p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's results")
     p.add_argument("dir")
+
+    p = sub.add_parser("export", help="DIR's runs and steps as one file per table (every column, each run's latest "
+                                      "attempt): OUT/runs.parquet and OUT/steps.parquet, or .csv")
+    p.add_argument("dir", help="a results directory (the --out of run or simulate)")
+    p.add_argument("--out", required=True, help="directory to write runs.<format> and steps.<format> into")
+    p.add_argument("--format", default="parquet", choices=("parquet", "csv"), help="file format (default parquet)")
 
     p = sub.add_parser("model", help="the analytic model: communication time, efficiency, bandwidth needed")
     what = p.add_mutually_exclusive_group(required=True)
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         "parameter_server:servers=4,placement=colocated")
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
-    sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
+    sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
     p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
                                        "optimizer (one rank alone); or describe one (--synthetic)")
@@ -351,6 +359,14 @@ def _report(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from experiments.results.export import export
+
+    for path in export(args.dir, args.out, args.format):
+        print(path)
+    return 0
+
+
 def _model(args) -> int:
     from reports.model import format_model_table, model_table
     from strategies.transport.link import parse_bandwidth, parse_latency
@@ -626,7 +642,7 @@ def _simulate(args) -> int:
     return run(args)
 
 
-COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "schema": _schema,
-            "verify": _verify,
+COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
+            "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
             "simulate": _simulate}
