@@ -122,3 +122,32 @@ def test_cli_refuses_bombs_in_one_line(capsys):
         assert main(["simulate", "--bench", "--workers", workers]) == 2
         err = capsys.readouterr().err
         assert f"--workers '{workers}'" in err and f"1 to {MAX_RANKS:,}" in err
+
+
+@pytest.mark.parametrize("traffic, fragment", [
+    ("raises", "numel = 2,147,483,659 (OverflowError: too large for this plug-in)"),
+    ("raises_awkward", "numel = 7 (ZeroDivisionError"),
+    ("not_traffic", "to return a Traffic (got dict)"),
+])
+def test_a_plugin_traffic_that_fails_on_some_size_is_refused_at_registration(traffic, fragment):
+    """model, the report and a sweep price sizes after the run's work: registration asks every variant first."""
+    from strategies.registry import register
+
+    base = strategies.get("ring")
+
+    def raises(self, workers, numel, itemsize=4):
+        if numel > 2**31:
+            raise OverflowError("too large for this plug-in")
+        return base.traffic(self, workers, numel, itemsize)
+
+    def raises_awkward(self, workers, numel, itemsize=4):
+        return base.traffic(self, workers, numel, itemsize) if numel != 7 else 1 // 0
+
+    def not_traffic(self, workers, numel, itemsize=4):
+        return base.traffic(self, workers, numel, itemsize) if numel < 100 else {"bytes": 0}
+
+    cls = type("Fragile", (base,), {"name": "fragile", "traffic": locals()[traffic]})
+    with pytest.raises(ValueError, match="cannot be registered") as info:
+        register(cls)
+    assert fragment in str(info.value) and "fragile" in str(info.value)
+    assert "fragile" not in strategies.names()
