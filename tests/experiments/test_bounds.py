@@ -151,3 +151,41 @@ def test_a_plugin_traffic_that_fails_on_some_size_is_refused_at_registration(tra
         register(cls)
     assert fragment in str(info.value) and "fragile" in str(info.value)
     assert "fragile" not in strategies.names()
+
+
+def test_a_strategy_declared_identical_whose_ranks_end_different_is_recorded_failed_naming_the_rank(tmp_path,
+                                                                                                 monkeypatch):
+    import io
+    import tomllib
+    from dataclasses import dataclass
+
+    import torch
+
+    from experiments.pipeline.runner import run_sweep
+    from experiments.pipeline.substrate import ThreadSubstrate
+    from strategies.ring import RingConfig
+    from tests.helpers import tiny_sweep_toml
+
+    class Drifting(RingConfig.runtime):
+        """An honest ring allreduce, then rank 1 one float32 ulp off: bytes and traffic agree, only the bits
+        differ (as a plug-in whose reduction order depends on the rank)."""
+
+        def _sync(self, flat, op):
+            super()._sync(flat, op)
+            if self.rank == 1:
+                flat.copy_(torch.nextafter(flat, torch.full_like(flat, float("inf"))))
+
+    @dataclass(frozen=True)
+    class DriftingConfig(RingConfig):
+        name = "drifting_ring"
+        summary = "ring, with rank 1 one ulp off"
+        runtime = Drifting
+
+    monkeypatch.setitem(strategies.registry._REGISTRY, DriftingConfig.name, DriftingConfig)
+    text = tiny_sweep_toml(["drifting_ring", "ring"])
+    runs = run_sweep(sweep_mod.parse(tomllib.loads(text), source=text), tmp_path, log=io.StringIO(),
+                     substrate=ThreadSubstrate()).set_index("strategy")
+    assert runs.loc["ring", "status"] == "ok", runs.loc["ring", "error"]
+    drifting = runs.loc["drifting_ring"]
+    assert drifting["status"] == "failed", "ranks that ended different were recorded ok"
+    assert "worker rank 1 ended with parameters different from rank 0's" in drifting["error"], drifting["error"]
