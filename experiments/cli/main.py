@@ -290,11 +290,22 @@ def _run(args) -> int:
                      oversubscribe=args.oversubscribe, substrate=substrate)
     _print_runs(runs)
     if not args.no_report:
-        from reports.page import build
-
-        print(f"report: {build(out)}")
+        _closing_report(out)
     failed = int((runs["status"] != "ok").sum()) if not runs.empty else 0
     return 1 if failed else 0
+
+
+def _closing_report(out: Path) -> None:
+    """report.html after a sweep; one that cannot be written (a full or read-only disk) is said in one line and
+    does not fail the command: the runs are stored, and `syncbench report DIR` builds it later."""
+    from experiments.pipeline.store import StoreError
+    from reports.page import build
+
+    try:
+        print(f"report: {build(out)}")
+    except (StoreError, OSError) as e:
+        print(f"report: not written: {e} (the runs are stored: `syncbench report {out}` once it can be)",
+              file=sys.stderr)
 
 
 def _expansion_progress(done: int, total: int) -> None:

@@ -120,6 +120,8 @@ class Store:
         removes them."""
         self.lock()
         dataset.tidy(self.dir)
+        if resume and not overwrite:
+            dataset.check_parts(self.dir)  # every part, before any run (a truncated steps part broke the report)
         if resume or self.runs().empty:
             return
         if not overwrite:

@@ -165,6 +165,20 @@ def tidy(directory: Path) -> None:
                 path.unlink()
 
 
+def check_parts(directory: Path) -> None:
+    """Every stored part of both tables opens as Parquet (its footer read: a part cut short by a full disk or a
+    copy has none), or StoreError naming the first that does not: --resume checks them all before any run, so
+    that a damaged steps part is found now, not by the report after the sweep."""
+    for table in TABLES:
+        for _, _, path in parts(directory, table):
+            try:
+                pq.read_metadata(path)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not readable"
+                raise StoreError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__}): a write cut "
+                                 f"short? Move it away (and the part of the same name in the other table, so that "
+                                 f"--resume runs that run again), then --resume") from None
+
+
 def merge(directory: Path) -> None:
     """Once BATCH loose run files have accumulated: one batch file per table holding their latest attempts,
     then the loose files removed. Skipped (files left as they are) when their columns' types cannot be joined."""

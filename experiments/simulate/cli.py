@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def add_arguments(p) -> None:
@@ -11,6 +12,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
+    p.add_argument("--no-report", action="store_true", help="skip writing report.html")
     p.add_argument("--bench", action="store_true",
                    help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
     p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")
@@ -31,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ranks-per-node", type=int, default=1,
                    help="with --bench: nodes of this many ranks (10 Gbit/s NIC each, 100 Gbit/s inside) and "
                         "ResNet-50's 25 MiB buckets: ring, hierarchical and double_binary_tree (or --strategies) "
-                        "beside the per-level alpha-beta model (issue 26)")
+                        "beside the per-level alpha-beta model")
 
 
 def run(args) -> int:
@@ -89,6 +91,10 @@ def run(args) -> int:
     runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite)
     print(format_runs(runs))
     print(f"results: {out}")
+    if not args.no_report and not runs.empty:
+        from experiments.cli.main import _closing_report
+
+        _closing_report(Path(out))
     return 1 if (runs["status"] != "ok").any() else 0
 
 

@@ -151,3 +151,57 @@ def test_store_refuses_a_linked_table_folder_naming_it(tmp_path):
     os.symlink(tmp_path / "elsewhere", out / "steps")
     with pytest.raises(StoreError, match=r"steps.*symbolic link"):
         Store(out)
+
+
+def test_a_finished_sweep_whose_report_cannot_be_written_exits_0_saying_why(tmp_path, capsys, monkeypatch):
+    """The runs are stored: a report that cannot be written (full disk) is one line, not a failed command."""
+    from experiments.pipeline import runner
+
+    out = tmp_path / "out"
+
+    def run_sweep(sweep, out_dir, **kw):
+        _results(out_dir)
+        return Store(out_dir).runs()
+
+    monkeypatch.setattr(runner, "run_sweep", run_sweep)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith("report.html"):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(tiny_sweep_toml(["ring"]))
+    assert main(["run", str(sweep), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "report: not written" in err and "No space left on device" in err and "Traceback" not in err
+    assert not (out / "report.html.tmp").exists()
+
+
+def test_resume_checks_every_part_before_any_run(tmp_path, capsys):
+    """A steps part cut short (a full disk, a copy) is named at once, not by the report after the sweep."""
+    out = tmp_path / "out"
+    _results(out)
+    part = out / "steps" / "00000001.parquet"
+    part.write_bytes(part.read_bytes()[:50])
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(tiny_sweep_toml(["ring"], name="tiny"))
+    assert main(["run", str(sweep), "--out", str(out), "--resume", "--substrate", "threads"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(part) in err and "not a readable Parquet file" in err
+    assert sorted(Store(out).runs()["run_id"]) == ["a", "b"]  # nothing ran
+
+
+def test_simulate_writes_report_html_as_run_does(tmp_path, capsys):
+    from strategies.transport.simgrid import simgrid_available
+    from tests.helpers import SIMULATE_TOML
+
+    if simgrid_available():
+        pytest.skip(simgrid_available())
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(tiny_sweep_toml(["ring"], name="sim") + SIMULATE_TOML)
+    assert main(["simulate", str(sweep), "--out", str(tmp_path / "sim")]) == 0
+    assert (tmp_path / "sim" / "report.html").is_file()
+    assert f"report: {tmp_path / 'sim' / 'report.html'}" in capsys.readouterr().out
