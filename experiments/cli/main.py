@@ -440,8 +440,9 @@ def _profile(args) -> int:
     from workloads.models import default_num_classes, describe_size
     from workloads.profile import ProfileError, check_profile_path, measure_profile, save_profile, synthetic_profile
 
-    if args.out:  # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp)
-        check_profile_path(args.out)
+    # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp); the default
+    # profiles/ too (its file name is the profile's id, known once measured)
+    check_profile_path(args.out or Path("profiles") / "profile.json")
     num_classes = default_num_classes(args.workload) if args.num_classes is None else args.num_classes
     if args.synthetic:
         if args.step_time is None:

@@ -189,3 +189,42 @@ def test_a_strategy_declared_identical_whose_ranks_end_different_is_recorded_fai
     drifting = runs.loc["drifting_ring"]
     assert drifting["status"] == "failed", "ranks that ended different were recorded ok"
     assert "worker rank 1 ended with parameters different from rank 0's" in drifting["error"], drifting["error"]
+
+
+def test_a_synthetic_split_that_overflows_or_underflows_never_makes_a_zero_second_profile(tmp_path, capsys):
+    from workloads.profile import load_profile
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--workload", "resnet18", "--synthetic", "--step-time", "0.1",
+                 "--split", "1e308,1e308,1", "--out", str(out)]) == 0
+    profile = load_profile(out)
+    assert profile.step_s == pytest.approx(0.1) and profile.forward_s == pytest.approx(0.05)
+    assert profile.backward_s == pytest.approx(0.05)
+    capsys.readouterr()
+    assert main(["profile", "--workload", "resnet18", "--synthetic", "--step-time", "1e-300",
+                 "--split", "1e-300,1,0", "--out", str(tmp_path / "q.json")]) == 2
+    assert "forward time underflows to 0 s" in capsys.readouterr().err
+    assert not (tmp_path / "q.json").exists()
+
+
+def test_profile_checks_where_it_writes_before_measuring(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    import workloads.profile as profile_mod
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the output path was checked")
+
+    monkeypatch.setattr(profile_mod, "measure_profile", measured)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").write_text("a file where the default directory goes")
+    assert main(["profile", "--workload", "tiny", "--batch-size", "4"]) == 2
+    assert "'profiles' is a file" in capsys.readouterr().err
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert main(["profile", "--workload", "tiny", "--batch-size", "4", "--out", str(tmp_path / "x" / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not writable (Read-only file system)" in err
