@@ -205,3 +205,24 @@ def test_simulate_writes_report_html_as_run_does(tmp_path, capsys):
     assert main(["simulate", str(sweep), "--out", str(tmp_path / "sim")]) == 0
     assert (tmp_path / "sim" / "report.html").is_file()
     assert f"report: {tmp_path / 'sim' / 'report.html'}" in capsys.readouterr().out
+
+
+def test_progress_lines_name_every_setting_that_varies(tmp_path):
+    """A parameter-server grid on the simulator: four runs differing only in servers and placement print four
+    different lines, each naming both (they printed four identical lines)."""
+    from experiments.pipeline.runner import progress_line, varying_settings
+    from experiments.simulate.substrate import SimGridSubstrate, load
+    from tests.helpers import SIMULATE_TOML
+
+    text = tiny_sweep_toml(["parameter_server"], name="ps", workers=4).replace(
+        "[strategy_params.parameter_server]\nservers = 1\n", "") + SIMULATE_TOML + "".join(
+        f'\n[[strategy_params.parameter_server]]\nservers = {k}\nplacement = "{p}"\n'
+        for k in (1, 2) for p in ("dedicated", "colocated"))
+    (tmp_path / "ps.toml").write_text(text)
+    substrate = SimGridSubstrate(load(tmp_path / "ps.toml")[1])
+    runs = substrate.runs()
+    varying = varying_settings(runs)
+    lines = [progress_line(substrate, run, varying) for run in runs]
+    assert len(runs) == 4 and len(set(lines)) == 4, lines
+    for line in lines:
+        assert "servers=" in line and "placement=" in line, line
