@@ -61,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
                                         "and step time, buckets overlapped with backward as its gradients are ready")
     p.add_argument("--num-classes", type=int,
                    help="with --model: classifier outputs (default: the workload's, as sweeps; ImageNet: 1000)")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", action="append", required=True,
+                   help="worker counts, comma-separated or repeated, e.g. 4,8,16,32: one table over them")
     p.add_argument("--bandwidth", required=True, help="per-worker link, e.g. 125MB/s, 1Gbit, 25Gbit")
-    p.add_argument("--step-time", type=float, help="compute time per step Ts, seconds (not with --profile)")
+    p.add_argument("--step-time", type=float,
+                   help="compute time per step Ts, seconds (not with --profile); without it: bytes and times only")
     p.add_argument("--overlap", action="store_true",
                    help="with --model: overlap buckets with backward on a synthetic profile of --step-time "
                         "(forward:backward 1:2, 224x224, readiness by each layer's backward FLOPs)")
@@ -395,8 +397,8 @@ def _model(args) -> int:
         from workloads.profile import load_profile
 
         profile = load_profile(args.profile)
-    elif args.step_time is None:
-        raise ValueError("--step-time is required with --model or --model-bytes (compute seconds per step, e.g. 0.25)")
+    elif args.step_time is None and args.overlap:
+        raise ValueError("--overlap needs --step-time (the compute the buckets overlap with, seconds, e.g. 0.25)")
     elif args.overlap:
         if args.model is None:
             raise ValueError("--overlap needs --model (a synthetic profile spreads readiness over its layers)")
@@ -406,14 +408,38 @@ def _model(args) -> int:
                                     describe="model --overlap")
     if profile is not None:
         model = step_time = None
-    table = model_table(model=model, model_bytes=model_bytes, workers=args.workers,
-                        bandwidth=parse_bandwidth(args.bandwidth), step_time=step_time,
-                        latency=parse_latency(args.latency), target_efficiency=args.target_efficiency,
-                        strategies=args.strategy, num_classes=None if profile is not None else args.num_classes,
-                        profile=profile, bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
-                        intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth else float("inf"))
+    import math
+
+    import pandas as pd
+
+    no_ts = profile is None and step_time is None  # bytes and times only: Ts 1 s priced, its columns dropped
+    tables = [model_table(model=model, model_bytes=model_bytes, workers=n, bandwidth=parse_bandwidth(args.bandwidth),
+                          step_time=1.0 if no_ts else step_time, latency=parse_latency(args.latency),
+                          target_efficiency=args.target_efficiency, strategies=args.strategy,
+                          num_classes=None if profile is not None else args.num_classes, profile=profile,
+                          bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
+                          intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth
+                          else float("inf"))
+              for n in _workers_list(args.workers)]
+    table = pd.concat(tables, ignore_index=True)
+    table.attrs = dict(tables[0].attrs)
+    if no_ts:
+        table[["efficiency", "step_s", "bandwidth_needed"]] = math.nan
+        table.attrs["step_time"] = math.nan
     print(format_model_table(table))
     return 0
+
+
+def _workers_list(values: list[str]) -> list[int]:
+    """--workers 4,8 --workers 16: the counts in order, each once; one line naming a value that is not a count."""
+    counts = []
+    for text in values:
+        for item in (w.strip() for w in text.split(",")):
+            if not item.isdigit():
+                raise ValueError(f"--workers {item!r}: accepted are whole numbers >= 1, comma-separated or "
+                                 f"repeated, e.g. 4,8,16")
+            counts.append(int(item))
+    return list(dict.fromkeys(counts))
 
 
 def _strategies(args) -> int:
