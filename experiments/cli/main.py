@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"syncbench {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"syncbench {args.command}: interrupted ({e or 'Ctrl-C'}); finished runs are saved", file=sys.stderr)
+        # (an exception is always true: its text is what may be empty, as Ctrl-C's is)
+        print(f"syncbench {args.command}: interrupted ({str(e) or 'SIGINT, Ctrl-C'}); finished runs are saved",
+              file=sys.stderr)
         return 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
 
 

@@ -226,3 +226,17 @@ def test_progress_lines_name_every_setting_that_varies(tmp_path):
     assert len(runs) == 4 and len(set(lines)) == 4, lines
     for line in lines:
         assert "servers=" in line and "placement=" in line, line
+
+
+def test_ctrl_c_is_named_not_an_empty_pair_of_parentheses(capsys, monkeypatch):
+    import importlib
+
+    cli = importlib.import_module("experiments.cli.main")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "schema", interrupted)
+    assert main(["schema"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (SIGINT, Ctrl-C)" in err and "()" not in err
