@@ -8,6 +8,7 @@ no network. Sections this sweep has nothing for are listed once, at the end. The
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +53,17 @@ def build(results_dir: str | os.PathLike) -> Path:
     sweep_path = results_dir / "sweep.toml"
     results = Results(runs=runs, ok=runs[runs["ok"]], steps=steps,
                       sweep_text=sweep_path.read_text(encoding="utf-8", errors="replace")
-                      if sweep_path.exists() else None, links=link_order(runs))
+                      if sweep_path.exists() else None, links=link_order(runs), skipped=_skipped(results_dir))
     # replaced whole or not at all; a full or read-only disk: StoreError in one line, no report.html.tmp left
     return write_text_atomic(results_dir / "report.html", render(results))
+
+
+def _skipped(results_dir: Path) -> tuple[tuple[str, str], ...]:
+    """The grid points a `--skip-invalid` sweep left out (skipped.json), as (point, why); () when none or unreadable."""
+    path = results_dir / "skipped.json"
+    try:
+        items = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        return tuple((str(i["point"]), str(i["reason"])) for i in items)
+    except (OSError, ValueError, TypeError, KeyError):
+        return ()
 

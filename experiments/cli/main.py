@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="run the valid grid points and list every invalid one with its reason (here and in the "
+                        "report), instead of refusing the sweep")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more than 4 ranks per core (times then measure core contention)")
     p.add_argument("--substrate", default="ray", choices=("ray", "threads"),
@@ -275,7 +278,9 @@ def _run(args) -> int:
     from experiments.pipeline.runner import run_sweep
     from experiments.pipeline.store import default_dir
 
-    sweep = sweep_mod.load(args.sweep, progress=_expansion_progress)
+    sweep = sweep_mod.load(args.sweep, progress=_expansion_progress, skip_invalid=args.skip_invalid)
+    for point, reason in sweep.skipped:
+        print(f"syncbench run: skipped grid point [{point}]: {reason}", file=sys.stderr)
     if args.out:
         out = Path(args.out)
     else:  # the sweep file's name never chooses a path outside results/

@@ -224,6 +224,7 @@ class Sweep:
     description: str
     runs: tuple[RunSpec, ...]
     source: str  # the TOML text, saved beside the results
+    skipped: tuple[tuple[str, str], ...] = ()  # --skip-invalid: (grid point, why it cannot run) of each left out
 
 
 def read_toml(path: str | Path) -> tuple[dict, str]:
@@ -253,16 +254,19 @@ def loads_toml(text: str, where: str) -> dict:
     return data
 
 
-def load(path: str | Path, progress=None) -> Sweep:
+def load(path: str | Path, progress=None, skip_invalid: bool = False) -> Sweep:
     data, text = read_toml(path)
-    return parse(data, source=text, where=str(path), progress=progress)
+    return parse(data, source=text, where=str(path), progress=progress, skip_invalid=skip_invalid)
 
 
-def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> Sweep:
+def parse(data: dict, source: str = "", where: str = "sweep", progress=None, skip_invalid: bool = False) -> Sweep:
     """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem.
 
     `progress(done, total)` is called every 1,000 grid points of a grid of more than 2,000 (a long expansion).
+    `skip_invalid`: a grid point whose settings cannot run (colocated servers = 32 at 16 workers) is left out and
+    listed in Sweep.skipped with its reasons, instead of refusing the sweep; problems of the file itself still do.
     """
+    skipped: list[tuple[str, str]] = []
     errors: list[str] = []
     for key in data:
         if key not in TOP_LEVEL:
@@ -303,7 +307,14 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
         strategy = _setting(point, "strategy")
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
+            before = len(errors)
             first = _make_spec(name, dict(point), {strategy: params}, errors)
+            if skip_invalid and len(errors) > before:
+                shown = {k: point.get(k) for k, _ in axes} | {"strategy": strategy} | (
+                    params if isinstance(params, dict) else {})
+                skipped.append((", ".join(f"{k}={v!r}" for k, v in shown.items()), "; ".join(errors[before:])))
+                del errors[before:]
+                continue
             if first is None:
                 continue
             # repeats: the same run again with the next seeds, each its own run (repeat 0 keeps its id)
@@ -329,8 +340,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     if errors:
         raise SweepError(_report(where, sorted(set(errors), key=errors.index)))
     if not runs:
-        raise SweepError(f"{where}: the grid expands to no runs")
-    return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source)
+        more = f" ({len(skipped)} grid point(s) skipped: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise SweepError(f"{where}: the grid expands to no runs{more}")
+    return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source,
+                 skipped=tuple(skipped))
 
 
 def _strategy_param_points(params) -> list:

@@ -94,6 +94,9 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
         check_same_sweep(store, sweep, runs)
     store.write_text("sweep.toml", sweep.source)
     store.write_text("sweep.resolved.json", resolved(sweep, runs))
+    # --skip-invalid: the grid points left out and why, for the report's "not run" list (empty: none)
+    store.write_text("skipped.json", json.dumps([{"point": point, "reason": reason}
+                                                 for point, reason in sweep.skipped], indent=1) + "\n")
     done = store.done() if resume else set()
     todo = substrate.order([run for run in runs if run.run_id not in done])
     print(f"{substrate.heading} {sweep.name!r}: {len(runs)} runs, {len(runs) - len(todo)} already done, "

@@ -33,7 +33,8 @@ class StoreError(ValueError):
 
 
 # every name the store (and the report) deletes or writes at the top of a results directory, besides the tables
-WRITTEN = ("runs.parquet", "steps.parquet", "sweep.toml", "sweep.resolved.json", "report.html", "syncbench.lock")
+WRITTEN = ("runs.parquet", "steps.parquet", "sweep.toml", "sweep.resolved.json", "skipped.json", "report.html",
+           "syncbench.lock")
 
 
 def check_contained(directory: Path) -> None:

@@ -240,3 +240,22 @@ def test_ctrl_c_is_named_not_an_empty_pair_of_parentheses(capsys, monkeypatch):
     assert main(["schema"]) == 130
     err = capsys.readouterr().err
     assert "interrupted (SIGINT, Ctrl-C)" in err and "()" not in err
+
+
+def test_skip_invalid_runs_the_valid_points_and_lists_the_others_with_their_reason(tmp_path, capsys):
+    import html
+
+    text = tiny_sweep_toml(["parameter_server"], name="skip").replace(
+        "servers = 1", 'servers = [1, 4]\nplacement = "colocated"')
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(text)
+    out = tmp_path / "out"
+    assert main(["run", str(sweep), "--out", str(out), "--substrate", "threads"]) == 2  # refused, as before
+    assert "servers=4 with placement='colocated' needs at least 4 workers" in capsys.readouterr().err
+    assert main(["run", str(sweep), "--out", str(out), "--substrate", "threads", "--skip-invalid"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped grid point [" in err and "servers=4" in err and "needs at least 4 workers" in err
+    runs = Store(out).runs()
+    assert len(runs) == 1 and int(runs["param_servers"].iloc[0]) == 1
+    page = html.unescape((out / "report.html").read_text())
+    assert "Not run:" in page and "needs at least 4 workers" in page
