@@ -267,6 +267,7 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None, ski
     listed in Sweep.skipped with its reasons, instead of refusing the sweep; problems of the file itself still do.
     """
     skipped: list[tuple[str, str]] = []
+    ranks_seen: dict[int, list[bool]] = {}  # link.ranks.N: per run, whether it has rank N
     errors: list[str] = []
     for key in data:
         if key not in TOP_LEVEL:
@@ -308,7 +309,7 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None, ski
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
             before = len(errors)
-            first = _make_spec(name, dict(point), {strategy: params}, errors)
+            first = _make_spec(name, dict(point), {strategy: params}, errors, ranks_seen)
             if skip_invalid and len(errors) > before:
                 shown = {k: point.get(k) for k, _ in axes} | {"strategy": strategy} | (
                     params if isinstance(params, dict) else {})
@@ -326,6 +327,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None, ski
                     errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
         if progress is not None and total > 2000 and (i % 1000 == 0 or i == total):
             progress(i, total)
+    for rank, had in sorted(ranks_seen.items()):
+        if not any(had):  # an override no run applies would be a typo silently ignored
+            errors.append(f"link.ranks.{rank}: no run of the sweep has rank {rank} (each run has ranks 0..world "
+                          f"size - 1: workers, then servers)")
     if len(runs) > MAX_RUNS:
         raise SweepError(f"{where}: the grid and the strategy parameters' lists expand to {len(runs):,} runs: at "
                          f"most {MAX_RUNS:,} per sweep; split it into several sweeps")
@@ -412,7 +417,8 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "outer_momentum": float, "eval_every": int, "ranks_per_node": int, "repeats": int}
 
 
-def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
+def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str],
+               ranks_seen: dict[int, list[bool]] | None = None) -> RunSpec | None:
     """One grid point -> RunSpec, appending an error per bad value (key, value, what is accepted)."""
     start = len(errors)
     for key, typ in _TYPES.items():
@@ -512,9 +518,14 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         except ValueError as e:
             errors.append(f"strategy_params.{strategy}: {e}")
             return None
-    for rank in sorted(int(r) for r in (link or {}).get("ranks") or {}):
-        if rank >= world:  # an override for a rank that does not exist would label the run heterogeneous
-            errors.append(f"link.ranks.{rank}: {strategy} with workers = {workers} has ranks 0..{world - 1} only")
+    if link and link.get("ranks"):
+        # a per-rank link applies to the runs that have that rank (a 1-worker baseline beside 4-worker runs keeps
+        # the default link, and its label says so); a rank no run of the sweep has is refused by parse()
+        ranks = {r: sub for r, sub in link["ranks"].items() if int(r) < world}
+        if ranks_seen is not None:
+            for r in link["ranks"]:
+                ranks_seen.setdefault(int(r), []).append(int(r) < world)
+        link = {**link, "ranks": ranks} if ranks else {k: v for k, v in link.items() if k != "ranks"}
     for rank in (straggler or {}).get("ranks", []):
         if rank >= workers:  # an empty straggler would record a balanced run as a straggler one
             errors.append(f"straggler.ranks = {straggler['ranks']!r}: workers = {workers} has worker ranks "

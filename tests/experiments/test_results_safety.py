@@ -259,3 +259,22 @@ def test_skip_invalid_runs_the_valid_points_and_lists_the_others_with_their_reas
     assert len(runs) == 1 and int(runs["param_servers"].iloc[0]) == 1
     page = html.unescape((out / "report.html").read_text())
     assert "Not run:" in page and "needs at least 4 workers" in page
+
+
+def test_a_per_rank_link_applies_to_the_runs_that_have_that_rank(tmp_path):
+    """A slow NIC on rank 1 beside a 1-worker baseline (the one scaling efficiency needs): the baseline keeps the
+    default link (and its label says so), the 2- and 4-worker runs get the override; a rank no run has is refused."""
+    from experiments.config import sweep as sweep_mod
+    from experiments.config.sweep import SweepError
+
+    text = tiny_sweep_toml(["ring"], link='{ bandwidth = "1Gbit", ranks = { 1 = { bandwidth = "100Mbit" } } }')
+    text = text.replace("workers = [2]", "workers = [1, 2, 4]")
+    (tmp_path / "s.toml").write_text(text)
+    runs = {run.workers: run for run in sweep_mod.load(tmp_path / "s.toml").runs}
+    assert sorted(runs) == [1, 2, 4]
+    assert "ranks" not in runs[1].link and "heterogeneous" not in runs[1].link_label
+    for n in (2, 4):
+        assert runs[n].link["ranks"] == {"1": {"bandwidth": "100Mbit"}} and "heterogeneous" in runs[n].link_label
+    (tmp_path / "t.toml").write_text(text.replace("ranks = { 1 =", "ranks = { 9 ="))
+    with pytest.raises(SweepError, match=r"link.ranks.9: no run of the sweep has rank 9"):
+        sweep_mod.load(tmp_path / "t.toml")
