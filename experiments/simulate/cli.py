@@ -13,6 +13,9 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
     p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="simulate the valid grid points and list every invalid one with its reason, instead of "
+                        "refusing the sweep")
     p.add_argument("--bench", action="store_true",
                    help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
     p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")
@@ -85,10 +88,11 @@ def run(args) -> int:
         raise ValueError("syncbench simulate needs a sweep file (or --bench)")
     out = args.out
     if out is None:  # the sweep file's name never chooses a path outside results/
-        out, note = default_dir(load(args.sweep)[0].name)
+        out, note = default_dir(load(args.sweep, skip_invalid=args.skip_invalid)[0].name)
         if note:
             print(f"syncbench simulate: {note}", file=sys.stderr)
-    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite)
+    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite,
+                          skip_invalid=args.skip_invalid)
     print(format_runs(runs))
     print(f"results: {out}")
     if not args.no_report and not runs.empty:

@@ -278,3 +278,20 @@ def test_a_per_rank_link_applies_to_the_runs_that_have_that_rank(tmp_path):
     (tmp_path / "t.toml").write_text(text.replace("ranks = { 1 =", "ranks = { 9 ="))
     with pytest.raises(SweepError, match=r"link.ranks.9: no run of the sweep has rank 9"):
         sweep_mod.load(tmp_path / "t.toml")
+
+
+def test_simulate_skip_invalid_simulates_the_valid_points(tmp_path, capsys):
+    from strategies.transport.simgrid import simgrid_available
+    from tests.helpers import SIMULATE_TOML
+
+    if simgrid_available():
+        pytest.skip(simgrid_available())
+    text = tiny_sweep_toml(["parameter_server"], name="skipsim").replace(
+        "servers = 1", 'servers = [1, 4]\nplacement = "colocated"') + SIMULATE_TOML
+    (tmp_path / "s.toml").write_text(text)
+    out = tmp_path / "sim"
+    assert main(["simulate", str(tmp_path / "s.toml"), "--out", str(out), "--no-report"]) == 2
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path / "s.toml"), "--out", str(out), "--no-report", "--skip-invalid"]) == 0
+    assert "skipped grid point [" in capsys.readouterr().err
+    assert len(Store(out).runs()) == 1 and "needs at least 4 workers" in (out / "skipped.json").read_text()
