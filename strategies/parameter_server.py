@@ -73,6 +73,7 @@ def partitions(numel: int, servers: int, itemsize: int, partition_mb: float) -> 
     return out
 
 
+MAX_STALENESS = 1_000_000  # the most steps a run has: a larger bound is never reached (use "async")
 MAX_PARTITION_MB = 1e6  # a partition of 1 TiB: one per shard of any array that fits a machine
 
 
@@ -301,9 +302,10 @@ class ParameterServerConfig(StrategyConfig):
                              f"{', '.join(map(repr, MODES))}")
         check_partition_mb(f"parameter_server: partition_mb={self.partition_mb!r} is not accepted", self.partition_mb)
         if self.staleness != ASYNC and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
-                                        or self.staleness < 0):
+                                        or not 0 <= self.staleness <= MAX_STALENESS):
             raise ValueError(f"parameter_server: staleness={self.staleness!r} is not accepted: use 0 (synchronous), "
-                             f"an integer s > 0 (stale-synchronous) or {ASYNC!r}")
+                             f"an integer s from 1 to {MAX_STALENESS:,} (stale-synchronous; a run has at most that "
+                             f"many steps) or {ASYNC!r}")
         if isinstance(self.backups, bool) or not isinstance(self.backups, int) or self.backups < 0:
             raise ValueError(f"parameter_server: backups={self.backups!r} is not accepted: use an integer >= 0, "
                              f"less than the number of workers")

@@ -228,3 +228,30 @@ def test_profile_checks_where_it_writes_before_measuring(tmp_path, capsys, monke
     assert main(["profile", "--workload", "tiny", "--batch-size", "4", "--out", str(tmp_path / "x" / "p.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not writable (Read-only file system)" in err
+
+
+def test_staleness_beyond_any_run_is_refused_naming_async():
+    with pytest.raises(ValueError, match=r"staleness=1000000000 .* from 1 to 1,000,000 .* 'async'"):
+        strategies.make("parameter_server", staleness=10**9)
+    assert strategies.make("parameter_server", staleness=1_000_000).staleness == 1_000_000
+
+
+def test_bench_ps_fits_its_server_counts_to_the_workers_and_leaves_no_temporary_directory(monkeypatch, capsys):
+    """`bench --ps --workers 2` was refused naming colocated servers = 4 (a setting the user never gave), and every
+    call left a syncbench-ps-* directory behind."""
+    from pathlib import Path
+
+    from experiments.bench import parameter_server as ps
+
+    seen = {}
+
+    def fake(out_dir, workers, bandwidth, latency, partition_mb, servers, *rest):
+        seen.update(dir=Path(out_dir), servers=servers)
+        assert Path(out_dir).is_dir()
+        return "table"
+
+    monkeypatch.setattr(ps, "_ps_bench", fake)
+    assert ps.ps_bench(workers=2) == "table"
+    assert seen["servers"] == [1, 2] and not seen["dir"].exists()
+    assert main(["bench", "--ps", "--workers", "1"]) == 2
+    assert "--workers 1: accepted are 2 or more workers" in capsys.readouterr().err
