@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, build_model, check_model_args, param_sizes
+from workloads.models import MODELS, build_model, check_model_args, memory_problem, param_sizes
 
 FORMAT = 1  # bump when the file layout changes; load_profile refuses other versions
 DEVICES = ("cpu", "cuda")
@@ -154,6 +154,8 @@ def measure_profile(model: str, batch_size: int, image_size: int = 32, device: s
     `threads`: torch intra-op threads while measuring (1, as syncbench's CPU workers run; None: leave as is).
     """
     _check_measure_args(model, batch_size, image_size, device, num_classes, steps, warmup_steps)
+    if problem := memory_problem(model, num_classes, image_size, batch_size, device):
+        raise ProfileError(problem)  # before measuring: the allocator's traceback came after it
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

@@ -23,7 +23,7 @@ from strategies.transport.link import Network, parse_bandwidth, parse_latency
 from strategies.transport.names import P2P, default_p2p
 from workloads.data import DATASETS
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, check_model_args, param_count
+from workloads.models import MODELS, check_model_args, memory_problem, param_count
 from workloads.profile import ProfileError, load_profile
 
 DEVICES = ("cpu", "cuda")
@@ -259,12 +259,14 @@ def load(path: str | Path, progress=None, skip_invalid: bool = False) -> Sweep:
     return parse(data, source=text, where=str(path), progress=progress, skip_invalid=skip_invalid)
 
 
-def parse(data: dict, source: str = "", where: str = "sweep", progress=None, skip_invalid: bool = False) -> Sweep:
+def parse(data: dict, source: str = "", where: str = "sweep", progress=None, skip_invalid: bool = False,
+          measured: bool = True) -> Sweep:
     """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem.
 
     `progress(done, total)` is called every 1,000 grid points of a grid of more than 2,000 (a long expansion).
     `skip_invalid`: a grid point whose settings cannot run (colocated servers = 32 at 16 workers) is left out and
     listed in Sweep.skipped with its reasons, instead of refusing the sweep; problems of the file itself still do.
+    `measured`: the runs compute on real ranks (not simulated), so a batch that cannot fit in memory is refused.
     """
     skipped: list[tuple[str, str]] = []
     ranks_seen: dict[int, list[bool]] = {}  # link.ranks.N: per run, whether it has rank N
@@ -309,7 +311,7 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None, ski
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
             before = len(errors)
-            first = _make_spec(name, dict(point), {strategy: params}, errors, ranks_seen)
+            first = _make_spec(name, dict(point), {strategy: params}, errors, ranks_seen, measured)
             if skip_invalid and len(errors) > before:
                 shown = {k: point.get(k) for k, _ in axes} | {"strategy": strategy} | (
                     params if isinstance(params, dict) else {})
@@ -418,7 +420,7 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str],
-               ranks_seen: dict[int, list[bool]] | None = None) -> RunSpec | None:
+               ranks_seen: dict[int, list[bool]] | None = None, measured: bool = True) -> RunSpec | None:
     """One grid point -> RunSpec, appending an error per bad value (key, value, what is accepted)."""
     start = len(errors)
     for key, typ in _TYPES.items():
@@ -461,6 +463,12 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
                              _setting(point, "image_size"))
         except ValueError as e:
             errors.append(f"workload {point.get('workload', 'resnet18')!r}: {e}")
+        else:  # a batch one rank cannot train here: said now, not by the allocator once Ray has started
+            model = (_setting(point, k) for k in ("workload", "num_classes", "image_size", "batch_size", "device"))
+            # a replayed profile keeps no activations, but one measured at the start of the sweep does
+            computes = measured and (_setting(point, "compute") == "real" or point.get("profile") is None)
+            if computes and len(errors) == start and (problem := memory_problem(*model)):
+                errors.append(problem)
     if point.get("dataset") == "digits" and _setting(point, "num_classes") < 10:
         errors.append(f"num_classes = {point['num_classes']!r}: the digits data set has 10 classes, need >= 10")
     steps, warmup = _setting(point, "steps"), _setting(point, "warmup_steps")

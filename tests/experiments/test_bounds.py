@@ -255,3 +255,22 @@ def test_bench_ps_fits_its_server_counts_to_the_workers_and_leaves_no_temporary_
     assert seen["servers"] == [1, 2] and not seen["dir"].exists()
     assert main(["bench", "--ps", "--workers", "1"]) == 2
     assert "--workers 1: accepted are 2 or more workers" in capsys.readouterr().err
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_measuring_or_any_run(tmp_path, capsys):
+    started = time.perf_counter()
+    with pytest.raises(SweepError, match=r"batch_size = 65,536 of resnet50 at 224x224 needs about .* GB .* "
+                                         r"accepted here are batches up to about"):
+        sweep_mod.parse({"name": "big", "defaults": {"workload": "resnet50", "image_size": 224, "batch_size": 65536,
+                                                     "num_classes": 1000, "strategy": "ring", "workers": 2}})
+    # a simulation computes nothing: it is not refused for it
+    simulated = sweep_mod.parse({"name": "big", "defaults": {"workload": "resnet50", "image_size": 224,
+                                                             "batch_size": 65536, "strategy": "ring", "workers": 2}},
+                                measured=False)
+    assert len(simulated.runs) == 1
+    assert main(["profile", "--workload", "resnet50", "--image-size", "224", "--batch-size", "65536",
+                 "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "accepted here are batches up to about" in err
+    assert not (tmp_path / "p.json").exists()
+    assert time.perf_counter() - started < 30
