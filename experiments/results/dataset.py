@@ -108,13 +108,13 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     try:
         path.parent.mkdir(exist_ok=True)
         _refuse_link(path.parent)  # (a link made between the check and mkdir)
-        with _create(tmp) as f:
+        with create_temp(tmp) as f:
             pq.write_table(table, f, write_statistics=False)  # min/max of one run's rows: no use, 15% of a file
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        _discard(tmp)
+        discard(tmp)
         raise StoreError(f"cannot write results to {str(path.parent)!r}: {e.strerror or e} (runs stored before "
                          f"are intact; free space or choose another --out, then --resume)") from None
 
@@ -124,25 +124,25 @@ def write_text_atomic(path: Path, text: str) -> Path:
     tmp = path.with_suffix(path.suffix + ".tmp")
     _refuse_link(path)
     try:
-        with _create(tmp) as f:
+        with create_temp(tmp) as f:
             f.write(text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError as e:
-        _discard(tmp)
+        discard(tmp)
         raise StoreError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
     return path
 
 
-def _create(tmp: Path):
+def create_temp(tmp: Path):
     """A new temporary file opened for writing, never through a link: whatever was at its name (a file left by a
     killed writer, or a link planted there) is removed first (unlinking a link removes the link, not its target),
     and O_EXCL | O_NOFOLLOW refuse one that appears in between."""
-    _discard(tmp)
+    discard(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "wb")
 
 
-def _discard(tmp: Path) -> None:
+def discard(tmp: Path) -> None:
     """Remove a temporary file if there is one (on a read-only file system there cannot be: nothing to do)."""
     try:
         tmp.unlink(missing_ok=True)
@@ -157,7 +157,7 @@ def tidy(directory: Path) -> None:
     for folder in (directory, *(directory / t for t in TABLES)):
         if folder.is_dir():
             for tmp in folder.glob("*.tmp"):
-                _discard(tmp)
+                discard(tmp)
     for table in TABLES:
         found = parts(directory, table)
         batches = [(first, last) for first, last, _ in found if first != last]

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from experiments.results.dataset import TABLES, StoreError, _create, _discard, check_contained, read_runs, read_steps
+from experiments.results.dataset import TABLES, StoreError, check_contained, create_temp, discard, read_runs, read_steps
 
 FORMATS = ("parquet", "csv")
 
@@ -83,12 +83,12 @@ def _write(frame: pd.DataFrame, path: Path, fmt: str) -> None:
         raise StoreError(f"{str(path)!r} is a symbolic link: export replaces files, never writes through a link; "
                          f"remove it or choose another --out")
     try:
-        with _create(tmp) as f:
+        with create_temp(tmp) as f:
             if fmt == "parquet":
                 pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), f)
             else:
                 f.write(frame.to_csv(index=False).encode("utf-8"))
         tmp.replace(path)
     except OSError as e:
-        _discard(tmp)
+        discard(tmp)
         raise StoreError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
