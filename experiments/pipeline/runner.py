@@ -154,8 +154,8 @@ def progress_line(substrate, run: Run, varying: list[str]) -> str:
     line = substrate.describe(run)
     settings = run_settings(run)
     named = {"strategy", "workload", "straggler", "overlap"}  # described without key=
-    extra = [f"{k}={_shown(settings.get(k))}" for k in varying
-             if k not in named and f"{k.rsplit('.', 1)[-1]}=" not in line]
+    extra = [f"{k}={_shown(settings.get(k))}" for k in varying  # (None: not a setting of this run's strategy)
+             if k not in named and settings.get(k) is not None and f"{k.rsplit('.', 1)[-1]}=" not in line]
     return " ".join([line, *extra])
 
 

@@ -295,3 +295,4 @@ def test_simulate_skip_invalid_simulates_the_valid_points(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "s.toml"), "--out", str(out), "--no-report", "--skip-invalid"]) == 0
     assert "skipped grid point [" in capsys.readouterr().err
     assert len(Store(out).runs()) == 1 and "needs at least 4 workers" in (out / "skipped.json").read_text()
+
