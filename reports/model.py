@@ -166,6 +166,7 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     for label, (name, params) in zip(labels, specs):
         try:
             configs.append(make_strategy(name, **params))
+            configs[-1].check_messages(int(workers), numel)  # before pricing: 1e-9 MiB partitions took 7 GB
         except TypeError as e:
             raise ValueError(f"strategy {label!r}: {e}") from None
 
@@ -268,8 +269,10 @@ def format_model_table(df: pd.DataFrame) -> str:
                 f"{a['numel'] * 4 / MB:,.2f} MB fp32")
         else:
             what = f"model: {a['numel']:,} parameters, {a['numel'] * 4 / MB:,.2f} MB fp32"
+        ts = (f"compute time Ts {a['step_time']:g} s" if a["step_time"] == a["step_time"] else
+              "compute time Ts not given (--step-time): bytes and times only, no P, step s or S")
         head = [f"# {what}; link {a['bandwidth'] / MB:,.2f} MB/s ({a['bandwidth'] / GBIT:g} Gbit/s), "
-                f"latency {a['latency'] * 1e6:g} us; compute time Ts {a['step_time']:g} s"]
+                f"latency {a['latency'] * 1e6:g} us; {ts}"]
         if profile is not None:
             label = "SYNTHETIC profile (described, not measured)" if profile.synthetic else "measured profile"
             buckets = "one flat bucket" if a["bucket_mb"] is None else f"{a['bucket_mb']:g} MiB buckets"
@@ -293,7 +296,9 @@ def format_model_table(df: pd.DataFrame) -> str:
         if math.isnan(r.comm_s):
             cells = [r.strategy, str(r.workers)] + ["-"] * (len(columns) - 4) + [exact, r.note]
         else:
-            if math.isinf(r.bandwidth_needed):
+            if math.isnan(r.bandwidth_needed):  # no compute time given: no requirement to state
+                s = gbit = "-"
+            elif math.isinf(r.bandwidth_needed):
                 s = gbit = "unreachable"
             else:
                 s, gbit = f"{r.bandwidth_needed / MB:,.0f}", f"{r.bandwidth_needed / GBIT:,.1f}"
@@ -301,7 +306,8 @@ def format_model_table(df: pd.DataFrame) -> str:
             cells = [r.strategy, str(r.workers), f"{r.rounds:,}", f"{r.path_bytes / MB:,.2f}", f"{r.comm_s:.3f}"]
             cells += [f"{r.exposed_s:.3f}"] if overlapped else []
             cells += [f"{r.intra_bytes / MB:,.2f}", r.bottleneck] if nodes else []
-            cells += [optimum, f"{r.efficiency:.4f}", f"{r.step_s:.2f}", s, gbit, exact, r.note]
+            cells += [optimum, "-" if math.isnan(r.efficiency) else f"{r.efficiency:.4f}",
+                      "-" if math.isnan(r.step_s) else f"{r.step_s:.2f}", s, gbit, exact, r.note]
         lines.append(cells)
     widths = [max([len(c)] + [len(cells[i]) for cells in lines]) for i, c in enumerate(columns)]
     left = (0, len(columns) - 2, len(columns) - 1)  # strategy, exact and note left-aligned, numbers right

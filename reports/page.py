@@ -1,6 +1,6 @@
 """The HTML page: results -> sections (reports/sections.py) -> templates/report.html.j2 -> one report.html.
 
-`build(results_dir)` reads runs.parquet (one row per run), steps.parquet (optional) and sweep.toml (optional)
+`build(results_dir)` reads the runs (one row per run), the steps (optional) and sweep.toml (optional)
 and writes results_dir/report.html: plotly's JavaScript inlined once, every figure a <div> that uses it, with
 no network. Sections this sweep has nothing for are listed once, at the end. The templates escape every string
 (autoescape).
@@ -8,6 +8,7 @@ no network. Sections this sweep has nothing for are listed once, at the end. The
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import jinja2
 import plotly.offline
 from markupsafe import Markup
 
+from experiments.results.dataset import check_contained, write_text_atomic
 from reports.load import link_order, load_runs, load_steps, with_step_intervals
 from reports.sections import SECTIONS, Absent, Results
 
@@ -43,17 +45,25 @@ def render(r: Results) -> str:
 
 
 def build(results_dir: str | os.PathLike) -> Path:
-    """Write results_dir/report.html from its runs.parquet (and steps.parquet, sweep.toml); return its path."""
+    """Write results_dir/report.html from its runs (and steps, sweep.toml); return its path."""
     results_dir = Path(results_dir)
+    check_contained(results_dir)  # before any work: report.html and its tmp are never written through a link
     steps = load_steps(results_dir)
     runs = with_step_intervals(load_runs(results_dir), steps)
     sweep_path = results_dir / "sweep.toml"
     results = Results(runs=runs, ok=runs[runs["ok"]], steps=steps,
                       sweep_text=sweep_path.read_text(encoding="utf-8", errors="replace")
-                      if sweep_path.exists() else None, links=link_order(runs))
-    out = results_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(render(results), encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+                      if sweep_path.exists() else None, links=link_order(runs), skipped=_skipped(results_dir))
+    # replaced whole or not at all; a full or read-only disk: StoreError in one line, no report.html.tmp left
+    return write_text_atomic(results_dir / "report.html", render(results))
+
+
+def _skipped(results_dir: Path) -> tuple[tuple[str, str], ...]:
+    """The grid points a `--skip-invalid` sweep left out (skipped.json), as (point, why); () when none or unreadable."""
+    path = results_dir / "skipped.json"
+    try:
+        items = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        return tuple((str(i["point"]), str(i["reason"])) for i in items)
+    except (OSError, ValueError, TypeError, KeyError):
+        return ()
 

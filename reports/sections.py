@@ -27,6 +27,7 @@ class Results:
     steps: pd.DataFrame | None
     sweep_text: str | None
     links: list[str]
+    skipped: tuple[tuple[str, str], ...] = ()  # grid points `--skip-invalid` left out: (point, why)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ def warnings(r: Results) -> list[tuple[str, str]]:
     if failed:
         out.append(("Failed runs:", f"{failed} run(s) failed; they are left out of the figures (see the runs "
                     "table)."))
+    if r.skipped:
+        out.append(("Not run:", f"{len(r.skipped)} grid point(s) were skipped as invalid (--skip-invalid): "
+                    + "; ".join(f"[{point}] {reason}" for point, reason in r.skipped)))
     return out
 
 

@@ -29,6 +29,11 @@ PARAMETERS = "parameters"  # decentralized: local step, then average parameters 
 SERVER = "server"          # parameter server: servers own parameters and optimizer; workers get parameters back
 ROLES = (GRADIENTS, PARAMETERS, SERVER)
 
+# The most messages one worker may send and receive in one synchronization. Settings that cut a message small
+# (partition_mb, chunks, pipeline_mb) are bounded by it, for the array they will cut: every message costs memory to
+# plan and a latency to send, and 25 million partitions of ResNet-50 (partition_mb = 1e-9) took 7 GB and minutes.
+MAX_MESSAGES = 100_000
+
 
 @dataclass(frozen=True)
 class RankTraffic:
@@ -123,6 +128,26 @@ class StrategyConfig:
     def traffic(self, workers: int, numel: int, itemsize: int = 4) -> Traffic:
         raise NotImplementedError(f"strategy {self.name!r} does not state its analytic traffic")
 
+    def messages(self, workers: int, numel: int, itemsize: int = 4) -> int:
+        """How many messages a worker sends and receives in one synchronization of numel elements, counted without
+        planning them, where a setting decides it (partition_mb, chunks, pipeline_mb); 0 where only the number of
+        ranks does (bounded by the sweep's rank limit)."""
+        return 0
+
+    def fewer_messages(self, workers: int, numel: int, itemsize: int = 4) -> str:
+        """The setting and the values that keep messages() within MAX_MESSAGES for this array."""
+        return ""
+
+    def check_messages(self, workers: int, numel: int, itemsize: int = 4) -> None:
+        """ValueError, before any work, when this array would be cut into more than MAX_MESSAGES messages per
+        worker: naming the count, the array and the accepted range of the setting that decides it."""
+        count = self.messages(workers, numel, itemsize)
+        if count > MAX_MESSAGES:
+            raise ValueError(f"{self.name} with {workers} workers cuts {numel * itemsize / 1e6:,.6g} MB into "
+                             f"{count:,} messages per worker and synchronization: at most {MAX_MESSAGES:,} (each "
+                             f"costs memory and a latency); accepted for this array: "
+                             f"{self.fewer_messages(workers, numel, itemsize)}")
+
     def mixing_matrix(self, workers: int, round: int = 0) -> np.ndarray:
         """Inexact strategies: the doubly stochastic W of one round (x_i <- sum_j W_ij x_j)."""
         raise NotImplementedError(f"strategy {self.name!r} is exact: it has no mixing matrix")
@@ -184,7 +209,7 @@ class Strategy:
         check_op(op, tensor.dtype, self.config.ops)
         if self.is_server:
             raise RuntimeError(f"rank {self.rank} is a server of {self.config.name!r}: call serve(), not {call}()")
-        self._check_size(tensor.numel())
+        self._check_size(tensor.numel(), tensor.element_size())
         if not tensor.is_contiguous():
             raise ValueError(f"{call}() needs a contiguous tensor (flatten gradients into one buffer first)")
         flat = tensor.view(-1)
@@ -199,10 +224,11 @@ class Strategy:
         """Server ranks: take part in one sync() of the workers (buffers on `device`). Servers only."""
         raise RuntimeError(f"strategy {self.config.name!r} has no server ranks")
 
-    def _check_size(self, numel: int) -> None:
+    def _check_size(self, numel: int, itemsize: int = 4) -> None:
         # One control-plane size check on the first call (and whenever this rank's size changes):
         # ranks that disagree fail with a clear error instead of hanging or mixing wrong chunks.
         if self._checked_numel != numel:
+            self.config.check_messages(self.workers, numel, itemsize)  # on every rank alike: none starts sending
             self.comm.check_same_numel(numel)
             self._checked_numel = numel
 

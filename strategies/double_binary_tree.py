@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
+from strategies.base import MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
 from strategies.ops import finish_reduction, reduce_into
 from strategies.primitives import Scratch
 
@@ -161,6 +161,12 @@ class DoubleBinaryTree(Strategy):
             handle.wait()
 
 
+# per chunk of each half a rank sends and receives at most 3 + 3 messages (parent and two children, reduce and
+# broadcast), in both trees
+MESSAGES_PER_CHUNK = 12
+MAX_CHUNKS = MAX_MESSAGES // MESSAGES_PER_CHUNK
+
+
 @dataclass(frozen=True)
 class DoubleBinaryTreeConfig(StrategyConfig):
     name = "double_binary_tree"
@@ -172,13 +178,20 @@ class DoubleBinaryTreeConfig(StrategyConfig):
     ranks_per_node: int = 1
 
     def validate(self):
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
-            raise ValueError(f"double_binary_tree chunks = {self.chunks!r}: expected an integer >= 1 (pipeline "
-                             f"chunks per half of the array)")
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or not 1 <= self.chunks <= MAX_CHUNKS:
+            raise ValueError(f"double_binary_tree chunks = {self.chunks!r}: expected an integer from 1 to "
+                             f"{MAX_CHUNKS:,} (pipeline chunks per half of the array; each rank sends and receives "
+                             f"up to {MESSAGES_PER_CHUNK} messages per chunk, at most {MAX_MESSAGES:,} in all)")
         k = self.ranks_per_node
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"double_binary_tree ranks_per_node = {k!r}: expected an integer >= 1 (1: trees over "
                              f"the ranks)")
+
+    def messages(self, workers, numel, itemsize=4):
+        return MESSAGES_PER_CHUNK * self.chunks
+
+    def fewer_messages(self, workers, numel, itemsize=4):
+        return f"chunks from 1 to {MAX_CHUNKS:,}"
 
     def bind(self, comm, workers):
         # trees over the ranks (k = 1) run on any placement; trees over nodes of k only where nodes are of k

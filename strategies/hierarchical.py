@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.base import RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
+from strategies.base import MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
 from strategies.ops import finish_reduction, reduce_into
 from strategies.primitives import Scratch
 from strategies.transport.communicator import Handle
@@ -313,6 +313,25 @@ class HierarchicalConfig(StrategyConfig):
         inner = self.inner_config().traffic(m, chunk, itemsize)
         per_round = inner.path_bytes / inner.rounds if inner.rounds else 0.0
         return max(1, min(int(per_round // (self.pipeline_mb * 2**20)), numel))
+
+    def messages(self, workers, numel, itemsize=4):
+        """Per piece: the two ring phases in the node (k - 1 messages each way, each) and the inner allreduce."""
+        return self.pieces(workers, numel, itemsize) * self._piece_messages(workers, numel, itemsize)[0]
+
+    def fewer_messages(self, workers, numel, itemsize=4):
+        per_piece, per_round = self._piece_messages(workers, numel, itemsize)
+        low = per_round / ((MAX_MESSAGES // per_piece + 1) * 2**20) * 1.001
+        return f"pipeline_mb >= {low:.3g} MiB (inf: no pipeline)"
+
+    def _piece_messages(self, workers: int, numel: int, itemsize: int) -> tuple[int, float]:
+        """Messages a worker sends and receives per piece, and the inner strategy's bytes per round (unpipelined)."""
+        layout = Layout(workers, self.ranks_per_node)
+        m = len(layout.nodes())
+        chunk = max((hi - lo for lo, hi in chunk_bounds(numel, layout.k)), default=0)
+        inner = self.inner_config().traffic(m, chunk, itemsize) if m > 1 else None
+        inner_msgs = max((r.msgs_sent + r.msgs_recv for r in inner.workers()), default=0) if inner else 0
+        per_round = inner.path_bytes / inner.rounds if inner and inner.rounds else 0.0
+        return max(1, 4 * (layout.k - 1) + inner_msgs), per_round
 
     def inner_config(self) -> StrategyConfig:
         from strategies.registry import get  # the registry imports this module

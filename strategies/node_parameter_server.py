@@ -27,15 +27,14 @@ bytes, messages and bits (tests/strategies/test_nodes.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from strategies.base import GRADIENTS, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
+from strategies.base import GRADIENTS, MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
 from strategies.hierarchical import Layout, intra_path, intra_traffic
 from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
-from strategies.parameter_server import partitions
+from strategies.parameter_server import check_partition_mb, least_partition_mb, partition_count, partitions
 from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
 
 PLACEMENTS = ("colocated", "dedicated")
@@ -148,7 +147,7 @@ class NodeParameterServer(Strategy):
         """Take this server's shard of every chunk, partition by partition, from the chunk's owners, sum it,
         answer it (summation mode: `update` is not used, the workers step)."""
         check_op(op, dtype, self.config.ops)
-        self._check_size(numel)
+        self._check_size(numel, dtype.itemsize)
         like = torch.empty(0, dtype=wire_dtype(dtype), device=device)  # as the workers send it (Strategy.sync)
         if numel == 0:
             return
@@ -183,10 +182,17 @@ class NodeParameterServerConfig(StrategyConfig):
         if self.placement not in PLACEMENTS:
             raise ValueError(f"node_parameter_server placement = {self.placement!r}: accepted are "
                              f"{', '.join(map(repr, PLACEMENTS))}")
-        if (isinstance(self.partition_mb, bool) or not isinstance(self.partition_mb, (int, float))
-                or not 0 < self.partition_mb < math.inf):
-            raise ValueError(f"node_parameter_server partition_mb = {self.partition_mb!r}: expected a number of MiB "
-                             f"> 0 (BytePS uses 4)")
+        check_partition_mb(f"node_parameter_server partition_mb = {self.partition_mb!r}", self.partition_mb)
+
+    def messages(self, workers, numel, itemsize=4):
+        """The owner of a node's chunk (1/k of the array) pushes and gets back each of its partitions; the two ring
+        phases inside the node send and receive k - 1 messages each way."""
+        chunk = -(-numel // self.ranks_per_node)
+        return 2 * partition_count(chunk, self.servers, itemsize, self.partition_mb) + 4 * (self.ranks_per_node - 1)
+
+    def fewer_messages(self, workers, numel, itemsize=4):
+        chunk = -(-numel // self.ranks_per_node)
+        return least_partition_mb(chunk, self.servers, itemsize, MAX_MESSAGES // 2 - 2 * self.ranks_per_node)
 
     def check_workers(self, workers: int) -> None:
         if self.placement == "dedicated" and self.ranks_per_node > 1 and workers % self.ranks_per_node:

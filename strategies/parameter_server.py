@@ -41,7 +41,17 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies.base import GRADIENTS, SERVER, Pending, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
+from strategies.base import (
+    GRADIENTS,
+    MAX_MESSAGES,
+    SERVER,
+    Pending,
+    RankTraffic,
+    Strategy,
+    StrategyConfig,
+    Traffic,
+    chunk_bounds,
+)
 from strategies.ops import check_op, finish_reduction, prescale, reduce_into, wire_dtype, wire_form
 from strategies.parameter_server_async import ShardServer, push_pull
 from strategies.primitives import Scratch
@@ -61,6 +71,33 @@ def partitions(numel: int, servers: int, itemsize: int, partition_mb: float) -> 
         count = math.ceil((hi - lo) / limit)
         out.append([(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, count)] if count else [])
     return out
+
+
+MAX_STALENESS = 1_000_000  # the most steps a run has: a larger bound is never reached (use "async")
+MAX_PARTITION_MB = 1e6  # a partition of 1 TiB: one per shard of any array that fits a machine
+
+
+def partition_count(numel: int, servers: int, itemsize: int, partition_mb: float) -> int:
+    """len() of every server's partitions(...) summed, counted without cutting them."""
+    limit = max(1, int(partition_mb * MIB) // itemsize)
+    base, extra = divmod(numel, servers)
+    return extra * -(-(base + 1) // limit) + (servers - extra) * -(-base // limit)
+
+
+def least_partition_mb(numel: int, servers: int, itemsize: int, most: int) -> str:
+    """The partition_mb range that cuts numel elements over `servers` shards into at most `most` partitions."""
+    limit = -(-numel // max(1, most - servers))  # partitions <= numel / limit + servers
+    low = max(limit * itemsize / MIB * 1.001, 1e-6)
+    return f"partition_mb from {low:.3g} to {MAX_PARTITION_MB:,.0f} MiB"
+
+
+def check_partition_mb(shown: str, value) -> None:
+    """A number of MiB > 0 and at most MAX_PARTITION_MB (how small: check_messages, for the array it cuts);
+    `shown` names the setting and its value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_PARTITION_MB:
+        raise ValueError(f"{shown}: use a number of MiB > 0 and at most "
+                         f"{MAX_PARTITION_MB:,.0f} (BytePS uses 4; how small depends on the array: at most "
+                         f"{MAX_MESSAGES:,} messages per worker and synchronization)")
 
 
 def push_order(rank: int, parts: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
@@ -180,7 +217,7 @@ class ParameterServer(Strategy):
         def check_sizes():  # as the workers' buckets check theirs at their first sync(), in bucket order
             if checked:
                 return
-            self._check_size(numels[0])
+            self._check_size(numels[0], dtype.itemsize)
             for numel in numels[1:]:
                 self.comm.check_same_numel(numel)
 
@@ -192,7 +229,7 @@ class ParameterServer(Strategy):
             raise RuntimeError(f"parameter_server with staleness={self.config.staleness!r}, "
                                f"backups={self.config.backups}: servers run serve_run(steps, ...), not serve()")
         check_op(op, dtype, self.config.ops)
-        self._check_size(numel)
+        self._check_size(numel, dtype.itemsize)
         dtype = wire_dtype(dtype)  # as the workers send it (see Strategy.sync)
         like = torch.empty(0, dtype=dtype, device=device)
         parts = partitions(numel, self.servers, like.element_size(), self.config.partition_mb)
@@ -263,14 +300,12 @@ class ParameterServerConfig(StrategyConfig):
         if self.mode not in MODES:
             raise ValueError(f"parameter_server: mode={self.mode!r} is not accepted: use one of "
                              f"{', '.join(map(repr, MODES))}")
-        if (isinstance(self.partition_mb, bool) or not isinstance(self.partition_mb, (int, float))
-                or not 0 < self.partition_mb < math.inf):
-            raise ValueError(f"parameter_server: partition_mb={self.partition_mb!r} is not accepted: use a number "
-                             f"of MiB > 0 (BytePS uses 4)")
+        check_partition_mb(f"parameter_server: partition_mb={self.partition_mb!r} is not accepted", self.partition_mb)
         if self.staleness != ASYNC and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
-                                        or self.staleness < 0):
+                                        or not 0 <= self.staleness <= MAX_STALENESS):
             raise ValueError(f"parameter_server: staleness={self.staleness!r} is not accepted: use 0 (synchronous), "
-                             f"an integer s > 0 (stale-synchronous) or {ASYNC!r}")
+                             f"an integer s from 1 to {MAX_STALENESS:,} (stale-synchronous; a run has at most that "
+                             f"many steps) or {ASYNC!r}")
         if isinstance(self.backups, bool) or not isinstance(self.backups, int) or self.backups < 0:
             raise ValueError(f"parameter_server: backups={self.backups!r} is not accepted: use an integer >= 0, "
                              f"less than the number of workers")
@@ -291,6 +326,13 @@ class ParameterServerConfig(StrategyConfig):
     def asynchronous(self) -> bool:
         """Servers without a global barrier: stale-synchronous, asynchronous, or synchronous with backups."""
         return self.staleness != 0 or self.backups > 0
+
+    def messages(self, workers, numel, itemsize=4):
+        """Every partition pushed and answered once."""
+        return 2 * partition_count(numel, self.servers, itemsize, self.partition_mb)
+
+    def fewer_messages(self, workers, numel, itemsize=4):
+        return least_partition_mb(numel, self.servers, itemsize, MAX_MESSAGES // 2)
 
     def check_workers(self, workers: int) -> None:
         """What depends on the number of workers: colocated servers need as many workers, backups fewer."""

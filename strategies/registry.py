@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from importlib.metadata import entry_points
 
-from strategies.base import ROLES, Strategy, StrategyConfig
+from strategies.base import MAX_MESSAGES, ROLES, Strategy, StrategyConfig, Traffic
 from strategies.ops import OPS
 
 ENTRY_POINT_GROUP = "syncbench.strategies"
@@ -62,7 +62,31 @@ def contract_problems(config_cls: type[StrategyConfig]) -> list[str]:
             if traffic.counted != config_cls.counted:
                 problems.append(f"`counted = {config_cls.counted}` to agree with traffic().counted "
                                 f"({traffic.counted}) for variant {params!r}")
+            if problem := _traffic_probe(config, params):
+                problems.append(problem)
     return problems
+
+
+# Sizes every variant's traffic() is asked about at registration (2 workers, as above): empty, one element, odd,
+# a prime past a million, and past 2**31 elements (8 GiB of fp32, an int32 index overflows). `model`, the report
+# and a sweep price any of them after the run's work: a traffic() that raises there must not pass registration.
+PROBE_NUMELS = (0, 1, 7, 1_000_003, 2**31 + 11)
+
+
+def _traffic_probe(config: StrategyConfig, params: dict) -> str | None:
+    """The first size at which the variant's traffic() fails or returns no Traffic, as a contract problem."""
+    for numel in PROBE_NUMELS:
+        try:
+            if config.messages(2, numel) > MAX_MESSAGES:  # refused by check_messages before anyone prices it
+                continue
+            traffic = config.traffic(2, numel)
+        except Exception as e:  # noqa: BLE001 - reported as a contract problem
+            return (f"variant {params!r} to state its traffic for 2 workers and numel = {numel:,} "
+                    f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        if not isinstance(traffic, Traffic):
+            return (f"variant {params!r}: traffic(2, {numel:,}) to return a Traffic (got "
+                    f"{type(traffic).__name__})")
+    return None
 
 
 def register(config_cls: type[StrategyConfig]) -> type[StrategyConfig]:

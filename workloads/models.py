@@ -7,7 +7,9 @@ inputs; only inputs too small for the model's downsampling are rejected.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import threading
 
 import torch
@@ -131,3 +133,54 @@ def param_shapes(name, num_classes=10, image_size=32) -> tuple[tuple[int, ...], 
     with torch.device("meta"):
         model = _construct(name, num_classes)
     return tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def activation_numel(name, num_classes=10, image_size=32) -> int:
+    """Elements of every leaf module's output for one sample, from a forward pass on the meta device (no memory):
+    roughly what training keeps for backward per sample, for refusing a batch that cannot fit before any work."""
+    check_model_args(name, num_classes, image_size)
+    with torch.device("meta"):
+        model = _construct(name, num_classes)
+        total = 0
+
+        def count(module, inputs, output):
+            nonlocal total
+            if isinstance(output, torch.Tensor):
+                total += output.numel()
+
+        hooks = [m.register_forward_hook(count) for m in model.modules() if not list(m.children())]
+        model(torch.empty(1, 3, image_size, image_size))
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def training_bytes(name, num_classes=10, image_size=32, batch_size=1) -> int:
+    """A lower estimate of one rank's training memory in fp32: activations (kept for backward, and their
+    gradients) for the batch, plus parameters, gradients and momentum."""
+    return 4 * (2 * batch_size * activation_numel(name, num_classes, image_size)
+                + 3 * param_count(name, num_classes, image_size))
+
+
+def memory_problem(name, num_classes, image_size, batch_size, device="cpu") -> str:
+    """'' when one rank's training of this batch may fit this machine's memory (RAM, or the GPU's), else why not,
+    naming the batch, the estimate (training_bytes) and the largest batch that fits: said before any work, where
+    the allocator's traceback came after Ray started. Small batches are not estimated (under 2**20 pixels a batch
+    of any model here needs a few GB at most)."""
+    if batch_size * image_size * image_size < 2**20:
+        return ""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return ""
+        total, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    else:
+        total, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"
+    need = training_bytes(name, num_classes, image_size, batch_size)
+    if need <= total:
+        return ""
+    per_sample = training_bytes(name, num_classes, image_size, 2) - training_bytes(name, num_classes, image_size, 1)
+    fits = max(0, (total - training_bytes(name, num_classes, image_size, 0)) // per_sample)
+    return (f"batch_size = {batch_size:,} of {name} at {image_size}x{image_size} needs about {need / 1e9:,.1f} GB to "
+            f"train (activations kept for backward, parameters, gradients, momentum), more than {where} "
+            f"({total / 1e9:,.1f} GB): accepted here are batches up to about {fits:,}")

@@ -20,6 +20,7 @@ Times are seconds; ready times are relative to the start of backward; sizes are 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -28,6 +29,7 @@ import os
 import platform
 import socket
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, build_model, check_model_args, param_sizes
+from workloads.models import MODELS, build_model, check_model_args, memory_problem, param_sizes
 
 FORMAT = 1  # bump when the file layout changes; load_profile refuses other versions
 DEVICES = ("cpu", "cuda")
@@ -152,6 +154,8 @@ def measure_profile(model: str, batch_size: int, image_size: int = 32, device: s
     `threads`: torch intra-op threads while measuring (1, as syncbench's CPU workers run; None: leave as is).
     """
     _check_measure_args(model, batch_size, image_size, device, num_classes, steps, warmup_steps)
+    if problem := memory_problem(model, num_classes, image_size, batch_size, device):
+        raise ProfileError(problem)  # before measuring: the allocator's traceback came after it
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -333,9 +337,14 @@ def synthetic_profile(model: str, step_s: float, batch_size: int = 32, image_siz
                                for x in split) or split[1] <= 0):
         raise ProfileError(f"split {split!r}: accepted are three shares forward, backward, optimizer, each >= 0, "
                            f"backward > 0 (e.g. 1,2,0)")
-    total = float(sum(split))
-    forward_s, backward_s = step_s * split[0] / total, step_s * split[1] / total
-    optimizer_s = step_s * split[2] / total
+    largest = float(max(split))  # shares scaled to <= 1 first: 1e308 + 1e308 overflows to inf, and every time to 0
+    shares = [x / largest for x in split]
+    forward_s, backward_s, optimizer_s = (step_s * x / sum(shares) for x in shares)
+    zero = [part for part, x, t in zip(("forward", "backward", "optimizer"), split, (forward_s, backward_s,
+                                                                                     optimizer_s)) if x > 0 and t <= 0]
+    if zero:
+        raise ProfileError(f"split {split!r} with step time {step_s!r}: the {zero[0]} time underflows to 0 s; "
+                           f"accepted are shares whose times are > 0 (e.g. 1,2,0)")
     layers = layer_work(model, num_classes, image_size)
     work = sum(w for _, w in layers)
     ready = {}
@@ -377,8 +386,12 @@ def check_profile_path(path: str | Path) -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise ProfileError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise ProfileError(f"--out {str(path)!r}: directory {str(parent)!r} is not writable")
+            try:  # a real write, not os.access: a read-only file system refuses root too
+                with tempfile.TemporaryFile(dir=parent):
+                    pass
+            except OSError as e:
+                raise ProfileError(f"--out {str(path)!r}: directory {str(parent)!r} is not writable "
+                                   f"({e.strerror or e})") from None
             break
     return path
 
@@ -391,8 +404,11 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     try:
         tmp.write_text(json.dumps(profile.as_dict(), indent=1) + "\n")
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full or read-only disk: one line, no temporary file left
+            raise ProfileError(f"cannot write the profile {str(path)!r}: {e.strerror or e}") from None
         raise
     return path
 

@@ -15,8 +15,10 @@ time relative to ring's no worse than the same configuration's without overlap.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,12 +38,36 @@ def ps_bench(workers: int = 4, bandwidth: str = "1Gbit", latency: str = "50us", 
              batch_size: int = 16, model: str = "resnet18", out: str | Path | None = None, log=None) -> pd.DataFrame:
     """Measure the profile once, run one sweep per overlap setting on thread ranks (python-emulated links), return
     one row per run. Overlap on: `bucket_mb` buckets and the first partition size only."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
+        raise ValueError(f"bench --ps --workers {workers!r}: accepted are 2 or more workers (a parameter server "
+                         f"against ring needs peers)")
+    # colocated servers run beside workers 0..k-1: server counts beyond the workers are left out, not refused
+    servers = [k for k in servers if k <= workers]
+    with _work_dir(out, "syncbench-ps-") as out_dir:
+        return _ps_bench(out_dir, workers, bandwidth, latency, partition_mb, servers, overlaps, bucket_mb, steps,
+                         warmup_steps, batch_size, model, log)
+
+
+@contextlib.contextmanager
+def _work_dir(out, prefix: str):
+    """`out`, kept; or a temporary directory removed afterwards (one was left behind per call)."""
+    if out:
+        yield Path(out)
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _ps_bench(out_dir, workers, bandwidth, latency, partition_mb, servers, overlaps, bucket_mb, steps, warmup_steps,
+              batch_size, model, log) -> pd.DataFrame:
     from experiments.config.sweep import parse
     from experiments.pipeline.runner import run_sweep
     from experiments.pipeline.substrate import ThreadSubstrate
     from workloads.profile import measure_profile, save_profile
 
-    out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="syncbench-ps-"))
     profile = measure_profile(model, batch_size, 32)
     path = save_profile(profile, out_dir / "profiles" / f"{profile.id}.json")
     kwargs = {"log": log} if log else {}
@@ -165,12 +191,19 @@ def straggler_bench(workers: int = 4, slowdowns=(2.0, 3.0), servers: int = 4, ba
     """One of the workers `slowdown` times slower (profile mode): samples/s of the synchronous parameter server,
     SSP s = 2 and 8, async and 1 backup worker (update mode, dedicated servers), beside ring; one sweep per PS
     setting (staleness and backups do not combine), all on thread ranks over python-emulated links."""
+    with _work_dir(out, "syncbench-ps-straggler-") as out_dir:
+        return _straggler_bench(out_dir, workers, slowdowns, servers, bandwidth, latency, steps, warmup_steps,
+                                batch_size, model, log)
+
+
+def _straggler_bench(out_dir, workers, slowdowns, servers, bandwidth, latency, steps, warmup_steps, batch_size,
+                     model, log) -> pd.DataFrame:
     from experiments.config.sweep import parse
     from experiments.pipeline.runner import run_sweep
     from experiments.pipeline.substrate import ThreadSubstrate
+    from experiments.results import load_steps
     from workloads.profile import measure_profile, save_profile
 
-    out_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="syncbench-ps-straggler-"))
     profile = measure_profile(model, batch_size, 32)
     path = save_profile(profile, out_dir / "profiles" / f"{profile.id}.json")
     defaults = {"workload": model, "batch_size": batch_size, "image_size": 32, "steps": steps,
@@ -185,7 +218,7 @@ def straggler_bench(workers: int = 4, slowdowns=(2.0, 3.0), servers: int = 4, ba
         sweep = parse({"name": f"ps-straggler-{i}", "defaults": {**defaults, "strategy": name}, "grid": grid,
                        "strategy_params": {name: {"servers": servers, **setting}} if setting else {}})
         runs = run_sweep(sweep, out_dir / f"results-{i}", overwrite=True, substrate=ThreadSubstrate(), **kwargs)
-        rates = worker_rates(pd.read_parquet(out_dir / f"results-{i}" / "steps"))
+        rates = worker_rates(load_steps(out_dir / f"results-{i}"))  # (not read_parquet: latest attempts only)
         frames.append(runs.assign(setting=name if not setting else ", ".join(f"{k}={v}" for k, v in setting.items()),
                                   worker_rate=runs["run_id"].map(rates)))
     return straggler_table(pd.concat(frames, ignore_index=True))

@@ -24,13 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="syncbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run a sweep file and write runs.parquet, steps.parquet and report.html")
+    p = sub.add_parser("run", help="run a sweep file and write its results to --out: runs/ and steps/ (one Parquet "
+                                   "part per run; `syncbench export` or experiments.results.load_runs to read "
+                                   "them), sweep.toml and report.html")
     p.add_argument("sweep", help="a sweep TOML file, e.g. experiments/config/sweeps/quick.toml")
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="run only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="run the valid grid points and list every invalid one with its reason (here and in the "
+                        "report), instead of refusing the sweep")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more than 4 ranks per core (times then measure core contention)")
     p.add_argument("--substrate", default="ray", choices=("ray", "threads"),
@@ -42,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
 
     _simulate_arguments(p)
 
-    p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's Parquet files")
+    p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's results")
     p.add_argument("dir")
+
+    p = sub.add_parser("export", help="DIR's runs and steps as one file per table (every column, each run's latest "
+                                      "attempt): OUT/runs.parquet and OUT/steps.parquet, or .csv")
+    p.add_argument("dir", help="a results directory (the --out of run or simulate)")
+    p.add_argument("--out", required=True, help="directory to write runs.<format> and steps.<format> into")
+    p.add_argument("--format", default="parquet", choices=("parquet", "csv"), help="file format (default parquet)")
 
     p = sub.add_parser("model", help="the analytic model: communication time, efficiency, bandwidth needed")
     what = p.add_mutually_exclusive_group(required=True)
@@ -53,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
                                         "and step time, buckets overlapped with backward as its gradients are ready")
     p.add_argument("--num-classes", type=int,
                    help="with --model: classifier outputs (default: the workload's, as sweeps; ImageNet: 1000)")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", action="append", required=True,
+                   help="worker counts, comma-separated or repeated, e.g. 4,8,16,32: one table over them")
     p.add_argument("--bandwidth", required=True, help="per-worker link, e.g. 125MB/s, 1Gbit, 25Gbit")
-    p.add_argument("--step-time", type=float, help="compute time per step Ts, seconds (not with --profile)")
+    p.add_argument("--step-time", type=float,
+                   help="compute time per step Ts, seconds (not with --profile); without it: bytes and times only")
     p.add_argument("--overlap", action="store_true",
                    help="with --model: overlap buckets with backward on a synthetic profile of --step-time "
                         "(forward:backward 1:2, 224x224, readiness by each layer's backward FLOPs)")
@@ -72,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         "parameter_server:servers=4,placement=colocated")
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
-    sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
+    sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
     p = sub.add_parser("profile", help="measure a compute profile: forward, per-parameter gradient readiness, "
                                        "optimizer (one rank alone); or describe one (--synthetic)")
@@ -181,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"syncbench {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"syncbench {args.command}: interrupted ({e or 'Ctrl-C'}); finished runs are saved", file=sys.stderr)
+        # (an exception is always true: its text is what may be empty, as Ctrl-C's is)
+        print(f"syncbench {args.command}: interrupted ({str(e) or 'SIGINT, Ctrl-C'}); finished runs are saved",
+              file=sys.stderr)
         return 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
 
 
@@ -263,7 +278,9 @@ def _run(args) -> int:
     from experiments.pipeline.runner import run_sweep
     from experiments.pipeline.store import default_dir
 
-    sweep = sweep_mod.load(args.sweep, progress=_expansion_progress)
+    sweep = sweep_mod.load(args.sweep, progress=_expansion_progress, skip_invalid=args.skip_invalid)
+    for point, reason in sweep.skipped:
+        print(f"syncbench run: skipped grid point [{point}]: {reason}", file=sys.stderr)
     if args.out:
         out = Path(args.out)
     else:  # the sweep file's name never chooses a path outside results/
@@ -282,11 +299,22 @@ def _run(args) -> int:
                      oversubscribe=args.oversubscribe, substrate=substrate)
     _print_runs(runs)
     if not args.no_report:
-        from reports.page import build
-
-        print(f"report: {build(out)}")
+        _closing_report(out)
     failed = int((runs["status"] != "ok").sum()) if not runs.empty else 0
     return 1 if failed else 0
+
+
+def _closing_report(out: Path) -> None:
+    """report.html after a sweep; one that cannot be written (a full or read-only disk) is said in one line and
+    does not fail the command: the runs are stored, and `syncbench report DIR` builds it later."""
+    from experiments.pipeline.store import StoreError
+    from reports.page import build
+
+    try:
+        print(f"report: {build(out)}")
+    except (StoreError, OSError) as e:
+        print(f"report: not written: {e} (the runs are stored: `syncbench report {out}` once it can be)",
+              file=sys.stderr)
 
 
 def _expansion_progress(done: int, total: int) -> None:
@@ -351,12 +379,21 @@ def _report(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from experiments.results.export import export
+
+    for path in export(args.dir, args.out, args.format):
+        print(path)
+    return 0
+
+
 def _model(args) -> int:
     from reports.model import format_model_table, model_table
     from strategies.transport.link import parse_bandwidth, parse_latency
 
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
+    _check_link("--intra-bandwidth", args.intra_bandwidth, "--intra-latency", None)
     profile, model, step_time = None, args.model, args.step_time
     if args.num_classes is not None and args.model_bytes:
         raise ValueError("--num-classes sizes a --model; with --model-bytes the size is given (accepted: one of them)")
@@ -367,8 +404,8 @@ def _model(args) -> int:
         from workloads.profile import load_profile
 
         profile = load_profile(args.profile)
-    elif args.step_time is None:
-        raise ValueError("--step-time is required with --model or --model-bytes (compute seconds per step, e.g. 0.25)")
+    elif args.step_time is None and args.overlap:
+        raise ValueError("--overlap needs --step-time (the compute the buckets overlap with, seconds, e.g. 0.25)")
     elif args.overlap:
         if args.model is None:
             raise ValueError("--overlap needs --model (a synthetic profile spreads readiness over its layers)")
@@ -378,14 +415,38 @@ def _model(args) -> int:
                                     describe="model --overlap")
     if profile is not None:
         model = step_time = None
-    table = model_table(model=model, model_bytes=model_bytes, workers=args.workers,
-                        bandwidth=parse_bandwidth(args.bandwidth), step_time=step_time,
-                        latency=parse_latency(args.latency), target_efficiency=args.target_efficiency,
-                        strategies=args.strategy, num_classes=None if profile is not None else args.num_classes,
-                        profile=profile, bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
-                        intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth else float("inf"))
+    import math
+
+    import pandas as pd
+
+    no_ts = profile is None and step_time is None  # bytes and times only: Ts 1 s priced, its columns dropped
+    tables = [model_table(model=model, model_bytes=model_bytes, workers=n, bandwidth=parse_bandwidth(args.bandwidth),
+                          step_time=1.0 if no_ts else step_time, latency=parse_latency(args.latency),
+                          target_efficiency=args.target_efficiency, strategies=args.strategy,
+                          num_classes=None if profile is not None else args.num_classes, profile=profile,
+                          bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
+                          intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth
+                          else float("inf"))
+              for n in _workers_list(args.workers)]
+    table = pd.concat(tables, ignore_index=True)
+    table.attrs = dict(tables[0].attrs)
+    if no_ts:
+        table[["efficiency", "step_s", "bandwidth_needed"]] = math.nan
+        table.attrs["step_time"] = math.nan
     print(format_model_table(table))
     return 0
+
+
+def _workers_list(values: list[str]) -> list[int]:
+    """--workers 4,8 --workers 16: the counts in order, each once; one line naming a value that is not a count."""
+    counts = []
+    for text in values:
+        for item in (w.strip() for w in text.split(",")):
+            if not item.isdigit():
+                raise ValueError(f"--workers {item!r}: accepted are whole numbers >= 1, comma-separated or "
+                                 f"repeated, e.g. 4,8,16")
+            counts.append(int(item))
+    return list(dict.fromkeys(counts))
 
 
 def _strategies(args) -> int:
@@ -412,8 +473,9 @@ def _profile(args) -> int:
     from workloads.models import default_num_classes, describe_size
     from workloads.profile import ProfileError, check_profile_path, measure_profile, save_profile, synthetic_profile
 
-    if args.out:  # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp)
-        check_profile_path(args.out)
+    # refused before measuring (an existing directory was found only after it, leaving <dir>.tmp); the default
+    # profiles/ too (its file name is the profile's id, known once measured)
+    check_profile_path(args.out or Path("profiles") / "profile.json")
     num_classes = default_num_classes(args.workload) if args.num_classes is None else args.num_classes
     if args.synthetic:
         if args.step_time is None:
@@ -529,6 +591,8 @@ def _bench(args) -> int:
             if not link:
                 raise ValueError(f"--{key.replace('_', '-')}: give the node NIC's --bandwidth too")
             link[key] = getattr(args, key)
+    if link:
+        _check_link("--intra-bandwidth", link.get("intra_bandwidth"), "--intra-latency", link.get("intra_latency"))
     bench(workers=args.workers, sizes=sizes, names=_names(args.strategies), link=link, iters=args.iters,
           address=args.address, oversubscribe=args.oversubscribe, p2p=args.p2p, ranks_per_node=args.ranks_per_node)
     return 0
@@ -597,13 +661,16 @@ def _size(option: str, text: str, high: int) -> int:
     return value
 
 
-def _check_link(bandwidth_option: str, bandwidth: str, latency_option: str, latency: str) -> None:
-    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever)."""
+def _check_link(bandwidth_option: str, bandwidth: str | None, latency_option: str, latency: str | None) -> None:
+    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever); None:
+    not given."""
     from experiments.config.sweep import RANGES
     from strategies.transport.link import parse_bandwidth, parse_latency
 
     for option, text, parse, key, unit in ((bandwidth_option, bandwidth, parse_bandwidth, "link.bandwidth", "bytes/s"),
                                           (latency_option, latency, parse_latency, "link.latency", "s")):
+        if text is None:
+            continue
         value = parse(text)
         if RANGES[key].problem(key, value):
             shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
@@ -620,7 +687,7 @@ def _simulate(args) -> int:
     return run(args)
 
 
-COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "schema": _schema,
-            "verify": _verify,
+COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
+            "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
             "simulate": _simulate}

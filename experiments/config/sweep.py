@@ -6,6 +6,7 @@ what would be accepted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -22,7 +23,7 @@ from strategies.transport.link import Network, parse_bandwidth, parse_latency
 from strategies.transport.names import P2P, default_p2p
 from workloads.data import DATASETS
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, check_model_args
+from workloads.models import MODELS, check_model_args, memory_problem, param_count
 from workloads.profile import ProfileError, load_profile
 
 DEVICES = ("cpu", "cuda")
@@ -223,6 +224,7 @@ class Sweep:
     description: str
     runs: tuple[RunSpec, ...]
     source: str  # the TOML text, saved beside the results
+    skipped: tuple[tuple[str, str], ...] = ()  # --skip-invalid: (grid point, why it cannot run) of each left out
 
 
 def read_toml(path: str | Path) -> tuple[dict, str]:
@@ -252,16 +254,22 @@ def loads_toml(text: str, where: str) -> dict:
     return data
 
 
-def load(path: str | Path, progress=None) -> Sweep:
+def load(path: str | Path, progress=None, skip_invalid: bool = False) -> Sweep:
     data, text = read_toml(path)
-    return parse(data, source=text, where=str(path), progress=progress)
+    return parse(data, source=text, where=str(path), progress=progress, skip_invalid=skip_invalid)
 
 
-def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> Sweep:
+def parse(data: dict, source: str = "", where: str = "sweep", progress=None, skip_invalid: bool = False,
+          measured: bool = True) -> Sweep:
     """Validate a parsed TOML document and expand its grid; raise SweepError listing every problem.
 
     `progress(done, total)` is called every 1,000 grid points of a grid of more than 2,000 (a long expansion).
+    `skip_invalid`: a grid point whose settings cannot run (colocated servers = 32 at 16 workers) is left out and
+    listed in Sweep.skipped with its reasons, instead of refusing the sweep; problems of the file itself still do.
+    `measured`: the runs compute on real ranks (not simulated), so a batch that cannot fit in memory is refused.
     """
+    skipped: list[tuple[str, str]] = []
+    ranks_seen: dict[int, list[bool]] = {}  # link.ranks.N: per run, whether it has rank N
     errors: list[str] = []
     for key in data:
         if key not in TOP_LEVEL:
@@ -302,7 +310,14 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
         strategy = _setting(point, "strategy")
         strategy = strategy if isinstance(strategy, str) else ""  # a bad value: _make_spec names it
         for params in _strategy_param_points(params_by_strategy.get(strategy, {})):
-            first = _make_spec(name, dict(point), {strategy: params}, errors)
+            before = len(errors)
+            first = _make_spec(name, dict(point), {strategy: params}, errors, ranks_seen, measured)
+            if skip_invalid and len(errors) > before:
+                shown = {k: point.get(k) for k, _ in axes} | {"strategy": strategy} | (
+                    params if isinstance(params, dict) else {})
+                skipped.append((", ".join(f"{k}={v!r}" for k, v in shown.items()), "; ".join(errors[before:])))
+                del errors[before:]
+                continue
             if first is None:
                 continue
             # repeats: the same run again with the next seeds, each its own run (repeat 0 keeps its id)
@@ -314,6 +329,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
                     errors.append(f"run id {spec.run_id} names two different runs: {twin} and {spec}")
         if progress is not None and total > 2000 and (i % 1000 == 0 or i == total):
             progress(i, total)
+    for rank, had in sorted(ranks_seen.items()):
+        if not any(had):  # an override no run applies would be a typo silently ignored
+            errors.append(f"link.ranks.{rank}: no run of the sweep has rank {rank} (each run has ranks 0..world "
+                          f"size - 1: workers, then servers)")
     if len(runs) > MAX_RUNS:
         raise SweepError(f"{where}: the grid and the strategy parameters' lists expand to {len(runs):,} runs: at "
                          f"most {MAX_RUNS:,} per sweep; split it into several sweeps")
@@ -328,8 +347,10 @@ def parse(data: dict, source: str = "", where: str = "sweep", progress=None) -> 
     if errors:
         raise SweepError(_report(where, sorted(set(errors), key=errors.index)))
     if not runs:
-        raise SweepError(f"{where}: the grid expands to no runs")
-    return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source)
+        more = f" ({len(skipped)} grid point(s) skipped: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise SweepError(f"{where}: the grid expands to no runs{more}")
+    return Sweep(name=name, description=str(data.get("description", "")), runs=tuple(runs), source=source,
+                 skipped=tuple(skipped))
 
 
 def _strategy_param_points(params) -> list:
@@ -398,7 +419,8 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "outer_momentum": float, "eval_every": int, "ranks_per_node": int, "repeats": int}
 
 
-def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str]) -> RunSpec | None:
+def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str],
+               ranks_seen: dict[int, list[bool]] | None = None, measured: bool = True) -> RunSpec | None:
     """One grid point -> RunSpec, appending an error per bad value (key, value, what is accepted)."""
     start = len(errors)
     for key, typ in _TYPES.items():
@@ -441,6 +463,12 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
                              _setting(point, "image_size"))
         except ValueError as e:
             errors.append(f"workload {point.get('workload', 'resnet18')!r}: {e}")
+        else:  # a batch one rank cannot train here: said now, not by the allocator once Ray has started
+            model = (_setting(point, k) for k in ("workload", "num_classes", "image_size", "batch_size", "device"))
+            # a replayed profile keeps no activations, but one measured at the start of the sweep does
+            computes = measured and (_setting(point, "compute") == "real" or point.get("profile") is None)
+            if computes and len(errors) == start and (problem := memory_problem(*model)):
+                errors.append(problem)
     if point.get("dataset") == "digits" and _setting(point, "num_classes") < 10:
         errors.append(f"num_classes = {point['num_classes']!r}: the digits data set has 10 classes, need >= 10")
     steps, warmup = _setting(point, "steps"), _setting(point, "warmup_steps")
@@ -491,9 +519,21 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     if world > MAX_RANKS:
         servers = f" + {world - workers} server(s)" if world > workers else ""
         errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")
-    for rank in sorted(int(r) for r in (link or {}).get("ranks") or {}):
-        if rank >= world:  # an override for a rank that does not exist would label the run heterogeneous
-            errors.append(f"link.ranks.{rank}: {strategy} with workers = {workers} has ranks 0..{world - 1} only")
+    elif _setting(point, "workload") in MODELS:
+        try:  # a partition, chunk or pipeline setting that would cut the model's gradients into too many messages
+            config.check_messages(workers, _param_count(_setting(point, "workload"), _setting(point, "num_classes"),
+                                                        _setting(point, "image_size")))
+        except ValueError as e:
+            errors.append(f"strategy_params.{strategy}: {e}")
+            return None
+    if link and link.get("ranks"):
+        # a per-rank link applies to the runs that have that rank (a 1-worker baseline beside 4-worker runs keeps
+        # the default link, and its label says so); a rank no run of the sweep has is refused by parse()
+        ranks = {r: sub for r, sub in link["ranks"].items() if int(r) < world}
+        if ranks_seen is not None:
+            for r in link["ranks"]:
+                ranks_seen.setdefault(int(r), []).append(int(r) < world)
+        link = {**link, "ranks": ranks} if ranks else {k: v for k, v in link.items() if k != "ranks"}
     for rank in (straggler or {}).get("ranks", []):
         if rank >= workers:  # an empty straggler would record a balanced run as a straggler one
             errors.append(f"straggler.ranks = {straggler['ranks']!r}: workers = {workers} has worker ranks "
@@ -512,6 +552,11 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     if values.get("target") is None:
         values.pop("target", None)
     return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
+
+
+@functools.lru_cache(maxsize=64)
+def _param_count(workload: str, num_classes: int, image_size: int) -> int:
+    return param_count(workload, num_classes, image_size)
 
 
 def _check_compute(point: dict, config, errors: list[str]) -> None:
@@ -660,3 +705,8 @@ def _check_link_ranges(link: dict, network: Network, errors: list[str]) -> None:
                                    ("latency", one.latency, f"{one.latency:g} s")):
             if RANGES[f"link.{name}"].problem(name, value):
                 errors.append(f"{where}.{name} = {shown}: accepted are {RANGES[f'link.{name}'].describe()}")
+    # the link inside a node: the NIC's ranges (a 1 bit/s or 2 s intra-node link sat silent past the timeout)
+    for name, value, unit in (("bandwidth", network.intra.bandwidth, "bytes/s"),
+                              ("latency", network.intra.latency, "s")):
+        if f"intra_{name}" in link and RANGES[f"link.{name}"].problem(name, value):
+            errors.append(f"link.intra_{name} = {value:g} {unit}: accepted are {RANGES[f'link.{name}'].describe()}")

@@ -94,6 +94,9 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
         check_same_sweep(store, sweep, runs)
     store.write_text("sweep.toml", sweep.source)
     store.write_text("sweep.resolved.json", resolved(sweep, runs))
+    # --skip-invalid: the grid points left out and why, for the report's "not run" list (empty: none)
+    store.write_text("skipped.json", json.dumps([{"point": point, "reason": reason}
+                                                 for point, reason in sweep.skipped], indent=1) + "\n")
     done = store.done() if resume else set()
     todo = substrate.order([run for run in runs if run.run_id not in done])
     print(f"{substrate.heading} {sweep.name!r}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
@@ -102,14 +105,15 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
         print(f"  model: {describe_size(*model)}", file=log, flush=True)  # sized as `syncbench model` sizes it
     if not todo:
         return store.runs()
+    varying = varying_settings(runs)
     with substrate.session(todo, store, log) as execute:
         previous = _stop_on_signals()
         started = time.perf_counter()
         try:
             for i, run in enumerate(todo, 1):
                 eta = _eta(started, i - 1, len(todo))
-                print(f"[{substrate.verb} {i}/{len(todo)}] {substrate.describe(run)}  (ETA sweep {eta})", file=log,
-                      flush=True)
+                print(f"[{substrate.verb} {i}/{len(todo)}] {progress_line(substrate, run, varying)}  (ETA sweep "
+                      f"{eta})", file=log, flush=True)
                 run_row, step_rows = execute(run)
                 with _signals_held():
                     store.append(run_row, step_rows)
@@ -118,6 +122,47 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     return store.runs()
+
+
+def run_settings(run: Run) -> dict[str, object]:
+    """Every setting of a run, flat: the RunSpec's fields, its strategy's parameters by name, and the substrate's
+    own settings (a simulation's platform) as dotted keys."""
+    spec = dataclasses.asdict(run.spec)
+    flat = {k: v for k, v in spec.items() if k not in ("strategy_params", "sweep")}
+    flat.update(spec.get("strategy_params") or {})
+    if dataclasses.is_dataclass(run.settings):
+        def walk(prefix: str, value) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            elif not isinstance(value, (list, tuple)) or len(value) <= 8:  # (a timeline's per-parameter lists)
+                flat[prefix] = value
+        walk("", dataclasses.asdict(run.settings))
+    return flat
+
+
+def varying_settings(runs: list[Run]) -> list[str]:
+    """The settings whose values differ between the sweep's runs, in the order of the first run's."""
+    settings = [run_settings(run) for run in runs]
+    keys = list(dict.fromkeys(k for one in settings for k in one))
+    return [k for k in keys if len({repr(one.get(k)) for one in settings}) > 1]
+
+
+def progress_line(substrate, run: Run, varying: list[str]) -> str:
+    """The substrate's description of the run, and every varying setting it does not already name (a PS grid's
+    servers and placement printed four identical lines)."""
+    line = substrate.describe(run)
+    settings = run_settings(run)
+    named = {"strategy", "workload", "straggler", "overlap"}  # described without key=
+    extra = [f"{k}={_shown(settings.get(k))}" for k in varying  # (None: not a setting of this run's strategy)
+             if k not in named and settings.get(k) is not None and f"{k.rsplit('.', 1)[-1]}=" not in line]
+    return " ".join([line, *extra])
+
+
+def _shown(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_shown(v)}" for k, v in value.items()) + "}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def resolved(sweep: Sweep, runs: list[Run] | None = None) -> str:

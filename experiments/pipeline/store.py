@@ -65,6 +65,7 @@ class Store:
                 pass
         except OSError as e:
             raise StoreError(f"results directory {str(self.dir)!r} is not writable: {e.strerror}") from None
+        dataset.check_contained(self.dir)  # no table folder, part or file the store writes is a link out of it
 
     # ---- one writer ----------------------------------------------------------------------------------------
 
@@ -119,6 +120,8 @@ class Store:
         removes them."""
         self.lock()
         dataset.tidy(self.dir)
+        if resume and not overwrite:
+            dataset.check_parts(self.dir)  # every part, before any run (a truncated steps part broke the report)
         if resume or self.runs().empty:
             return
         if not overwrite:

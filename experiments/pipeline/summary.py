@@ -87,6 +87,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         per_step = {s: analytic_traffic(config, spec.workers, numels, s, shapes) for s in sorted(set(steps["step"]))}
         traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
     mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""
+    mismatch = mismatch or ranks_disagree(config, spec, finals)
     if mismatch:
         row.update({"status": "failed", "error": mismatch})
         return schema_row(RUNS, **row), steps.to_dict("records")
@@ -129,6 +130,22 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
         row["spectral_gap"] = float(config.spectral_gap(spec.workers))
     return schema_row(RUNS, **row), steps.to_dict("records")
+
+
+def ranks_disagree(config, spec, finals: list[dict]) -> str:
+    """Why the run must be recorded failed when a strategy declared exact and identical (every rank the same bits)
+    leaves a worker's parameters different from rank 0's, else ''. Only where the declaration promises equal
+    parameters at the end: synchronous (no staleness, no backups), averaging every step (sync_every = 1)."""
+    digests = [f.get("params_digest") for f in finals]
+    if not (config.exact and config.identical) or getattr(config, "asynchronous", False) \
+            or getattr(spec, "sync_every", 1) != 1 or not all(digests):
+        return ""
+    for rank, digest in enumerate(digests):
+        if digest != digests[0]:
+            return (f"strategy {spec.strategy!r} is declared exact and identical, but worker rank {rank} ended with "
+                    f"parameters different from rank 0's (checksum {digest} vs {digests[0]}): its synchronized "
+                    f"buffers disagree")
+    return ""
 
 
 def analytic_traffic(config, workers: int, bucket_numels: list[int], step: int | None = None,

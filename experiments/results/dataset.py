@@ -32,6 +32,35 @@ class StoreError(ValueError):
     """A results directory that cannot be used: not creatable, not writable, full, or holding someone else's files."""
 
 
+# every name the store (and the report) deletes or writes at the top of a results directory, besides the tables
+WRITTEN = ("runs.parquet", "steps.parquet", "sweep.toml", "sweep.resolved.json", "skipped.json", "report.html",
+           "syncbench.lock")
+
+
+def check_contained(directory: Path) -> None:
+    """Refuse, naming the path, a results directory in which a table folder, a part, a temporary file or a file the
+    store or the report writes is a symbolic link: following one, --overwrite would delete and a write would land
+    outside the directory. Called before any work (the store, the report, export) and whenever a table is listed."""
+    directory = Path(directory)
+    names = [*WRITTEN, *(name + ".tmp" for name in WRITTEN)]
+    for path in [directory / name for name in names] + [directory / t for t in TABLES]:
+        _refuse_link(path)
+    for table in TABLES:
+        folder = directory / table
+        if folder.is_dir():
+            for path in folder.iterdir():
+                _refuse_link(path)
+    for tmp in directory.glob("*.tmp") if directory.is_dir() else ():
+        _refuse_link(tmp)
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise StoreError(f"{str(path)!r} is a symbolic link (to {os.readlink(path)!r}): syncbench writes and "
+                         f"deletes results only inside the results directory, never through a link; remove the "
+                         f"link or choose another --out")
+
+
 BATCH = 100  # loose per-run files merged into one batch file
 
 
@@ -40,10 +69,12 @@ def parts(directory: Path, table: str) -> list[tuple[int, int, Path]]:
     sequence number, a batch after a loose file with the same last number (a merge the writer did not finish
     cleaning up holds the same rows, latest attempts only)."""
     folder = directory / table
+    _refuse_link(folder)
     if not folder.is_dir():
         return []
     found = []
     for path in folder.iterdir():
+        _refuse_link(path)
         first, _, last = path.stem.partition("-")
         if path.suffix == ".parquet" and first.isdigit() and (last.isdigit() or not last):
             found.append((int(first), int(last or first), path))
@@ -72,14 +103,18 @@ def write_run(directory: Path, seq: int, run_row: dict, step_rows: list[dict]) -
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_suffix(".parquet.tmp")
+    _refuse_link(path.parent)
+    _refuse_link(path)
     try:
         path.parent.mkdir(exist_ok=True)
-        pq.write_table(table, tmp, write_statistics=False)  # min/max of one run's rows: no use, 15% of a file
-        with open(tmp, "rb") as f:
+        _refuse_link(path.parent)  # (a link made between the check and mkdir)
+        with create_temp(tmp) as f:
+            pq.write_table(table, f, write_statistics=False)  # min/max of one run's rows: no use, 15% of a file
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        _discard(tmp)
+        discard(tmp)
         raise StoreError(f"cannot write results to {str(path.parent)!r}: {e.strerror or e} (runs stored before "
                          f"are intact; free space or choose another --out, then --resume)") from None
 
@@ -87,16 +122,27 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
 def write_text_atomic(path: Path, text: str) -> Path:
     """A small text file (sweep.toml, its resolved record) replaced whole or not at all."""
     tmp = path.with_suffix(path.suffix + ".tmp")
+    _refuse_link(path)
     try:
-        tmp.write_text(text)
+        with create_temp(tmp) as f:
+            f.write(text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError as e:
-        _discard(tmp)
+        discard(tmp)
         raise StoreError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
     return path
 
 
-def _discard(tmp: Path) -> None:
+def create_temp(tmp: Path):
+    """A new temporary file opened for writing, never through a link: whatever was at its name (a file left by a
+    killed writer, or a link planted there) is removed first (unlinking a link removes the link, not its target),
+    and O_EXCL | O_NOFOLLOW refuse one that appears in between."""
+    discard(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, "wb")
+
+
+def discard(tmp: Path) -> None:
     """Remove a temporary file if there is one (on a read-only file system there cannot be: nothing to do)."""
     try:
         tmp.unlink(missing_ok=True)
@@ -107,16 +153,31 @@ def _discard(tmp: Path) -> None:
 def tidy(directory: Path) -> None:
     """What a writer killed mid-write left (only the lock holder calls this): temporary files, and loose files a
     finished merge already holds."""
+    check_contained(directory)
     for folder in (directory, *(directory / t for t in TABLES)):
         if folder.is_dir():
             for tmp in folder.glob("*.tmp"):
-                _discard(tmp)
+                discard(tmp)
     for table in TABLES:
         found = parts(directory, table)
         batches = [(first, last) for first, last, _ in found if first != last]
         for first, last, path in found:
             if first == last and any(a <= first <= b for a, b in batches):
                 path.unlink()
+
+
+def check_parts(directory: Path) -> None:
+    """Every stored part of both tables opens as Parquet (its footer read: a part cut short by a full disk or a
+    copy has none), or StoreError naming the first that does not: --resume checks them all before any run, so
+    that a damaged steps part is found now, not by the report after the sweep."""
+    for table in TABLES:
+        for _, _, path in parts(directory, table):
+            try:
+                pq.read_metadata(path)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds; all mean "not readable"
+                raise StoreError(f"{str(path)!r} is not a readable Parquet file ({type(e).__name__}): a write cut "
+                                 f"short? Move it away (and the part of the same name in the other table, so that "
+                                 f"--resume runs that run again), then --resume") from None
 
 
 def merge(directory: Path) -> None:
@@ -154,7 +215,8 @@ def merge(directory: Path) -> None:
 
 
 def remove_all(directory: Path) -> None:
-    """--overwrite: every stored run and step, in both layouts."""
+    """--overwrite: every stored run and step, in both layouts (never through a link: check_contained)."""
+    check_contained(directory)
     for table in TABLES:
         (directory / LEGACY[table]).unlink(missing_ok=True)
         for _, _, path in parts(directory, table):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def add_arguments(p) -> None:
@@ -11,6 +12,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
     p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
     p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
+    p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="simulate the valid grid points and list every invalid one with its reason, instead of "
+                        "refusing the sweep")
     p.add_argument("--bench", action="store_true",
                    help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
     p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")
@@ -33,7 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ranks-per-node", type=int, default=1,
                    help="with --bench: nodes of this many ranks (10 Gbit/s NIC each, 100 Gbit/s inside) and "
                         "ResNet-50's 25 MiB buckets: ring, hierarchical and double_binary_tree (or --strategies) "
-                        "beside the per-level alpha-beta model (issue 26)")
+                        "beside the per-level alpha-beta model")
 
 
 def run(args) -> int:
@@ -51,7 +56,7 @@ def run(args) -> int:
     if args.bench:
         from experiments.simulate.bench import bench, format_bench
 
-        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        workers = _counts("--workers", args.workers)
         if args.ps and args.ranks_per_node != 1:
             raise ValueError(f"simulate --bench --ps --ranks-per-node {args.ranks_per_node}: the parameter-server "
                              f"bench runs on a star or fat tree of single-rank hosts; accepted: --ps without "
@@ -59,7 +64,7 @@ def run(args) -> int:
         if args.ps:
             from experiments.simulate.bench import PS_MODES, PS_PLATFORMS, bench_ps, format_bench_ps
 
-            servers = [int(k) for k in args.servers.split(",") if k.strip()]
+            servers = _counts("--servers", args.servers)
             platforms = [t.strip() for t in args.platforms.split(",") if t.strip()]
             modes = [m.strip() for m in args.modes.split(",")] if args.modes else None
             bad = [t for t in platforms if t not in PS_PLATFORMS] + [m for m in modes or [] if m not in
@@ -88,12 +93,17 @@ def run(args) -> int:
         raise ValueError("syncbench simulate needs a sweep file (or --bench)")
     out = args.out
     if out is None:  # the sweep file's name never chooses a path outside results/
-        out, note = default_dir(load(args.sweep)[0].name)
+        out, note = default_dir(load(args.sweep, skip_invalid=args.skip_invalid)[0].name)
         if note:
             print(f"syncbench simulate: {note}", file=sys.stderr)
-    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite, max_memory=max_memory)
+    runs = simulate_sweep(args.sweep, out, resume=args.resume, overwrite=args.overwrite,
+                          skip_invalid=args.skip_invalid, max_memory=max_memory)
     print(format_runs(runs))
     print(f"results: {out}")
+    if not args.no_report and not runs.empty:
+        from experiments.cli.main import _closing_report
+
+        _closing_report(Path(out))
     return 1 if (runs["status"] != "ok").any() else 0
 
 
@@ -118,3 +128,23 @@ def format_runs(runs) -> str:
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60,
                            "display.float_format", "{:.3f}".format):
         return table.to_string(index=False)
+
+
+def _counts(option: str, text: str) -> list[int]:
+    """--workers / --servers of the bench: integers from 1 to the sweeps' rank limit (a million workers was 20.9
+    million messages), or one line naming the value and the range."""
+    from experiments.config.sweep import MAX_RANKS
+
+    values = []
+    for item in (w.strip() for w in text.split(",")):
+        if not item:
+            continue
+        if not (item.isdigit() and 1 <= int(item) <= MAX_RANKS):
+            shown = repr(item) if len(item) <= 20 else repr(item[:20] + "...")
+            raise ValueError(f"simulate --bench {option} {shown}: accepted are integers from 1 to {MAX_RANKS:,}, "
+                             f"comma-separated (as a sweep's ranks)")
+        values.append(int(item))
+    if not values:
+        raise ValueError(f"simulate --bench {option} {text!r}: give at least one count, e.g. 64,256")
+    return values
+

@@ -220,7 +220,7 @@ def run_id(spec: RunSpec, sim: SimSpec) -> str:
     return f"sim-{spec.run_id}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
-def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec]]]:
+def load(path: str | Path, skip_invalid: bool = False) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec]]]:
     """Parse and validate the sweep and its [simulate] table; every run paired with its simulation settings,
     refused here if the simulator cannot apply one of its settings."""
     data, text = sweep_mod.read_toml(path)
@@ -233,7 +233,7 @@ def load(path: str | Path) -> tuple[sweep_mod.Sweep, list[tuple[RunSpec, SimSpec
     sweep_mod.check_simulate(table, str(path))  # types (no string "false" taken as true) and ranges
     if isinstance(data.get("defaults", {}), dict):  # SimGrid carries a simulated run's messages: p2p does not
         data["defaults"] = {"p2p": "gloo", **data.get("defaults", {})}  # apply; "gloo" keeps it out of the run id
-    sweep = sweep_mod.parse(data, source=text, where=str(path))
+    sweep = sweep_mod.parse(data, source=text, where=str(path), skip_invalid=skip_invalid, measured=False)
     axes = [(k, v if isinstance(v, list) else [v]) for k, v in table.items() if k in PLATFORM_KEYS + RUN_KEYS]
     fixed = {k: v for k, v in table.items() if k in COMPUTE_KEYS}
     substrate = SimGridSubstrate([])
@@ -297,11 +297,16 @@ def _timeline(spec: RunSpec, fixed: dict, where: Path) -> Timeline:
 
 
 def simulate_sweep(path: str | Path, out: str | Path, resume: bool = False, overwrite: bool = False,
-                   log=sys.stderr, max_memory: int | None = None):
-    """`syncbench simulate`: the sweep file's runs on SimGrid through the one runner; runs.parquet as a frame."""
+                   log=None, skip_invalid: bool = False, max_memory: int | None = None):
+    """`syncbench simulate`: the sweep file's runs on SimGrid through the one runner; the runs as a frame.
+    `skip_invalid`: invalid grid points are left out and listed on `log` (and in the report), not refused.
+    `max_memory`: bytes a simulation may reach (default: what the machine has available)."""
     from experiments.pipeline.runner import run_sweep
 
-    sweep, pairs = load(path)
+    log = log or sys.stderr  # (looked up now: a default bound at import outlives a replaced stderr)
+    sweep, pairs = load(path, skip_invalid=skip_invalid)
+    for point, reason in sweep.skipped:
+        print(f"syncbench simulate: skipped grid point [{point}]: {reason}", file=log, flush=True)
     return run_sweep(sweep, out, resume=resume, overwrite=overwrite, log=log,
                      substrate=SimGridSubstrate(pairs, max_memory))
 

@@ -217,7 +217,8 @@ def test_machine_limits_refuse_before_ray_starts(tmp_path):
     ('{ bandwidth = "10Gbit", ranks = { 1 = { bandwith = "1Gbit" } } }', ["ranks.1", "bandwith", "accepted are"]),
     ('{ bandwidth = "10Gbit", ranks = { 1 = "1Gbit" } }', ["ranks.1 = '1Gbit'", "expected a table"]),
     ('{ bandwidth = "10Gbit", ranks = { one = { bandwidth = "1Gbit" } } }', ["'one'", "rank number"]),
-    ('{ bandwidth = "10Gbit", ranks = { 7 = { bandwidth = "1Gbit" } } }', ["link.ranks.7", "ranks 0..1 only"]),
+    ('{ bandwidth = "10Gbit", ranks = { 7 = { bandwidth = "1Gbit" } } }',
+     ["link.ranks.7", "no run of the sweep has rank 7"]),
     ('{ bandwidth = "10Gbit", ranks = { 1 = { latency = nan } } }', ["latency", "finite"]),
     ('{ bandwidth = "10Gbit", ranks = { 1 = {} } }', ["ranks.1 is empty"]),
 ])

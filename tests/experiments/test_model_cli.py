@@ -116,7 +116,7 @@ def test_model_with_a_measured_profile_and_a_synthetic_one(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, named", [
     (["--profile", "x.json", "--step-time", "0.1"], "--profile gives the model"),
-    (["--model", "vgg16"], "--step-time is required"),
+    (["--model", "vgg16", "--overlap"], "--overlap needs --step-time"),
     (["--model-bytes", "1MB", "--overlap", "--step-time", "0.1"], "--overlap needs --model"),
     (["--model", "vgg16", "--num-classes", "1", "--step-time", "0.1"], "bad num_classes 1"),
     (["--model-bytes", "1MB", "--num-classes", "1000", "--step-time", "0.1"], "--num-classes sizes a --model"),
@@ -213,3 +213,18 @@ def test_a_refused_sweep_leaves_no_directory_behind(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "64 ranks" in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_model_takes_several_workers_and_needs_no_step_time_for_bytes_and_times(capsys):
+    """One table over n (a curve cost a call per n); without --step-time: bytes and times, P and S left out."""
+    from experiments.cli.main import main
+
+    assert main(["model", "--model", "resnet18", "--workers", "2,4", "--workers", "8", "--bandwidth", "10Gbit",
+                 "--strategy", "ring"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("ring")]
+    assert [int(r[1]) for r in rows] == [2, 4, 8]
+    assert all(float(r[4]) > 0 and r[6:10] == ["-", "-", "-", "-"] for r in rows), rows  # comm s given, P/S not
+    assert "Ts not given" in out
+    assert main(["model", "--model", "resnet18", "--workers", "2,x", "--bandwidth", "10Gbit"]) == 2
+    assert "--workers 'x'" in capsys.readouterr().err
