@@ -32,7 +32,9 @@ def test_the_memory_estimate_is_within_30_percent_of_the_measured_peak(ranks):
 @needs_simgrid
 def test_a_sweep_over_the_memory_limit_is_refused_in_seconds_naming_the_estimate(tmp_path):
     from experiments.simulate.substrate import simulate_sweep
+    from workloads.models import param_sizes
 
+    param_sizes("resnet50", 1000)  # torchvision's import (seconds on a loaded machine) is not the check's time
     sweep = tmp_path / "huge.toml"
     sweep.write_text('name = "huge"\n[defaults]\nworkload = "resnet50"\nimage_size = 224\nnum_classes = 1000\n'
                      'batch_size = 8\nsteps = 1\nwarmup_steps = 0\nlink = { bandwidth = "10Gbit", latency = "20us" }\n'
