@@ -46,10 +46,10 @@ STAR = Platform.parse({"bandwidth": "1Gbit", "latency": "20us", "network_model":
 
 
 def _simulate(params: dict, workers: int, timeline: Timeline, steps: int = 1, platform: Platform = STAR,
-              **settings) -> tuple[dict, pd.DataFrame]:
+              bucket_mb: float | None = None, **settings) -> tuple[dict, pd.DataFrame]:
     spec = RunSpec(sweep="test", strategy="parameter_server", workers=workers, steps=steps, warmup_steps=0,
                    link={"bandwidth": "1Gbit", "latency": "20us"}, strategy_params=params, **settings)
-    substrate = SimGridSubstrate([(spec, SimSpec(platform, timeline))])
+    substrate = SimGridSubstrate([(spec, SimSpec(platform, timeline, bucket_mb))])
     (run,) = substrate.runs()
     substrate.check([run])
     results, error, wall = simulate_in_child(run.spec, run.settings)
@@ -160,6 +160,33 @@ def test_ssp_holds_fast_workers_at_the_bound_and_backups_drop_the_straggler():
     assert server["dropped_pushes"].tolist() == [1, 1, 1, 1]
     later = _worker_steps(steps).query("step > 0 and rank != 1")
     assert later["step_s"].max() < 0.06  # the straggler's step takes 0.09 s
+
+
+# several buckets, each cut into several partitions per server: a server holds many units, so a worker's next
+# push has often arrived before the server posts its receive (the small runs above hold one unit per server)
+MULTI_UNIT = Timeline.fixed(0.002, 0.004, 0.001, (4097, 300_001, 77, 90_000, 150_000))
+SHARED_STAR = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "tcp", "nic": "shared"})
+FIFO_STAR = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "tcp", "nic": "fifo"})
+
+
+@SIMGRID
+@pytest.mark.parametrize("nic", ["shared", "fifo"])
+@pytest.mark.parametrize("params", [{"staleness": "async"}, {"staleness": 2, "mode": "summation"}, {"backups": 1},
+                                    {"staleness": 10**9}], ids=["async", "ssp2-summation", "backups1", "ssp1e9"])
+def test_barrier_free_servers_take_pushes_that_arrived_before_their_receive_on_many_units(params, nic):
+    """The sweep that failed with pybind11's TypeError on simgrid.PyGetAsync, in small: 4 workers and 2 servers
+    on a 10 Gbit/s star, worker 1 twice as slow, several buckets of several partitions each (many units per
+    server), a few steps, NICs shared and fifo: every barrier-free mode runs, with the declared bytes, and
+    backups drop one push per unit and step."""
+    platform = SHARED_STAR if nic == "shared" else FIFO_STAR
+    steps = 3
+    row, rows = _simulate({"servers": 2, "partition_mb": 0.25, **params}, 4, MULTI_UNIT, steps=steps,
+                          platform=platform, straggler={"ranks": [1], "slowdown": 2.0})
+    assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"] > 0
+    server = rows[rows["role"] == "server"]
+    assert len(server) == 2 * steps
+    if "backups" in params:
+        assert (server["dropped_pushes"] > 0).all(), server["dropped_pushes"].tolist()
 
 
 def test_barrier_free_servers_need_no_actor_per_worker_and_too_many_ranks_are_refused_before_work():
