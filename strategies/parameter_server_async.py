@@ -140,6 +140,7 @@ class ShardServer:
         self.dtype, self.device = dtype, device
         server = comm.rank - workers
         itemsize = torch.empty(0, dtype=dtype).element_size()
+        self.buckets = len(numels)
         self.units = [Unit(0, b, lo, hi, workers) for b, numel in enumerate(numels)
                       for lo, hi in unit_bounds(numel, servers, itemsize, partition_mb)[server]]
         for i, unit in enumerate(self.units):
@@ -153,13 +154,30 @@ class ShardServer:
 
         A loop per worker, each on a thread of its own (OS threads, or a simulated rank's actors), or, where the
         communicator can wait for whichever of several receives ends first (`receives_any`: a simulated rank,
-        whose every actor is an OS thread), every worker's loop interleaved on this one (`_run_interleaved`)."""
-        if getattr(self.comm, "receives_any", False):
-            if before is not None:
-                before()
-            self._run_interleaved(steps)
-            return sorted(self.records, key=lambda r: (r.step, r.worker, r.unit))
+        whose every actor is an OS thread), every worker's loop interleaved on this one (`_run_interleaved`).
+        There `before()` runs first when there is one bucket; with several, on an actor of its own beside the
+        loop (one more per server, until the checks are done): a worker checks bucket b + 1's size only once
+        bucket b's replies are in, which the loop sends (run first, the checks waited for a worker waiting for
+        them: a deadlock)."""
         errors: list[BaseException] = []
+        if getattr(self.comm, "receives_any", False):
+            checks = None
+            if before is not None and self.buckets <= 1:
+                before()
+            elif before is not None:
+                def check():
+                    try:
+                        before()
+                    except BaseException as e:  # noqa: BLE001 - re-raised below on the server's actor
+                        errors.append(e)
+
+                checks = self.comm.concurrency.start(check, f"server{self.comm.rank}-checks")
+            self._run_interleaved(steps)
+            if checks is not None:
+                checks.join()
+            if errors:
+                raise errors[0]
+            return sorted(self.records, key=lambda r: (r.step, r.worker, r.unit))
 
         def serve(worker):
             try:

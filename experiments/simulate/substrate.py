@@ -65,7 +65,8 @@ MAX_ACTORS = 16_384
 
 def simulated_actors(spec: RunSpec, config) -> int:
     """The SimGrid actors a run needs: one per rank. (A parameter server without a global barrier serves all its
-    workers from its one actor: strategies/parameter_server_async.py, ShardServer._run_interleaved.)"""
+    workers from its one actor: strategies/parameter_server_async.py, ShardServer._run_interleaved; with several
+    buckets one more per server checks their sizes beside it during the first step, not counted here.)"""
     return config.world_size(spec.workers)
 
 

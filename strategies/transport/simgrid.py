@@ -149,12 +149,14 @@ class _Receive:
 
 
 class _AnyReceive:
-    """A receive SimGridCommunicator.wait_any can wait for: posted at once (`get_async`), taken by wait_any."""
+    """A receive SimGridCommunicator.wait_any can wait for: posted at once (`get_async`), taken by wait_any.
+    `message`: the payload once it is in hand (a message that had arrived before the receive was posted)."""
 
-    __slots__ = ("activity", "data", "tensor", "src", "nbytes")
+    __slots__ = ("activity", "data", "tensor", "src", "nbytes", "message")
 
-    def __init__(self, activity, data, tensor: torch.Tensor, src: int, nbytes: int):
+    def __init__(self, activity, data, tensor: torch.Tensor, src: int, nbytes: int, message=None):
         self.activity, self.data, self.tensor, self.src, self.nbytes = activity, data, tensor, src, nbytes
+        self.message = message
 
 
 class _Queued:
@@ -389,6 +391,15 @@ class SimGridCommunicator(Communicator):
         if nbytes == 0:  # the sender sends nothing (both sides know the size): done when posted
             return _AnyReceive(None, None, tensor, src, 0)
         activity, data = self.cluster.box(src, self.rank).get_async()
+        if activity.finish_time >= 0:
+            # The send had arrived before this receive was posted: the mailbox's permanent receiver (eager
+            # sends) kept it finished, and get_async matched it. SimGrid 3.32 copies such a payload into `data`
+            # only when the receive is waited for (or tested): until then data.get() raises pybind11's
+            # "TypeError: Unable to convert function return value ... (self: simgrid.PyGetAsync) -> object".
+            # One wait (no simulated time: it has finished) takes it now. A message still on the wire when its
+            # receive is posted is copied when it ends, and wait_any takes it without a wait.
+            activity.wait()
+            return _AnyReceive(activity, data, tensor, src, nbytes, data.get())
         return _AnyReceive(activity, data, tensor, src, nbytes)
 
     def wait_any(self, receives: list[_AnyReceive]) -> list[int]:
@@ -396,7 +407,8 @@ class SimGridCommunicator(Communicator):
         copied, counted as irecv counts) and return their indices in `receives`, in the order they arrived
         (finish time, then index). One `Comm.wait_any` (its cost grows with the receives) is shared by all the
         messages that arrived together: the others are found by their finish time (free to read). None is waited
-        for once finished: SimGrid copied its payload when it ended, and a wait would be one more switch and, in
+        for once finished (one that had arrived before it was posted was waited for by irecv_any, see there):
+        SimGrid copied its payload when it ended, and a wait would be one more switch and, in
         SimGrid 3.32, a walk of this actor's list of activities (a std::list, removed from on each wait: at 1,024
         pending receives a server's waits were 12% of a 1,024 x 128 simulation's CPU time, perf). An activity
         never waited for stays in that list until the actor ends, as a send found finished does."""
@@ -411,7 +423,9 @@ class SimGridCommunicator(Communicator):
             taken = receives[i]
             if taken.activity is None:
                 continue
-            message = taken.data.get()  # finished: SimGrid copied the payload out when the transfer ended
+            # in hand since it was posted, or finished since: SimGrid copied the payload out when the transfer ended
+            message = taken.message if taken.message is not None else taken.data.get()
+            taken.message = None  # the payload is taken once (data.get() hands over its one reference)
             check_received(self.rank, taken.src, taken.tensor, message.nbytes, message.dtype)
             if message.values is not None and not taken.tensor.is_meta:
                 taken.tensor.copy_(message.values)

@@ -46,10 +46,10 @@ STAR = Platform.parse({"bandwidth": "1Gbit", "latency": "20us", "network_model":
 
 
 def _simulate(params: dict, workers: int, timeline: Timeline, steps: int = 1, platform: Platform = STAR,
-              **settings) -> tuple[dict, pd.DataFrame]:
+              bucket_mb: float | None = None, **settings) -> tuple[dict, pd.DataFrame]:
     spec = RunSpec(sweep="test", strategy="parameter_server", workers=workers, steps=steps, warmup_steps=0,
                    link={"bandwidth": "1Gbit", "latency": "20us"}, strategy_params=params, **settings)
-    substrate = SimGridSubstrate([(spec, SimSpec(platform, timeline))])
+    substrate = SimGridSubstrate([(spec, SimSpec(platform, timeline, bucket_mb))])
     (run,) = substrate.runs()
     substrate.check([run])
     results, error, wall = simulate_in_child(run.spec, run.settings)
@@ -163,6 +163,47 @@ def test_ssp_holds_fast_workers_at_the_bound_and_backups_drop_the_straggler():
     # the run's pace: the slowest rank's step time, and beside it the fastest worker's, at which the servers'
     # parameters advance (time to target uses it)
     assert row["fast_step_s"] < 0.06 < 0.09 <= row["step_time_s"] + 1e-9, (row["fast_step_s"], row["step_time_s"])
+
+
+# one flat bucket (a sweep's default) of 544k floats cut into 0.25 MiB partitions: each server holds several
+# units, so a worker's next push has often arrived before the server posts its receive (the small runs above hold
+# one unit per server); 0.5 MiB buckets: several buckets, whose sizes the workers check between their pushes
+MULTI_UNIT = Timeline.fixed(0.002, 0.004, 0.001, (4097, 300_001, 77, 90_000, 150_000))
+SHARED_STAR = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "tcp", "nic": "shared"})
+FIFO_STAR = Platform.parse({"bandwidth": "10Gbit", "latency": "20us", "network_model": "tcp", "nic": "fifo"})
+BARRIER_FREE = [{"staleness": "async"}, {"staleness": 2, "mode": "summation"}, {"backups": 1}, {"staleness": 10**9}]
+BARRIER_FREE_IDS = ["async", "ssp2-summation", "backups1", "ssp1e9"]
+
+
+def _barrier_free_on_many_units(params: dict, nic: str, bucket_mb: float | None) -> None:
+    platform = SHARED_STAR if nic == "shared" else FIFO_STAR
+    steps = 3
+    row, rows = _simulate({"servers": 2, "partition_mb": 0.25, **params}, 4, MULTI_UNIT, steps=steps,
+                          platform=platform, bucket_mb=bucket_mb, straggler={"ranks": [1], "slowdown": 2.0})
+    assert row["bytes_sent_per_worker"] == row["analytic_bytes_sent_per_worker"] > 0
+    server = rows[rows["role"] == "server"]
+    assert len(server) == 2 * steps
+    if "backups" in params:  # the straggler's push of every step is late, on both servers
+        assert (server["dropped_pushes"] == 1).all(), server["dropped_pushes"].tolist()
+
+
+@SIMGRID
+@pytest.mark.parametrize("nic", ["shared", "fifo"])
+@pytest.mark.parametrize("params", BARRIER_FREE, ids=BARRIER_FREE_IDS)
+def test_barrier_free_servers_take_pushes_that_arrived_before_their_receive_on_many_units(params, nic):
+    """The ResNet-50 sweep that failed with pybind11's TypeError on simgrid.PyGetAsync (or aborted), in small: 4
+    workers and 2 servers on a 10 Gbit/s star, worker 1 twice as slow, one bucket of several partitions per
+    server, a few steps, NICs shared and fifo: every barrier-free mode runs, with the declared bytes, and
+    backups drop the straggler's push of every step."""
+    _barrier_free_on_many_units(params, nic, None)
+
+
+@SIMGRID
+@pytest.mark.parametrize("params", BARRIER_FREE[:3], ids=BARRIER_FREE_IDS[:3])
+def test_barrier_free_servers_serve_several_buckets_while_the_workers_check_their_sizes(params):
+    """Several buckets: a worker checks bucket b + 1's size on the control plane only once bucket b's replies are
+    in, so the server's checks run beside its serving loop (run before it, they deadlocked the simulation)."""
+    _barrier_free_on_many_units(params, "fifo", 0.5)
 
 
 def test_barrier_free_servers_need_no_actor_per_worker_and_too_many_ranks_are_refused_before_work():

@@ -481,3 +481,46 @@ def test_wait_any_takes_pushes_in_arrival_order_and_counts_them():
     first, rest, values, received, refused = _child_call(fn, 4, platform)[3]
     assert (first, rest, values, received) == ([1], [0, 1], [0.0, 1.0, 2.0], 3 * 4000)
     assert "irecv_any from rank 0 while an irecv from it is pending" in refused
+
+
+def test_wait_any_takes_pushes_that_arrived_before_the_server_posted_their_receive():
+    """A barrier-free server posts a worker's next receive only once it has handled the previous push, so with
+    several units per server (buckets, partitions) the next push has often arrived already (sends are eager).
+    SimGrid 3.32 hands such a payload over only when its receive is waited for: taking it by its finish time
+    raised pybind11's TypeError on simgrid.PyGetAsync. Here rank 0's pushes all arrive before the server posts,
+    rank 1's after its first receive is posted (its small third push lands while the second is on the wire):
+    every push is taken once, in order, with its values, sizes and counts."""
+    platform = Platform.parse({"bandwidth": "1Gbit", "latency": "10us", "network_model": "alpha_beta"})
+    sizes = [4097, 30_001, 77]  # a multi-bucket push's units: uneven
+
+    def fn(comm):
+        if comm.rank < 2:
+            comm.compute(0.05 * comm.rank)  # rank 0 pushes at once, rank 1 after the server has posted
+            sent = [comm.isend(torch.full((n,), float(10 * comm.rank + u)), 2) for u, n in enumerate(sizes)]
+            for handle in sent:
+                handle.wait()
+            return None
+        comm.compute(0.02)  # every push of rank 0 has arrived by now
+        taken = {0: [], 1: []}
+        bufs = {src: torch.zeros(sizes[0]) for src in (0, 1)}
+        receiving = {src: comm.irecv_any(bufs[src], src) for src in (0, 1)}
+        while receiving:
+            srcs = list(receiving)
+            for i in comm.wait_any([receiving[src] for src in srcs]):
+                src = srcs[i]
+                del receiving[src]
+                buf = bufs[src]
+                taken[src].append((buf.numel(), buf.unique().tolist(), comm.now()))
+                unit = len(taken[src])
+                if unit < len(sizes):
+                    bufs[src] = torch.zeros(sizes[unit])
+                    receiving[src] = comm.irecv_any(bufs[src], src)
+        counters = comm.counters()
+        return taken, counters.bytes_recv, counters.msgs_recv
+
+    taken, received, messages = _child_call(fn, 3, platform)[2]
+    for src in (0, 1):
+        assert [(n, values) for n, values, _ in taken[src]] == [(n, [10.0 * src + u]) for u, n in enumerate(sizes)]
+    assert all(at == pytest.approx(0.02) for _, _, at in taken[0])  # arrived early: taken when posted
+    assert all(at > 0.05 for _, _, at in taken[1])
+    assert (received, messages) == (2 * 4 * sum(sizes), 6)
