@@ -51,6 +51,7 @@ from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
 from experiments.simulate.platform import Platform
+from strategies import cost
 
 PLATFORM_KEYS = ("topology", "network_model", "nic", "hosts_per_leaf", "oversubscription", "gpus_per_node",
                  "intra_bandwidth", "intra_latency")
@@ -415,9 +416,35 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
             "compute_source": timeline.source, "compute": "profile" if timeline.profile_id else "fixed",
             "sim_wall_s": wall, "cores_oversubscribed": False, "gpu_shared": False, "link_emulation": ""}
     row, steps = summarize(spec, results, error, meta)
-    # the alpha-beta model of the same step: rounds x latency + bytes on the busiest path / bandwidth
-    row["model_comm_s"] = row["analytic_rounds"] * plat.latency + row["analytic_path_bytes"] / plat.bandwidth
+    row["model_comm_s"] = model_comm_s(spec, sim)
     return row, steps
+
+
+def fabric_of(platform: Platform) -> cost.Fabric:
+    """The platform as the cost model prices it: the star's (or fat tree's: its oversubscription is not priced)
+    per-rank NICs, or the `nodes` platform's NIC per node and intra-node links."""
+    if platform.topology == "nodes":
+        return cost.Fabric(platform.bandwidth, platform.latency, platform.gpus_per_node, platform.intra_bandwidth,
+                           platform.intra_latency)
+    return cost.Fabric(platform.bandwidth, platform.latency)
+
+
+def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
+    """The cost model's communication the same step waits for (strategies.cost.step_timeline, the one price): the
+    run's buckets, ready when the timeline says, overlapped with backward or not as the run is; NaN where the
+    model has no price (a strategy without per-level traffic on nodes)."""
+    from workloads.buckets import make_buckets
+
+    config = spec.strategy_config()
+    timeline = sim.timeline
+    buckets = make_buckets(timeline.numels, spec.bucket_mb)
+    ready = [(max((timeline.ready_s[i] for i in b.params), default=0.0), b.numel) for b in buckets]
+    try:
+        predicted = cost.step_timeline(config, spec.workers, ready, fabric_of(sim.platform), timeline.forward_s,
+                                       timeline.backward_s, timeline.optimizer_s, spec.overlap)
+    except (ValueError, NotImplementedError):
+        return math.nan
+    return predicted.exposed_s
 
 
 # -- the process a simulation runs in ------------------------------------------------------------------------
