@@ -137,7 +137,8 @@ def _timeline(overlap: bool):
     full = Timeline.from_profile(profile)
     if overlap:
         return full
-    return Timeline(0.0, 0.0, 0.0, (full.numel,), (0.0,), "ResNet-50's gradients, one bucket, no compute")
+    return Timeline(0.0, 0.0, 0.0, full.numels, (0.0,) * len(full.numels),
+                    "ResNet-50's gradients, one bucket, no compute")
 
 
 def _platform(cell: Cell):

@@ -156,6 +156,11 @@ class SimGridSubstrate(Substrate):
         if spec.device != "cpu":
             found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
                          f"device = \"cpu\" (the default)")
+        if spec.compression != "none":
+            found.append(f"{what}: compression = {spec.compression!r} computes on the gradients' values (top-k picks "
+                         f"by them, PowerSGD orthogonalizes them), and a simulated rank's buffers hold none (meta "
+                         f"tensors of the real size); accepted: compression = 'none' (the model prices compression: "
+                         f"`syncbench model`)")
         if spec.dataset != "synthetic":
             found.append(f"{what}: dataset = {spec.dataset!r}: a simulated run moves no values, so nothing trains; "
                          f"accepted is dataset = \"synthetic\" (the default)")
@@ -322,11 +327,13 @@ class SimulatedCompute:
         self.scale = straggler_slowdown(spec, comm.rank)
         self.batch_size = spec.batch_size
         self.numel = timeline.numel
-        # the timeline knows each parameter's size, not its shape: one vector each (meta, no storage)
+        # each parameter with the workload's shape where the timeline's sizes are the workload's (PowerSGD
+        # compresses per tensor: as the measured run and the model do), else one vector each (meta, no storage)
+        shapes = param_shapes_of(spec, timeline.numels) or tuple((n,) for n in timeline.numels)
         self.flat = SimpleNamespace(params=torch.empty(self.numel, dtype=torch.float32, device="meta"),
                                     grads=torch.empty(self.numel, dtype=torch.float32, device="meta"),
-                                    trainable=[torch.empty(n, dtype=torch.float32, device="meta")
-                                               for n in timeline.numels])
+                                    trainable=[torch.empty(shape, dtype=torch.float32, device="meta")
+                                               for shape in shapes])
         self.on_ready = None
         # bucket by bucket in the order they complete: when the last of its gradients is ready
         ready = [(max(timeline.ready_s[i] for i in b.params) if b.params else 0.0, b) for b in buckets]
@@ -429,6 +436,17 @@ def fabric_of(platform: Platform) -> cost.Fabric:
     return cost.Fabric(platform.bandwidth, platform.latency)
 
 
+def param_shapes_of(spec: RunSpec, numels) -> tuple | None:
+    """The workload's parameter shapes when their sizes are the timeline's (a profile of this workload), else None."""
+    from workloads.models import param_shapes
+
+    try:
+        shapes = param_shapes(spec.workload, spec.num_classes, spec.image_size)
+    except ValueError:
+        return None
+    return shapes if tuple(math.prod(s) for s in shapes) == tuple(numels) else None
+
+
 def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
     """The cost model's communication the same step waits for (strategies.cost.step_timeline, the one price): the
     run's buckets, ready when the timeline says, overlapped with backward or not as the run is; NaN where the
@@ -439,9 +457,12 @@ def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
     timeline = sim.timeline
     buckets = make_buckets(timeline.numels, spec.bucket_mb)
     ready = [(max((timeline.ready_s[i] for i in b.params), default=0.0), b.numel) for b in buckets]
+    shapes = param_shapes_of(spec, timeline.numels)
+    bucket_shapes = [tuple(shapes[i] for i in sorted(b.params)) for b in buckets] if shapes else None
     try:
         predicted = cost.step_timeline(config, spec.workers, ready, fabric_of(sim.platform), timeline.forward_s,
-                                       timeline.backward_s, timeline.optimizer_s, spec.overlap)
+                                       timeline.backward_s, timeline.optimizer_s, spec.overlap,
+                                       bucket_shapes=bucket_shapes)
     except (ValueError, NotImplementedError):
         return math.nan
     return predicted.exposed_s
