@@ -167,7 +167,17 @@ def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int
 def config_path(config, workers: int, numel: int, itemsize: int = 4,
                 shapes: tuple | None = None) -> tuple[float, float, str]:
     """(rounds, path_bytes, note) per step of a strategy config (wrappers included: compression, local SGD) for
-    one buffer of numel elements; critical_path's, uncached."""
+    one buffer of numel elements; cached (a bisection over bandwidths prices one traffic() hundreds of times)."""
+    if shapes is not None:
+        shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    try:
+        return _config_path(config, workers, numel, itemsize, shapes)
+    except TypeError:  # an unhashable config (a plug-in's): priced uncached
+        return _config_path.__wrapped__(config, workers, numel, itemsize, shapes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_path(config, workers: int, numel: int, itemsize: int, shapes) -> tuple[float, float, str]:
     import strategies
 
     # the buffer's tensors, for a strategy whose bytes depend on them (PowerSGD compresses each tensor on its own)
@@ -371,12 +381,10 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     rank's intra-node bytes go at intra_bandwidth. The time is the slower level's bytes / bandwidth plus the
     strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node).
     double_binary_tree: each level's time is its pipeline slots' (slot_levels), one after another."""
-    levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
-    nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
-    nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
-                   sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
-    intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
-    rounds = config.traffic(workers, numel, itemsize).rounds
+    try:
+        nic, intra, rounds = _node_bytes(config, workers, numel, itemsize, ranks_per_node)
+    except TypeError:  # an unhashable config (a plug-in's): uncached
+        nic, intra, rounds = _node_bytes.__wrapped__(config, workers, numel, itemsize, ranks_per_node)
     # a message between nodes crosses its ranks' intra-node ports and both NICs (the nodes platform's route)
     alpha = latency + intra_latency if nic else intra_latency
     nic_s, intra_s = nic / nic_bandwidth, intra / intra_bandwidth
@@ -391,7 +399,7 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         from strategies.hierarchical import Layout, intra_path
 
         ring_rounds, ring_bytes = intra_path(Layout(workers, ranks_per_node), numel, itemsize)
-        fill = config.reply_fill(workers, numel, itemsize)
+        fill = _cached(config.reply_fill, workers, numel, itemsize)
         nic_s = (nic + fill) / nic_bandwidth + (rounds - ring_rounds) * alpha
         intra_s = ring_bytes / intra_bandwidth + ring_rounds * intra_latency
         return NodeCost(nic, intra, nic_s, intra_s, rounds, nic_s + intra_s)
@@ -399,7 +407,7 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         # a pipeline of slots, one after another (a slot's sends leave when the slot before's have): each slot
         # takes its busiest port's time, so the fill and drain (slots with less than the full load, as many as
         # the trees' depth) cost what they move, and the NIC level waits out the slots only a chain works in
-        slots = config.slot_levels(workers, numel, itemsize, ranks_per_node)
+        slots = _cached(config.slot_levels, workers, numel, itemsize, ranks_per_node)
         nic_s = sum(max(b / nic_bandwidth, i / intra_bandwidth) for b, i in slots)
         intra_s = sum(i for _, i in slots) / intra_bandwidth
     period = sync_period(config)
@@ -407,6 +415,30 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         nic, intra, rounds = nic / period, intra / period, rounds / period
         nic_s, intra_s = nic_s / period, intra_s / period
     return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_bytes(config, workers: int, numel: int, itemsize: int, ranks_per_node: int) -> tuple[int, int, int]:
+    """(busiest node NIC's bytes, busiest rank's intra-node bytes, rounds): node_cost's bytes, cached."""
+    levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
+    nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
+    nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
+                   sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
+    intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
+    return nic, intra, config.traffic(workers, numel, itemsize).rounds
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_call(method, *args):
+    return method(*args)
+
+
+def _cached(method, *args):
+    """method(*args), cached on the (hashable) config it is bound to and the arguments."""
+    try:
+        return _cached_call(method, *args)
+    except TypeError:
+        return method(*args)
 
 
 def node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth, intra_bandwidth, latency=0.0,
@@ -428,29 +460,45 @@ def hierarchical_node_seconds(config, workers: int, numel: int, ranks_per_node: 
     ranks share it) + the inner rounds of the rank serving the most chunks (a short node's rank serves several,
     one after another) x the route's latency. A node's ring takes its slowest node's rounds (a short node of r
     ranks has r - 1 rounds of larger slices). max(levels) assumed a pipeline that never fills or drains."""
-    from strategies.hierarchical import Layout
-
-    layout = Layout(workers, ranks_per_node)
-    m, k = len(layout.nodes()), ranks_per_node
-    inner = config.inner_config()
     nic_alpha = latency + intra_latency  # a message between nodes crosses two ports and two NICs
-    sizes = sorted({len(node) for node in layout.nodes()})
+    head, stages, tail = _hierarchical_plan(config, workers, numel, ranks_per_node, itemsize)
 
-    def ring_rounds(piece_sizes: list[int]) -> list[float]:
-        """Seconds of each round of one ring phase (merged phases: their slices side by side), slowest node."""
+    def ring_rounds(candidates) -> list[float]:  # the slowest node's rounds of one (merged) ring phase
         worst: list[float] = []
-        for r in sizes:
-            if r == 1:
-                continue
-            slice_bytes = sum(max((hi - lo for lo, hi in layout.slices(size, r)), default=0) for size in piece_sizes)
-            rounds = [intra_latency + slice_bytes * itemsize / intra_bandwidth] * (r - 1)
+        for count, slice_bytes in candidates:
+            rounds = [intra_latency + slice_bytes / intra_bandwidth] * count
             if sum(rounds) > sum(worst):
                 worst = rounds
         return worst
 
-    def across(size: int) -> float:
+    seconds, nic_total = sum(ring_rounds(head)), 0.0
+    for across_bytes, across_rounds, candidates in stages:
+        nic = across_bytes / nic_bandwidth + across_rounds * nic_alpha if across_bytes else 0.0
+        rounds = ring_rounds(candidates)
+        seconds += max(nic, sum(rounds[:2])) + sum(rounds[2:])
+        nic_total += nic
+    return seconds + sum(ring_rounds(tail)), nic_total
+
+
+@functools.lru_cache(maxsize=1024)
+def _hierarchical_plan(config, workers: int, numel: int, k: int, itemsize: int):
+    """The bytes of hierarchical_node_seconds (no bandwidth in them, so a bisection over bandwidths reuses them):
+    piece 0's and the last piece's ring phase, per stage the across-node step (the busiest node NIC's bytes, the
+    busiest rank's inner rounds) and the merged ring phase, each ring as (rounds, slice bytes) per node size."""
+    from strategies.hierarchical import Layout
+
+    layout = Layout(workers, k)
+    m = len(layout.nodes())
+    inner = config.inner_config()
+    sizes = sorted({len(node) for node in layout.nodes()} - {1})
+
+    def ring(piece_sizes: list[int]) -> tuple:
+        return tuple((r - 1, sum(max((hi - lo for lo, hi in layout.slices(size, r)), default=0)
+                                 for size in piece_sizes) * itemsize) for r in sizes)
+
+    def across(size: int) -> tuple[int, int]:
         if m == 1 or size == 0:
-            return 0.0
+            return 0, 0
         sent, recv, rounds = [0] * m, [0] * m, {}
         for c, (lo, hi) in enumerate(chunk_bounds_(size, k)):
             if hi == lo:
@@ -460,15 +508,12 @@ def hierarchical_node_seconds(config, workers: int, numel: int, ranks_per_node: 
                 sent[rank // k] += t.ranks[pos].bytes_sent
                 recv[rank // k] += t.ranks[pos].bytes_recv
                 rounds[rank] = rounds.get(rank, 0) + t.rounds
-        return max(max(sent), max(recv)) / nic_bandwidth + max(rounds.values(), default=0) * nic_alpha
+        return max(max(sent), max(recv)), max(rounds.values(), default=0)
 
     pieces = [hi - lo for lo, hi in chunk_bounds_(numel, config.pieces(workers, numel, itemsize))]
-    nic = [across(size) for size in pieces]
-    seconds = sum(ring_rounds([pieces[0]]))
-    for stage in range(1, len(pieces) + 1):
-        rounds = ring_rounds([pieces[p] for p in (stage, stage - 2) if 0 <= p < len(pieces)])
-        seconds += max(nic[stage - 1], sum(rounds[:2])) + sum(rounds[2:])
-    return seconds + sum(ring_rounds([pieces[-1]])), sum(nic)
+    stages = tuple((*across(pieces[stage - 1]), ring([pieces[p] for p in (stage, stage - 2) if 0 <= p < len(pieces)]))
+                   for stage in range(1, len(pieces) + 1))
+    return ring([pieces[0]]), stages, ring([pieces[-1]])
 
 
 def chunk_bounds_(numel: int, parts: int) -> list[tuple[int, int]]:
