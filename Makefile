@@ -36,7 +36,7 @@ bench: $(VENV_STAMP)
 # (the matrix and errors alone: 97 s of CPU before, under 54 s after).
 FAST_TESTS := tests/strategies/test_strategy_matrix.py tests/strategies/test_strategy_errors.py \
 	tests/reports/test_report_numbers.py tests/reports/test_honest.py tests/experiments/test_sweep.py \
-	tests/experiments/test_store.py tests/experiments/test_run_metrics.py
+	tests/experiments/test_store.py tests/experiments/test_run_metrics.py tests/experiments/test_validate.py
 test-fast: $(VENV_STAMP)
 	.venv/bin/ruff check .
 	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "not ray and not netns and not gpu and not slow" $(FAST_TESTS)
