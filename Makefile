@@ -38,7 +38,8 @@ FAST_TESTS := tests/strategies/test_strategy_matrix.py tests/strategies/test_str
 	tests/reports/test_report_numbers.py tests/reports/test_honest.py tests/experiments/test_sweep.py \
 	tests/experiments/test_store.py tests/experiments/test_run_metrics.py \
 	tests/reports/test_deterministic_verdicts.py tests/reports/test_tta_intervals.py \
-	tests/reports/test_barrier_free_time_to_target.py tests/reports/test_reconcile.py tests/reports/test_teaching.py
+	tests/reports/test_barrier_free_time_to_target.py tests/reports/test_reconcile.py tests/reports/test_teaching.py \
+	tests/experiments/test_validate.py
 test-fast: $(VENV_STAMP)
 	.venv/bin/ruff check .
 	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "not ray and not netns and not gpu and not slow" $(FAST_TESTS)

@@ -14,16 +14,18 @@ import pandas as pd
 from strategies import get as get_strategy
 from strategies import make as make_strategy
 from strategies import names as strategy_names
-from strategies.base import PARAMETERS
 from strategies.cost import (  # noqa: F401 - re-exported: the report's modules price communication through here
     GBIT,
     MB,
     AlphaBeta,
+    Fabric,
     Timeline,
+    bandwidth_for,
     bandwidth_needed,
     byteps_optimum,
     calibrate,
     comm_time,
+    config_path,
     critical_path,
     node_cost,
     optimum_comm_s,
@@ -31,7 +33,9 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     parallel_efficiency,
     parse_strategy,
     pipeline_fill,
+    step_timeline,
     sync_period,
+    sync_seconds,
 )
 from workloads.buckets import make_buckets
 from workloads.models import MODELS as WORKLOAD_MODELS
@@ -71,20 +75,6 @@ def inexact_note(config) -> str:
     if sync_period(config) > 1:
         return f"NOT exact: local steps, parameters averaged every {sync_period(config)} steps"
     return ""
-
-
-def _bandwidth_for(efficiency_at, target: float) -> float:
-    """The smallest bandwidth (bytes/s) whose efficiency reaches `target` (efficiency_at(bandwidth) rises with
-    bandwidth): bisection in log space; inf when even an infinite link falls short (latency alone)."""
-    if efficiency_at(math.inf) < target:
-        return math.inf
-    low, high = 1.0, 1e18
-    for _ in range(200):
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if efficiency_at(mid) >= target else (mid, high)
-        if high / low < 1 + 1e-9:
-            break
-    return high
 
 
 # ---- the `syncbench model` table --------------------------------------------------------------------------
@@ -147,9 +137,6 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
         raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")
     if isinstance(ranks_per_node, bool) or int(ranks_per_node) != ranks_per_node or not 1 <= ranks_per_node <= 1024:
         raise ValueError(f"bad ranks per node {ranks_per_node!r}: expected a whole number from 1 to 1024")
-    if ranks_per_node > 1 and profile is not None:
-        raise ValueError(f"ranks per node {ranks_per_node} with a profile: nodes are priced without overlapped "
-                         f"buckets; give one of them")
     if not intra_bandwidth > 0:
         raise ValueError(f"bad intra-node bandwidth {intra_bandwidth!r}: expected bytes/s greater than zero")
     known = strategy_names()
@@ -171,58 +158,18 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
             raise ValueError(f"strategy {label!r}: {e}") from None
 
     buckets = make_buckets(profile.numels, bucket_mb, profile.itemsize) if profile is not None else ()
+    fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth)
+    shapes = workload_shapes(model, numel, num_classes) if model is not None else None
     rows = []
-    for label, (name, params), config in zip(labels, specs, configs):
+    for label, config in zip(labels, configs):
         row = {"strategy": label, "workers": int(workers), "model_bytes": numel * 4, "exact": inexact_note(config)}
         try:
-            rounds, path_bytes, note = critical_path(name, int(workers), numel, params,
-                                                     shapes=workload_shapes(model, numel, num_classes)
-                                                     if model is not None else None)
-            optimum = optimum_comm_s(config, int(workers), numel * 4, bandwidth)
-        except (ValueError, NotImplementedError) as e:  # e.g. a strategy that needs a power-of-two n
+            rows.append(row | _priced_row(config, int(workers), numel, fabric, step_time, target_efficiency, shapes,
+                                          profile, buckets))
+        except (ValueError, NotImplementedError) as e:  # e.g. no per-level traffic on nodes
             rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
                                "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
                                "bandwidth_needed": math.nan, "note": str(e)})
-            continue
-        if profile is not None:
-            try:
-                rows.append(row | _overlapped_row(profile, buckets, name, params, config, int(workers), bandwidth,
-                                                  latency, target_efficiency, optimum, note))
-            except (ValueError, NotImplementedError) as e:
-                rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
-                                   "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
-                                   "bandwidth_needed": math.nan, "note": str(e)})
-            continue
-        if ranks_per_node > 1:
-            try:
-                levels = node_cost(config, int(workers), numel, int(ranks_per_node), bandwidth, intra_bandwidth,
-                                   latency)
-            except ValueError as e:
-                rows.append(row | {"rounds": math.nan, "path_bytes": math.nan, "comm_s": math.nan,
-                                   "optimum_s": math.nan, "efficiency": math.nan, "step_s": math.nan,
-                                   "bandwidth_needed": math.nan, "note": str(e)})
-                continue
-            tt = levels.time_s
-            row |= {"nic_bytes": levels.nic_bytes, "intra_bytes": levels.intra_bytes,
-                    "bottleneck": levels.bottleneck}
-            # BytePS's bound assumes a NIC per worker: not a bound for workers sharing one, left out
-            rows.append(row | {"rounds": rounds, "path_bytes": levels.nic_bytes, "comm_s": tt, "optimum_s": math.nan,
-                               "efficiency": parallel_efficiency(step_time, tt), "step_s": step_time + tt,
-                               "bandwidth_needed": bandwidth_needed(levels.nic_bytes, step_time, target_efficiency,
-                                                                    rounds, latency),
-                               "note": note})
-            continue
-        tt = comm_time(rounds, path_bytes, bandwidth, latency)
-        rows.append(row | {
-            "rounds": rounds,
-            "path_bytes": path_bytes,
-            "comm_s": tt,
-            "optimum_s": optimum,
-            "efficiency": parallel_efficiency(step_time, tt),
-            "step_s": step_time + tt,
-            "bandwidth_needed": bandwidth_needed(path_bytes, step_time, target_efficiency, rounds, latency),
-            "note": note,
-        })
     df = pd.DataFrame(rows)
     df.attrs.update(model=model or "", bandwidth=bandwidth, step_time=step_time, latency=latency,
                     target_efficiency=target_efficiency, numel=numel, num_classes=num_classes,
@@ -231,29 +178,57 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     return df
 
 
-def _overlapped_row(profile, buckets, name, params, config, workers, bandwidth, latency, target, optimum,
-                    note) -> dict:
-    """One strategy's row with buckets overlapped with backward (strategies.cost.overlap_timeline): each bucket
-    starts when its last gradient is ready and the one before it is done (a pipelining strategy's: streamed, its
-    last fan-out still under way); parameter averaging follows the step."""
-    ready = [max(profile.params[i].ready_s for i in b.params) for b in buckets]
-    paths = [critical_path(name, workers, b.numel, params, profile.itemsize)[:2] for b in buckets]
-    fills = [pipeline_fill(name, workers, b.numel, params, profile.itemsize) for b in buckets]
-    after_step = config.role == PARAMETERS
+def _path_bytes(config, workers, numel, fabric, itemsize, shapes) -> float:
+    """One sync's bytes on the critical path: the busiest NIC's (on nodes: the busiest node NIC's)."""
+    if fabric.ranks_per_node > 1:
+        return node_cost(config, workers, numel, fabric.ranks_per_node, fabric.bandwidth, fabric.intra_bandwidth,
+                         fabric.latency, fabric.intra_latency, itemsize).nic_bytes
+    return config_path(config, workers, numel, itemsize, shapes)[1]
 
-    def timeline(bw: float):  # a pipelining strategy's (the dedicated PS's) last fan-out runs under the next bucket
-        timed = [(r, 0.0 if workers == 1 else comm_time(rounds, path, bw, latency),
-                  0.0 if workers == 1 or not fill[1] else comm_time(fill[0], fill[1], bw, latency))
-                 for r, (rounds, path), fill in zip(ready, paths, fills)]
-        return overlap_timeline(profile.forward_s, profile.backward_s, profile.optimizer_s, timed,
-                                overlap=not after_step, after_step=after_step)
 
-    t = timeline(bandwidth)
-    ts = profile.step_s
-    return {"rounds": sum(r for r, _ in paths), "path_bytes": sum(p for _, p in paths), "comm_s": t.busy_s,
-            "exposed_s": t.exposed_s, "optimum_s": optimum, "efficiency": parallel_efficiency(ts, t.exposed_s),
-            "step_s": t.step_s, "note": note,
-            "bandwidth_needed": _bandwidth_for(lambda bw: parallel_efficiency(ts, timeline(bw).exposed_s), target)}
+def _priced_row(config, workers, numel, fabric, step_time, target, shapes, profile, buckets) -> dict:
+    """One strategy's row, every figure from the one price (strategies.cost.sync_seconds, step_timeline): comm s,
+    P, step s and S, the NIC bandwidth at which the same price gives the target P (so S fed back gives it).
+    With a profile, buckets overlapped with backward as each one's gradients become ready (a pipelining
+    strategy's, the dedicated PS's, last fan-out under the next bucket); parameter averaging follows the step.
+    On nodes (fabric.ranks_per_node > 1), with or without a profile: each level at its own bandwidth."""
+    rounds, path_bytes, note = config_path(config, workers, numel, 4, shapes)
+    optimum = optimum_comm_s(config, workers, numel * 4, fabric.bandwidth) if fabric.ranks_per_node == 1 \
+        else math.nan  # BytePS's bound assumes a NIC per worker: not a bound for workers sharing one
+    out = {"rounds": rounds, "path_bytes": path_bytes, "optimum_s": optimum, "note": note}
+    if fabric.ranks_per_node > 1:
+        levels = node_cost(config, workers, numel, fabric.ranks_per_node, fabric.bandwidth, fabric.intra_bandwidth,
+                           fabric.latency, fabric.intra_latency)
+        out |= {"path_bytes": levels.nic_bytes, "nic_bytes": levels.nic_bytes, "intra_bytes": levels.intra_bytes,
+                "bottleneck": levels.bottleneck}
+    if profile is None:
+        def exposed(f: Fabric) -> float:
+            return sync_seconds(config, workers, numel, f, 4, shapes)
+
+        tt = exposed(fabric)
+        out |= {"comm_s": tt, "efficiency": parallel_efficiency(step_time, tt), "step_s": step_time + tt}
+    else:
+        ready = [(max(profile.params[i].ready_s for i in b.params), b.numel) for b in buckets]
+        bucket_shapes = [tuple(shapes[i] for i in sorted(b.params)) for b in buckets] if shapes else None
+
+        def timeline(f: Fabric):
+            return step_timeline(config, workers, ready, f, profile.forward_s, profile.backward_s,
+                                 profile.optimizer_s, overlap=True, itemsize=profile.itemsize,
+                                 bucket_shapes=bucket_shapes)
+
+        def exposed(f: Fabric) -> float:
+            return timeline(f).exposed_s
+
+        t = timeline(fabric)
+        step_time = profile.step_s
+        out |= {"comm_s": t.busy_s, "exposed_s": t.exposed_s, "efficiency": parallel_efficiency(step_time,
+                                                                                               t.exposed_s),
+                "step_s": t.step_s, "path_bytes": sum(_path_bytes(config, workers, n, fabric, profile.itemsize, shape)
+                                                      for (_, n), shape in zip(ready, bucket_shapes or
+                                                                               [None] * len(ready)))}
+    out["bandwidth_needed"] = bandwidth_for(
+        lambda bw: parallel_efficiency(step_time, exposed(fabric.with_bandwidth(bw))), target)
+    return out
 
 
 def format_model_table(df: pd.DataFrame) -> str:

@@ -7,13 +7,24 @@ the emulations and substrates compared, convergence, stragglers and the runs tab
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 
 import numpy as np
 import pandas as pd
 
 from reports.load import mean_per_config, strategy_params
-from reports.model import MB, TARGET_EFFICIENCIES, bandwidth_needed, critical_path, workload_shapes
+from reports.model import (
+    MB,
+    TARGET_EFFICIENCIES,
+    Fabric,
+    bandwidth_for,
+    critical_path,
+    parallel_efficiency,
+    sync_seconds,
+    workload_shapes,
+)
 from strategies import make as make_strategy
 from strategies import names as strategy_names
 
@@ -130,16 +141,21 @@ def requirement_frame(ok: pd.DataFrame) -> pd.DataFrame:
             if label not in measured:
                 continue
             for n in grid:
-                try:
-                    rounds, path_bytes, _ = critical_path(name, n, numel, params,
-                                                          shapes=workload_shapes(workload, numel))
-                except (ValueError, NotImplementedError):
+                shapes = workload_shapes(workload, numel)
+                try:  # the one price (strategies.cost.sync_seconds), the bandwidth at which it gives P
+                    config = make_strategy(name, **(json.loads(params) if isinstance(params, str) else params or {}))
+                    sync_seconds(config, n, numel, Fabric(1e9), 4, shapes)
+                except (ValueError, NotImplementedError, TypeError):
                     continue  # the strategy cannot run on n workers
                 for p in TARGET_EFFICIENCIES:
-                    s = bandwidth_needed(path_bytes, ts[workload][0], p)
+                    s = bandwidth_for(functools.partial(_efficiency_at, config, n, numel, shapes, ts[workload][0]), p)
                     rows.append({"workload": workload, "label": label, "workers": n, "target": f"P = {p:g}",
                                  "MB/s": s / MB if math.isfinite(s) else math.nan})
     return pd.DataFrame(rows)
+
+
+def _efficiency_at(config, workers, numel, shapes, compute_s, bandwidth) -> float:
+    return parallel_efficiency(compute_s, sync_seconds(config, workers, numel, Fabric(bandwidth), 4, shapes))
 
 
 # ---- convergence -----------------------------------------------------------------------------------------

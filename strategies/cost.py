@@ -14,6 +14,7 @@ Units: bytes and seconds everywhere; MB = 10^6 bytes, Gbit = 10^9 bits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -160,7 +161,25 @@ def _traffic(name: str, params_key: str, workers: int, numel: int, itemsize: int
              shapes: tuple | None = None) -> tuple[float, float, str]:
     import strategies
 
-    config = strategies.make(name, **json.loads(params_key))
+    return config_path(strategies.make(name, **json.loads(params_key)), workers, numel, itemsize, shapes)
+
+
+def config_path(config, workers: int, numel: int, itemsize: int = 4,
+                shapes: tuple | None = None) -> tuple[float, float, str]:
+    """(rounds, path_bytes, note) per step of a strategy config (wrappers included: compression, local SGD) for
+    one buffer of numel elements; cached (a bisection over bandwidths prices one traffic() hundreds of times)."""
+    if shapes is not None:
+        shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    try:
+        return _config_path(config, workers, numel, itemsize, shapes)
+    except TypeError:  # an unhashable config (a plug-in's): priced uncached
+        return _config_path.__wrapped__(config, workers, numel, itemsize, shapes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_path(config, workers: int, numel: int, itemsize: int, shapes) -> tuple[float, float, str]:
+    import strategies
+
     # the buffer's tensors, for a strategy whose bytes depend on them (PowerSGD compresses each tensor on its own)
     layout = {"shapes": shapes} if shapes is not None and "shapes" in inspect.signature(config.traffic).parameters \
         else {}
@@ -210,6 +229,94 @@ def critical_path(name: str, workers: int, numel: int, params: dict | str | None
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize, shapes)
 
 
+# ---- the one price of a sync --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fabric:
+    """The network a sync is priced on: every rank's NIC (bytes/s, seconds) or, with ranks_per_node > 1, every
+    node's NIC shared by its ranks and an intra-node link between them (the simulator's `nodes` platform, the
+    link emulation's intra link)."""
+
+    bandwidth: float
+    latency: float = 0.0
+    ranks_per_node: int = 1
+    intra_bandwidth: float = math.inf
+    intra_latency: float = 0.0
+
+    def __post_init__(self):
+        if not self.bandwidth > 0:
+            raise ValueError(f"bad bandwidth {self.bandwidth!r}: expected bytes/s greater than zero")
+        if not 0 <= self.latency < math.inf:
+            raise ValueError(f"bad latency {self.latency!r}: expected seconds >= 0")
+        k = self.ranks_per_node
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"bad ranks per node {k!r}: expected a whole number >= 1")
+        if not self.intra_bandwidth > 0:
+            raise ValueError(f"bad intra-node bandwidth {self.intra_bandwidth!r}: expected bytes/s greater than zero")
+
+    def with_bandwidth(self, bandwidth: float) -> Fabric:
+        return dataclasses.replace(self, bandwidth=bandwidth)
+
+
+def sync_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int = 4, shapes=None) -> float:
+    """The one price of one sync of a numel-element buffer (per step: local SGD's sync / H): `syncbench model`, the
+    simulator's alpha-beta column, `syncbench validate`, the report's model sections and the bandwidth needed all
+    call it. One rank per NIC: rounds x latency + path bytes / bandwidth (traffic()'s critical path). Nodes of
+    several ranks: node_cost's time (the NIC shared by the node's ranks, each level at its own bandwidth); a
+    strategy with no per-level traffic raises ValueError naming the ones that have it."""
+    if workers <= 1 or numel == 0:
+        return 0.0
+    if fabric.ranks_per_node > 1:
+        return node_cost(config, workers, numel, fabric.ranks_per_node, fabric.bandwidth, fabric.intra_bandwidth,
+                         fabric.latency, fabric.intra_latency, itemsize).time_s
+    rounds, path_bytes, _ = config_path(config, workers, numel, itemsize, shapes)
+    return comm_time(rounds, path_bytes, fabric.bandwidth, fabric.latency)
+
+
+def fill_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int = 4) -> float:
+    """The tail of sync_seconds the next bucket's sync overlaps (pipeline_fill: the synchronous dedicated parameter
+    server's last fan-out); 0 for a strategy that syncs one bucket after another, and on nodes."""
+    fill = getattr(config, "pipeline_fill", None)
+    if fill is None or workers <= 1 or fabric.ranks_per_node > 1:
+        return 0.0
+    rounds, path = fill(workers, numel, itemsize)
+    return comm_time(rounds, path, fabric.bandwidth, fabric.latency) if path else 0.0
+
+
+def step_timeline(config, workers: int, buckets: list[tuple[float, int]], fabric: Fabric, forward_s: float,
+                  backward_s: float, optimizer_s: float, overlap: bool, itemsize: int = 4,
+                  bucket_shapes: list | None = None) -> Timeline:
+    """One step's predicted timeline: each bucket (ready_s after backward starts, numel) priced by sync_seconds,
+    streamed as overlap_timeline says (with overlap each starts when ready; a role that averages parameters after
+    the step never overlaps)."""
+    from strategies.base import PARAMETERS
+
+    after_step = getattr(config, "role", "") == PARAMETERS
+    shapes = bucket_shapes or [None] * len(buckets)
+    timed = [(ready, sync_seconds(config, workers, numel, fabric, itemsize, shape),
+              fill_seconds(config, workers, numel, fabric, itemsize))
+             for (ready, numel), shape in zip(buckets, shapes)]
+    return overlap_timeline(forward_s, backward_s, optimizer_s, timed, overlap=overlap and not after_step,
+                            after_step=after_step)
+
+
+def bandwidth_for(efficiency_at, target: float) -> float:
+    """The least NIC bandwidth (bytes/s) at which efficiency_at(bandwidth), rising with it, reaches `target`:
+    bisection in log space on the same price, so that the answer fed back gives the target; inf when even an
+    infinite link falls short (latency alone)."""
+    if not 0 < target < 1:
+        raise ValueError(f"bad target efficiency {target!r}: expected a number between 0 and 1, e.g. 0.9")
+    if efficiency_at(1e30) < target:
+        return math.inf
+    low, high = 1.0, 1e30
+    for _ in range(400):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if efficiency_at(mid) >= target else (mid, high)
+        if high / low < 1 + 1e-12:
+            break
+    return high
+
+
 # ---- nodes of several ranks: one NIC per node, an intra-node link -----------------------------------------
 
 @dataclass(frozen=True)
@@ -222,6 +329,9 @@ class NodeCost:
     nic_s: float
     intra_s: float
     rounds: float
+    # the sync's time where its levels do not simply overlap (hierarchical's pipeline, node_parameter_server's
+    # phases one after another); None: the slower level's, the levels working side by side in every round
+    total_s: float | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -229,7 +339,7 @@ class NodeCost:
 
     @property
     def time_s(self) -> float:
-        return max(self.nic_s, self.intra_s)
+        return max(self.nic_s, self.intra_s) if self.total_s is None else self.total_s
 
 
 def node_levels(config, workers: int, numel: int, itemsize: int, ranks_per_node: int) -> dict:
@@ -271,19 +381,33 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     rank's intra-node bytes go at intra_bandwidth. The time is the slower level's bytes / bandwidth plus the
     strategy's rounds x the latency of the level its rounds cross (the NIC's when any byte leaves a node).
     double_binary_tree: each level's time is its pipeline slots' (slot_levels), one after another."""
-    levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
-    nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
-    nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
-                   sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
-    intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
-    rounds = config.traffic(workers, numel, itemsize).rounds
-    alpha = latency if nic else intra_latency
+    try:
+        nic, intra, rounds = _node_bytes(config, workers, numel, itemsize, ranks_per_node)
+    except TypeError:  # an unhashable config (a plug-in's): uncached
+        nic, intra, rounds = _node_bytes.__wrapped__(config, workers, numel, itemsize, ranks_per_node)
+    # a message between nodes crosses its ranks' intra-node ports and both NICs (the nodes platform's route)
+    alpha = latency + intra_latency if nic else intra_latency
     nic_s, intra_s = nic / nic_bandwidth, intra / intra_bandwidth
-    if getattr(config, "name", "") == "double_binary_tree":
+    name = getattr(config, "name", "")
+    if name == "hierarchical" and numel:
+        # its pipeline, stage by stage (hierarchical_node_seconds), is the time: both levels' seconds in it
+        total, nic_only = hierarchical_node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth,
+                                                    intra_bandwidth, latency, intra_latency, itemsize)
+        return NodeCost(nic, intra, nic_only, total - nic_only, rounds, total)
+    if name == "node_parameter_server" and numel:
+        # one phase after another: the node's reduce-scatter, the pushes and replies, the node's all-gather
+        from strategies.hierarchical import Layout, intra_path
+
+        ring_rounds, ring_bytes = intra_path(Layout(workers, ranks_per_node), numel, itemsize)
+        fill = _cached(config.reply_fill, workers, numel, itemsize)
+        nic_s = (nic + fill) / nic_bandwidth + (rounds - ring_rounds) * alpha
+        intra_s = ring_bytes / intra_bandwidth + ring_rounds * intra_latency
+        return NodeCost(nic, intra, nic_s, intra_s, rounds, nic_s + intra_s)
+    if name == "double_binary_tree":
         # a pipeline of slots, one after another (a slot's sends leave when the slot before's have): each slot
         # takes its busiest port's time, so the fill and drain (slots with less than the full load, as many as
         # the trees' depth) cost what they move, and the NIC level waits out the slots only a chain works in
-        slots = config.slot_levels(workers, numel, itemsize, ranks_per_node)
+        slots = _cached(config.slot_levels, workers, numel, itemsize, ranks_per_node)
         nic_s = sum(max(b / nic_bandwidth, i / intra_bandwidth) for b, i in slots)
         intra_s = sum(i for _, i in slots) / intra_bandwidth
     period = sync_period(config)
@@ -291,6 +415,111 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         nic, intra, rounds = nic / period, intra / period, rounds / period
         nic_s, intra_s = nic_s / period, intra_s / period
     return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_bytes(config, workers: int, numel: int, itemsize: int, ranks_per_node: int) -> tuple[int, int, int]:
+    """(busiest node NIC's bytes, busiest rank's intra-node bytes, rounds): node_cost's bytes, cached."""
+    levels = node_levels(config, workers, numel, itemsize, ranks_per_node)
+    nodes = range(0, len(levels["nic"]), ranks_per_node)  # dedicated server ranks fill nodes after the workers'
+    nic = max((max(sum(t.bytes_sent for t in levels["nic"][lo:lo + ranks_per_node]),
+                   sum(t.bytes_recv for t in levels["nic"][lo:lo + ranks_per_node])) for lo in nodes), default=0)
+    intra = max((max(t.bytes_sent, t.bytes_recv) for t in levels["intra"]), default=0)
+    return nic, intra, config.traffic(workers, numel, itemsize).rounds
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_call(method, *args):
+    return method(*args)
+
+
+def _cached(method, *args):
+    """method(*args), cached on the (hashable) config it is bound to and the arguments."""
+    try:
+        return _cached_call(method, *args)
+    except TypeError:
+        return method(*args)
+
+
+def node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth, intra_bandwidth, latency=0.0,
+                 intra_latency=0.0, itemsize=4) -> float:
+    """node_cost's time: the one price of a sync on nodes."""
+    return node_cost(config, workers, numel, ranks_per_node, nic_bandwidth, intra_bandwidth, latency, intra_latency,
+                     itemsize).time_s
+
+
+def hierarchical_node_seconds(config, workers: int, numel: int, ranks_per_node: int, nic_bandwidth: float,
+                              intra_bandwidth: float, latency: float, intra_latency: float,
+                              itemsize: int = 4) -> tuple[float, float]:
+    """(seconds, NIC seconds) of hierarchical's pipeline on nodes, as strategies/hierarchical.py runs it: piece 0's
+    ring reduce-scatter in the node, then per stage piece s-1's across-node allreduces beside the first two rounds
+    of the node's merged all-gather of piece s-2 and reduce-scatter of piece s (NodeStage.start posts round 0's
+    sends, NodeStage.pump completes round 0 and posts round 1's while the inner strategy waits), then that
+    stage's other rounds, then the last piece's all-gather.
+    The across-node step of a piece: the busiest node NIC's bytes of that piece / the NIC bandwidth (the node's
+    ranks share it) + the inner rounds of the rank serving the most chunks (a short node's rank serves several,
+    one after another) x the route's latency. A node's ring takes its slowest node's rounds (a short node of r
+    ranks has r - 1 rounds of larger slices). max(levels) assumed a pipeline that never fills or drains."""
+    nic_alpha = latency + intra_latency  # a message between nodes crosses two ports and two NICs
+    head, stages, tail = _hierarchical_plan(config, workers, numel, ranks_per_node, itemsize)
+
+    def ring_rounds(candidates) -> list[float]:  # the slowest node's rounds of one (merged) ring phase
+        worst: list[float] = []
+        for count, slice_bytes in candidates:
+            rounds = [intra_latency + slice_bytes / intra_bandwidth] * count
+            if sum(rounds) > sum(worst):
+                worst = rounds
+        return worst
+
+    seconds, nic_total = sum(ring_rounds(head)), 0.0
+    for across_bytes, across_rounds, candidates in stages:
+        nic = across_bytes / nic_bandwidth + across_rounds * nic_alpha if across_bytes else 0.0
+        rounds = ring_rounds(candidates)
+        seconds += max(nic, sum(rounds[:2])) + sum(rounds[2:])
+        nic_total += nic
+    return seconds + sum(ring_rounds(tail)), nic_total
+
+
+@functools.lru_cache(maxsize=1024)
+def _hierarchical_plan(config, workers: int, numel: int, k: int, itemsize: int):
+    """The bytes of hierarchical_node_seconds (no bandwidth in them, so a bisection over bandwidths reuses them):
+    piece 0's and the last piece's ring phase, per stage the across-node step (the busiest node NIC's bytes, the
+    busiest rank's inner rounds) and the merged ring phase, each ring as (rounds, slice bytes) per node size."""
+    from strategies.hierarchical import Layout
+
+    layout = Layout(workers, k)
+    m = len(layout.nodes())
+    inner = config.inner_config()
+    sizes = sorted({len(node) for node in layout.nodes()} - {1})
+
+    def ring(piece_sizes: list[int]) -> tuple:
+        return tuple((r - 1, sum(max((hi - lo for lo, hi in layout.slices(size, r)), default=0)
+                                 for size in piece_sizes) * itemsize) for r in sizes)
+
+    def across(size: int) -> tuple[int, int]:
+        if m == 1 or size == 0:
+            return 0, 0
+        sent, recv, rounds = [0] * m, [0] * m, {}
+        for c, (lo, hi) in enumerate(chunk_bounds_(size, k)):
+            if hi == lo:
+                continue
+            t = inner.traffic(m, hi - lo, itemsize)
+            for pos, rank in enumerate(layout.group(c)):
+                sent[rank // k] += t.ranks[pos].bytes_sent
+                recv[rank // k] += t.ranks[pos].bytes_recv
+                rounds[rank] = rounds.get(rank, 0) + t.rounds
+        return max(max(sent), max(recv)), max(rounds.values(), default=0)
+
+    pieces = [hi - lo for lo, hi in chunk_bounds_(numel, config.pieces(workers, numel, itemsize))]
+    stages = tuple((*across(pieces[stage - 1]), ring([pieces[p] for p in (stage, stage - 2) if 0 <= p < len(pieces)]))
+                   for stage in range(1, len(pieces) + 1))
+    return ring([pieces[0]]), stages, ring([pieces[-1]])
+
+
+def chunk_bounds_(numel: int, parts: int) -> list[tuple[int, int]]:
+    from strategies.base import chunk_bounds
+
+    return chunk_bounds(numel, parts)
 
 
 # ---- buckets overlapped with backward ---------------------------------------------------------------------

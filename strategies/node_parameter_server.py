@@ -233,6 +233,23 @@ class NodeParameterServerConfig(StrategyConfig):
         roles = ["worker"] * workers + ["server"] * (world - workers)
         return {level: [RankTraffic(role, *t) for role, t in zip(roles, ranks)] for level, ranks in totals.items()}
 
+    def reply_fill(self, workers: int, numel: int, itemsize: int = 4) -> int:
+        """Bytes the busiest node's NIC sends after the last pushes are in: the replies of every shard's last
+        partition it serves (a server answers a partition only once every owner's push of it is in), summed over
+        the chunks its ranks serve, to the owners in other nodes. The cost model's pipeline fill."""
+        k = self.ranks_per_node
+        plan = Plan(workers, k, self.servers, self.placement == "dedicated", self.partition_mb)
+        per_node: dict[int, int] = {}
+        for group, parts in plan.steps(numel, itemsize):
+            for s, p in enumerate(parts):
+                if not p:
+                    continue
+                host = plan.host(s, group)
+                size = (p[-1][1] - p[-1][0]) * itemsize
+                away = sum(1 for w in group if w // k != host // k)
+                per_node[host // k] = per_node.get(host // k, 0) + away * size
+        return max(per_node.values(), default=0)
+
     def traffic(self, workers, numel, itemsize=4):
         levels = self.levels(workers, numel, itemsize)
         ranks = tuple(RankTraffic(a.role, a.bytes_sent + b.bytes_sent, a.bytes_recv + b.bytes_recv,

@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
 
     _simulate_arguments(p)
 
+    p = sub.add_parser("validate", help="the validation matrix: every strategy and variant priced by the model and "
+                                        "simulated on SimGrid (alpha_beta, tcp), side by side with their ratio")
+    from experiments.validate import add_arguments as _validate_arguments
+
+    _validate_arguments(p)
+
     p = sub.add_parser("report", help="(re)build DIR/report.html from DIR's results")
     p.add_argument("dir")
 
@@ -681,6 +687,12 @@ def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
 
+def _validate(args) -> int:
+    from experiments.validate import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -690,4 +702,4 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate}
+            "simulate": _simulate, "validate": _validate}

@@ -217,33 +217,17 @@ INTRA = {"intra_bandwidth": "100Gbit", "intra_latency": "2us"}
 
 
 def node_model(config, n: int, k: int, numels: list[int], plat: Platform) -> dict:
-    """The alpha-beta model of syncing buckets of `numels` elements (float32) one after another on nodes of k ranks
-    (strategies/cost.py): per bucket, the busiest node NIC's bytes (cost.node_levels, the node's ranks summed)
-    / the NIC bandwidth and each rank's intra-node bytes / the intra-node bandwidth, plus the rounds x the latency
-    of the route they cross (a NIC round: NIC + intra-node latency, as the `nodes` platform routes a message
-    between nodes). hierarchical runs its levels one after the other: intra (2(k-1) rounds of the node's ring
-    phases) + nic (the inner allreduce's rounds); ring and double_binary_tree run both levels in every round, so
-    the NIC level (the slower) is the model."""
+    """The cost model of syncing buckets of `numels` elements (float32) one after another on nodes of k ranks: per
+    bucket strategies.cost.node_cost, the one price (the busiest node NIC's bytes / the NIC bandwidth, each rank's
+    intra-node bytes / the intra-node bandwidth, rounds x the latency of the route they cross; hierarchical's
+    pipeline stage by stage), summed; model_nic_s and model_intra_s are each level's own seconds."""
     from strategies import cost
-    from strategies.base import chunk_bounds
-    from strategies.hierarchical import Layout
 
-    nic_s = intra_s = 0.0
-    alpha_nic, alpha_intra = plat.latency + plat.intra_latency, plat.intra_latency
+    nic_s = intra_s = total = 0.0
     for numel in numels:
-        price = cost.node_cost(config, n, numel, k, plat.bandwidth, plat.intra_bandwidth)  # bytes only
-        if config.name == "hierarchical":
-            layout = Layout(n, k)
-            m = len(layout.nodes())
-            chunk = max(hi - lo for lo, hi in chunk_bounds(numel, k))
-            nic_rounds = config.inner_config().traffic(m, chunk, 4).rounds if m > 1 else 0
-            nic_s += price.nic_s + nic_rounds * alpha_nic
-            intra_s += price.intra_s + 2 * (max(len(node) for node in layout.nodes()) - 1) * alpha_intra
-        else:
-            rounds = config.traffic(n, numel, 4).rounds
-            nic_s += price.nic_s + rounds * alpha_nic
-            intra_s += price.intra_s + rounds * alpha_intra
-    total = nic_s + intra_s if config.name == "hierarchical" else max(nic_s, intra_s)
+        price = cost.node_cost(config, n, numel, k, plat.bandwidth, plat.intra_bandwidth, plat.latency,
+                               plat.intra_latency)
+        nic_s, intra_s, total = nic_s + price.nic_s, intra_s + price.intra_s, total + price.time_s
     return {"model_nic_s": nic_s, "model_intra_s": intra_s, "model_s": total}
 
 
@@ -307,9 +291,9 @@ def format_bench_nodes(rows: list[dict]) -> str:
     lines = [f"# syncbench simulate --bench --ranks-per-node: ResNet-50's gradients ({PROFILE.name}) in "
              f"{head.get('buckets', '?')} buckets synced one after another, no compute; {head['platform']}; "
              f"SimGrid {_simgrid_version()}, network model {head['network_model']}, nic {head['nic']}",
-             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; model = alpha-beta per "
-             f"level (cost.node_levels: busiest node NIC's bytes / NIC bandwidth, intra-node bytes / intra "
-             f"bandwidth, + rounds x latency); hierarchical: intra + nic in sequence, others: the NIC level"
+             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; model = cost.node_cost, "
+             f"the one price (busiest node NIC's bytes / NIC bandwidth, intra-node bytes / intra bandwidth, + rounds "
+             f"x latency; hierarchical: its pipeline stage by stage)"
              f"; sim nic s = hierarchical's across-node phase",
              f"{'strategy':>18s} {'n':>5s} {'k':>3s} {'messages':>10s} {'wall s':>7s} {'sim s':>8s} {'model s':>8s} "
              f"{'sim nic s':>9s} {'model nic s':>11s} {'model intra s':>13s} {'bytes':>5s}"]

@@ -52,6 +52,7 @@ from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
 from experiments.simulate.platform import Platform
+from strategies import cost
 
 PLATFORM_KEYS = ("topology", "network_model", "nic", "hosts_per_leaf", "oversubscription", "gpus_per_node",
                  "intra_bandwidth", "intra_latency")
@@ -162,6 +163,11 @@ class SimGridSubstrate(Substrate):
         if spec.device != "cpu":
             found.append(f"{what}: device = {spec.device!r}: a simulated rank computes on its timeline; accepted is "
                          f"device = \"cpu\" (the default)")
+        if spec.compression != "none":
+            found.append(f"{what}: compression = {spec.compression!r} computes on the gradients' values (top-k picks "
+                         f"by them, PowerSGD orthogonalizes them), and a simulated rank's buffers hold none (meta "
+                         f"tensors of the real size); accepted: compression = 'none' (the model prices compression: "
+                         f"`syncbench model`)")
         if spec.dataset != "synthetic":
             found.append(f"{what}: dataset = {spec.dataset!r}: a simulated run moves no values, so nothing trains; "
                          f"accepted is dataset = \"synthetic\" (the default)")
@@ -337,10 +343,11 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def _parameter_shapes(numels: tuple[int, ...]) -> tuple:
+def _parameter_shapes(shapes: tuple[tuple[int, ...], ...]) -> tuple:
     """One shape-only stand-in per parameter, shared by every simulated rank: 161 meta tensors per rank were
     about 100 KB of tensor objects each, the largest per-rank cost at thousands of ranks."""
-    return tuple(SimpleNamespace(shape=torch.Size([n]), numel=functools.partial(int, n)) for n in numels)
+    return tuple(SimpleNamespace(shape=torch.Size(shape), numel=functools.partial(int, math.prod(shape)))
+                 for shape in shapes)
 
 
 class SimulatedCompute:
@@ -357,10 +364,12 @@ class SimulatedCompute:
         self.scale = straggler_slowdown(spec, comm.rank)
         self.batch_size = spec.batch_size
         self.numel = timeline.numel
-        # the timeline knows each parameter's size, not its shape: one vector each (meta, no storage)
+        # each parameter with the workload's shape where the timeline's sizes are the workload's (PowerSGD
+        # compresses per tensor: as the measured run and the model do), else one vector each (meta, no storage)
+        shapes = param_shapes_of(spec, timeline.numels) or tuple((n,) for n in timeline.numels)
         self.flat = SimpleNamespace(params=torch.empty(self.numel, dtype=torch.float32, device="meta"),
                                     grads=torch.empty(self.numel, dtype=torch.float32, device="meta"),
-                                    trainable=_parameter_shapes(timeline.numels))
+                                    trainable=_parameter_shapes(shapes))
         self.on_ready = None
         # bucket by bucket in the order they complete: when the last of its gradients is ready
         ready = [(max(timeline.ready_s[i] for i in b.params) if b.params else 0.0, b) for b in buckets]
@@ -451,9 +460,49 @@ def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None,
             "compute_source": timeline.source, "compute": "profile" if timeline.profile_id else "fixed",
             "sim_wall_s": wall, "cores_oversubscribed": False, "gpu_shared": False, "link_emulation": ""}
     row, steps = summarize(spec, results, error, meta)
-    # the alpha-beta model of the same step: rounds x latency + bytes on the busiest path / bandwidth
-    row["model_comm_s"] = row["analytic_rounds"] * plat.latency + row["analytic_path_bytes"] / plat.bandwidth
+    row["model_comm_s"] = model_comm_s(spec, sim)
     return row, steps
+
+
+def fabric_of(platform: Platform) -> cost.Fabric:
+    """The platform as the cost model prices it: the star's (or fat tree's: its oversubscription is not priced)
+    per-rank NICs, or the `nodes` platform's NIC per node and intra-node links."""
+    if platform.topology == "nodes":
+        return cost.Fabric(platform.bandwidth, platform.latency, platform.gpus_per_node, platform.intra_bandwidth,
+                           platform.intra_latency)
+    return cost.Fabric(platform.bandwidth, platform.latency)
+
+
+def param_shapes_of(spec: RunSpec, numels) -> tuple | None:
+    """The workload's parameter shapes when their sizes are the timeline's (a profile of this workload), else None."""
+    from workloads.models import param_shapes
+
+    try:
+        shapes = param_shapes(spec.workload, spec.num_classes, spec.image_size)
+    except ValueError:
+        return None
+    return shapes if tuple(math.prod(s) for s in shapes) == tuple(numels) else None
+
+
+def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
+    """The cost model's communication the same step waits for (strategies.cost.step_timeline, the one price): the
+    run's buckets, ready when the timeline says, overlapped with backward or not as the run is; NaN where the
+    model has no price (a strategy without per-level traffic on nodes)."""
+    from workloads.buckets import make_buckets
+
+    config = spec.strategy_config()
+    timeline = sim.timeline
+    buckets = make_buckets(timeline.numels, spec.bucket_mb)
+    ready = [(max((timeline.ready_s[i] for i in b.params), default=0.0), b.numel) for b in buckets]
+    shapes = param_shapes_of(spec, timeline.numels)
+    bucket_shapes = [tuple(shapes[i] for i in sorted(b.params)) for b in buckets] if shapes else None
+    try:
+        predicted = cost.step_timeline(config, spec.workers, ready, fabric_of(sim.platform), timeline.forward_s,
+                                       timeline.backward_s, timeline.optimizer_s, spec.overlap,
+                                       bucket_shapes=bucket_shapes)
+    except (ValueError, NotImplementedError):
+        return math.nan
+    return predicted.exposed_s
 
 
 # -- the process a simulation runs in ------------------------------------------------------------------------

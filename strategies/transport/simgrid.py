@@ -162,15 +162,73 @@ class _AnyReceive:
 class _Queued:
     """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
-    __slots__ = ("nic", "box", "message", "nbytes", "done", "via")
+    __slots__ = ("nic", "box", "message", "nbytes", "done", "via", "sent")
 
     def __init__(self, nic, box, message, nbytes, via=None):
         self.nic, self.box, self.message, self.nbytes, self.done = nic, box, message, nbytes, False
         self.via = via  # buffered mode: `box` is the receiver's switch port (a _Port), `via` the pair's mailbox
+        self.sent = None  # shared mode: released once when the pair's actor has delivered it
+
+    def wait_sent(self, timeout):
+        """shared mode (a _Connection's queue): one waiter per message, its own semaphore."""
+        if not self.done:
+            self.sent.acquire()
 
     def wait(self, timeout):
         while not self.done:  # each delivery releases once; a release meant for another send just loops
             self.nic.delivered.acquire()
+
+
+class _Connection:
+    """shared mode: the connection from one rank to one peer. Its messages leave in the order they were posted, each
+    when the one before it has arrived, as on a TCP socket or a gloo pair (one stream per pair of ranks); different
+    peers' connections share the rank's NIC (SimGrid's max-min sharing). Without it every message was a flow of its
+    own: a parameter-server worker's 4 MiB partitions to one server shared its NIC and all arrived together at the
+    end, so no server could answer a partition before the last push (twice traffic()'s time), and a ring's next
+    chunk slowed the one its neighbour was waiting for. A message posted while the pair is idle is put at once by
+    the posting actor (no extra switch); one posted behind another waits in `queue` for an actor of the pair's own,
+    started on the first backlog and ended when the backlog drains (SimGrid actors are OS threads)."""
+
+    __slots__ = ("sg", "host", "name", "head", "queue", "running")
+
+    def __init__(self, sg, host, name: str):
+        self.sg, self.host, self.name = sg, host, name
+        self.head = None  # the pair's last message put on the wire (a Comm)
+        self.queue: deque[_Queued] = deque()
+        self.running = False
+
+    def idle(self) -> bool:
+        return not self.queue and (self.head is None or self.head.finish_time >= 0)
+
+    def put(self, box, message, nbytes: int):
+        """The pair is idle: put now; the handle's wait()."""
+        self.head = box.put_async(message, nbytes)
+        return functools.partial(_wait_sent, self.head)
+
+    def post(self, box, message, nbytes: int):
+        """The pair is busy: queue behind it; the handle's wait()."""
+        item = _Queued(self, box, message, nbytes)
+        item.sent = self.sg.Semaphore(0)
+        self.queue.append(item)
+        if not self.running:
+            self.running = True
+            self.sg.Actor.create(self.name, self.host, self._run)
+        return item.wait_sent
+
+    def _run(self):
+        try:
+            while self.queue:
+                if self.head is not None and self.head.finish_time < 0:
+                    self.head.wait()
+                item = self.queue.popleft()
+                self.head = item.box.put_async(item.message, item.nbytes)
+                self.head.wait()
+                item.done = True
+                item.sent.release()
+            self.running = False
+        except Exception as e:  # noqa: BLE001 - SimGrid ends a deadlocked simulation's actors this way
+            if type(e).__name__ != "ActorKilled":
+                raise
 
 
 class _Nic:
@@ -311,7 +369,8 @@ class _SharedBoard(Board):
 class Cluster:
     """The state the ranks of one simulation share: actors, mailboxes, the control-plane board.
 
-    nic = "shared": a rank's concurrent sends share its NIC as TCP flows do (SimGrid's max-min sharing).
+    nic = "shared": a rank's messages to one peer leave in order on that pair's connection, and its connections to
+    different peers share its NIC as TCP flows do (SimGrid's max-min sharing): see _Connection.
     nic = "fifo": they leave one at a time in posting order, each at the full rate; one more actor per rank
     and about twice the SimGrid calls per message.
     nic = "buffered": as fifo on the sender's uplink into a switch that buffers; each receiver's downlink
@@ -330,7 +389,16 @@ class Cluster:
         self.ports: list[_Port] = []
         self.actors: list = [None] * world_size
         self.boxes: dict[tuple[int, int], object] = {}
+        self.connections: dict[tuple[int, int], _Connection] = {}
         self.board = _SharedBoard(world_size, sg.Barrier(world_size))  # takes no simulated time
+
+    def connection(self, src: int, dst: int) -> _Connection:
+        """shared mode: the pair's connection (its messages in order), made on first use by a sending actor of src."""
+        key = (src, dst)
+        found = self.connections.get(key)
+        if found is None:
+            found = self.connections[key] = _Connection(self.sg, self.sg.this_actor.get_host(), f"conn{src}>{dst}")
+        return found
 
     def box(self, src: int, dst: int):
         key = (src, dst)
@@ -366,7 +434,10 @@ class SimGridCommunicator(Communicator):
                 item = _Queued(nic, box, _Message(tensor), nbytes)
             nic.post(item)
             return item.wait
-        return functools.partial(_wait_sent, box.put_async(_Message(tensor), nbytes))
+        connection = self.cluster.connection(self.rank, dst)
+        if connection.idle():
+            return connection.put(box, _Message(tensor), nbytes)
+        return connection.post(box, _Message(tensor), nbytes)
 
     def _raw_irecv(self, tensor, src, stamped):
         posted = self._posted.get(src)

@@ -452,7 +452,10 @@ def test_hierarchical_on_nodes_matches_its_per_level_model_and_beats_the_flat_ri
     assert ring["bytes_ok"] and hier["bytes_ok"]
     assert hier["sim_nic_s"] == pytest.approx(hier["model_nic_s"], rel=0.10)
     assert hier["sim_s"] == pytest.approx(hier["model_s"], rel=0.10)
-    assert ring["sim_s"] / hier["sim_s"] >= ring["model_s"] / hier["model_s"] > 1
+    # the model is hierarchical's pipeline as it runs (cost.hierarchical_node_seconds): the two ratios now agree
+    # to 1e-4, so "at least the model's factor" holds within that
+    assert ring["sim_s"] / hier["sim_s"] >= ring["model_s"] / hier["model_s"] * (1 - 1e-3)
+    assert ring["model_s"] / hier["model_s"] > 1
 
 
 def test_wait_any_takes_pushes_in_arrival_order_and_counts_them():

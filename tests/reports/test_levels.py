@@ -50,7 +50,9 @@ def test_bytes_times_and_bound_per_level_by_hand(tmp_path):
     assert ring["intra s"] == pytest.approx(24e6 / INTRA)
     assert ring["bound"] == hier["bound"] == "node NIC"
     assert ring["measured comm s"] == pytest.approx(0.21)  # the mean of its two repeats
-    assert hier["measured / model"] == pytest.approx(0.14 / 0.128)
+    # hierarchical's price is its pipeline (cost.hierarchical_node_seconds): the NIC's 0.128 s plus the first
+    # reduce-scatter and last all-gather of its pieces inside the node, 0.2% more at this intra bandwidth
+    assert hier["measured / model"] == pytest.approx(0.14 / 0.128, rel=2e-3)
     assert "no per-level traffic" in frame.loc["all_to_all", "note"]  # priced by totals only: said, not guessed
     assert math.isnan(frame.loc["all_to_all", "NIC s"])
     assert body["verdicts"] == [f"resnet18, 4 workers in nodes of 2, {ring['link']}: {hier.name} communicates "
@@ -61,7 +63,7 @@ def test_a_slow_intra_node_link_is_the_bound(tmp_path):
     """100 Mbit/s inside the node: hierarchical's 16 MB on the intra port take 1.28 s, the NIC's 0.128 s."""
     body = levels.section(_results(tmp_path, [_run("hier", "hierarchical", 1.3, intra=12.5e6, ranks_per_node=2)]))
     row = body["table"].frame.iloc[0]
-    assert row["bound"] == "inside the node" and row["model comm s"] == pytest.approx(1.28)
+    assert row["bound"] == "inside the node" and row["model comm s"] == pytest.approx(1.28, rel=1e-5)
 
 
 def test_absent_without_nodes_and_rendered_with_them(tmp_path):

@@ -291,7 +291,10 @@ def test_the_model_says_hierarchical_is_two_thirds_of_the_flat_ring_on_two_nodes
     hier = cost.node_cost(strategies.make("hierarchical", ranks_per_node=2), 4, numel, 2, nic, intra)
     assert (ring.nic_bytes, hier.nic_bytes) == (24_000_000, 16_000_000)
     assert ring.bottleneck == hier.bottleneck == "nic"
-    assert hier.time_s / ring.time_s == pytest.approx(2 / 3)
+    # the pipeline's first reduce-scatter and last all-gather inside the node (not overlapped with the NIC) add
+    # 0.1% at 100 Gbit/s inside: the price is the pipeline's (cost.hierarchical_node_seconds), as SimGrid runs it
+    assert hier.time_s / ring.time_s == pytest.approx(2 / 3, rel=2e-3)
+    assert hier.time_s / ring.time_s > 2 / 3
     # 4 nodes of 8 ranks: 2(m-1)/m S = 1.5 S through a node's NIC against the ring's 2(n-1)/n S = 1.9375 S
     ring32 = cost.node_cost(strategies.make("ring"), 32, numel, 8, nic, intra)
     hier32 = cost.node_cost(strategies.make("hierarchical", ranks_per_node=8), 32, numel, 8, nic, intra)
