@@ -31,7 +31,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
     step was. A cell over the actor limit or whose estimated memory does not fit (memory.refusal: this machine's,
     or `max_memory` bytes) is a row saying why, never started."""
     from experiments.simulate import memory
-    from experiments.simulate.substrate import MAX_ACTORS, run_child, simulate
+    from experiments.simulate.substrate import MAX_ACTORS, model_comm_s, simulate_child
     from workloads.profile import load_profile
 
     profile = load_profile(PROFILE)
@@ -57,7 +57,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
             sim = SimSpec(Platform.parse({**LINK, "network_model": network_model}), timeline)
             traffic = config.traffic(n, timeline.numel, 4)
             row["messages"] = messages = sum(r.msgs_sent for r in traffic.ranks)
-            row["model_sync_s"] = traffic.rounds * sim.platform.latency + traffic.path_bytes / sim.platform.bandwidth
+            row["model_sync_s"] = model_comm_s(spec, sim)
             needed = memory.estimate(row["ranks"], messages)
             row["estimate_bytes"] = needed.peak_bytes
             refused = memory.refusal(needed, max_memory, f"{name} at {row['ranks']:,} ranks")
@@ -68,7 +68,7 @@ def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
             print(f"[bench] {name} ranks={row['ranks']} messages={messages:,}, estimated peak "
                   f"{needed.peak_bytes / memory.MiB:,.0f} MiB ...", file=log, flush=True)
             start = time.perf_counter()
-            done = run_child(functools.partial(simulate, spec, sim))
+            done = simulate_child(spec, sim)
             workers_ = [r["steps"][0] for r in done.result or [] if r["steps"][0]["role"] == "worker"]
             row.update(wall_s=done.wall_s, total_s=time.perf_counter() - start, cpu_s=done.cpu_s,
                        peak_bytes=done.peak_bytes, error=done.error,

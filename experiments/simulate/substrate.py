@@ -598,7 +598,15 @@ def _peak_resident(pid: int) -> int:
 
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
     """simulate() in a fresh process: (results or None, error, simulation wall seconds)."""
-    return run_in_child(lambda: simulate(spec, sim))
+    done = simulate_child(spec, sim)
+    return done.result, done.error, done.wall_s
+
+
+def simulate_child(spec: RunSpec, sim: SimSpec) -> ChildRun:
+    """simulate() in a fresh process, the workload's shapes looked up here first: every simulation forked from
+    this process then finds them cached instead of importing torchvision and building the model again."""
+    param_shapes_of(spec, sim.timeline.numels)
+    return run_child(lambda: simulate(spec, sim))
 
 
 def _die_with_parent(parent_pid: int) -> None:
