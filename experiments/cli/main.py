@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
                         "parameter_server:servers=4,placement=colocated")
 
+    p = sub.add_parser("map", help="which strategy wins where: workers x bandwidth (or x message size), from the "
+                                   "model, each strategy at its best knob; the crossovers in words")
+    from experiments.map_cli import add_arguments as _map_arguments
+    _map_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of runs.parquet and steps.parquet: name, type, meaning")
 
@@ -626,6 +631,12 @@ def _validate(args) -> int:
     return run(args)
 
 
+def _map(args) -> int:
+    from experiments.map_cli import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -635,4 +646,4 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "model": _model, "strategies": _strategies, "schema": _schema,
             "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate}
+            "simulate": _simulate, "validate": _validate, "map": _map}

@@ -1,0 +1,161 @@
+"""`syncbench map`: the winner per cell against brute force over the same price, the knob search keeps the minimum,
+crossover sentences on grids whose answer is worked by hand, and bad input refused before any pricing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import reports.strategy_map as sm
+import strategies
+from experiments.cli.main import main
+from strategies.cost import GBIT, Fabric, sync_seconds
+
+NUMEL = 250_003  # ~1 MB fp32, odd: chunks and partitions come out uneven
+
+
+def _brute(names, n, numel, fabric, compute_s=None):
+    """{strategy: min seconds over its knob values}, priced straight through sync_seconds."""
+    out = {}
+    for name in names:
+        for c in sm.knob_space(name, n, fabric.ranks_per_node):
+            config = strategies.make(name, **dict(c.params))
+            try:
+                if hasattr(config, "check_workers"):
+                    config.check_workers(n)
+                t = sync_seconds(config, n, numel, fabric)
+            except (ValueError, NotImplementedError):
+                continue
+            t = t if compute_s is None else compute_s + t
+            out[name] = min(out.get(name, math.inf), t)
+    return out
+
+
+@pytest.mark.parametrize("compute_s", [None, 0.05])
+def test_winner_per_cell_is_the_brute_force_minimum(compute_s):
+    workers, bandwidths, latency = (2, 3, 5, 8), (0.5 * GBIT, 10 * GBIT, 200 * GBIT), 3e-5
+    m = sm.strategy_map(sm.Workload(NUMEL, compute_s=compute_s), workers, bandwidths, latency)
+    assert len(m.cells) == len(workers) * len(bandwidths)
+    for r in m.cells.to_dict("records"):
+        brute = _brute(sm.EXACT_FLAT, r["workers"], NUMEL, Fabric(r["bandwidth_bytes_per_s"], latency), compute_s)
+        ranked = sorted(brute.items(), key=lambda kv: kv[1])
+        assert r["time_s"] == pytest.approx(ranked[0][1], rel=1e-12)
+        assert brute[r["winner"]] == pytest.approx(ranked[0][1], rel=1e-12)  # the winner (or one it ties)
+        assert r["runner_up_time_s"] == pytest.approx(ranked[1][1], rel=1e-12)
+        assert r["runner_up"] != r["winner"]
+        assert r["margin"] == pytest.approx(ranked[1][1] / ranked[0][1] - 1, rel=1e-9)
+        assert r["spread"] == pytest.approx(ranked[-1][1] / ranked[0][1] - 1, rel=1e-9)
+        assert r["strategies_priced"] == len(brute)
+    # the winner changes somewhere on this grid (a map that names one strategy everywhere tests little)
+    assert m.cells["winner"].nunique() >= 2
+
+
+def test_knob_search_keeps_each_strategys_minimum_and_shows_it():
+    n, fabric = 8, Fabric(1 * GBIT, 2e-4)
+    best, why = sm.best_per_strategy(["parameter_server", "double_binary_tree"], n, sm.Workload(NUMEL), fabric)
+    assert why == {}
+    for name in ("parameter_server", "double_binary_tree"):
+        prices = {c.params: sm.price(c, n, sm.Workload(NUMEL), fabric) for c in sm.knob_space(name, n, 1)}
+        assert len(set(prices.values())) > 1  # the knob matters here
+        assert best[name].seconds == min(prices.values())
+        assert prices[best[name].candidate.params] == min(prices.values())
+    # with 200 us per message the tree's chunks cost more than they pipeline: the fewest win
+    assert dict(best["double_binary_tree"].candidate.params)["chunks"] == 1
+    # the parameter server's knob: servers up to n, three partition sizes
+    space = sm.knob_space("parameter_server", 6, 1)
+    assert sorted({dict(c.params)["servers"] for c in space}) == [1, 2, 4, 6]
+    assert {dict(c.params)["partition_mb"] for c in space} == set(sm.PARTITIONS_MB)
+    # the winner's knob values reach the cells
+    m = sm.strategy_map(sm.Workload(NUMEL), (8,), (1 * GBIT,), 2e-4, strategies=["parameter_server",
+                                                                                   "double_binary_tree"])
+    r = m.cells.iloc[0]
+    assert r["winner_params"] == best[r["winner"]].candidate.params_dict()
+
+
+def test_crossover_in_message_size_worked_by_hand():
+    # 4 workers, alpha = 100 us, B = 1e9 bytes/s. ring: 6 alpha + 1.5 d / B; reduce_broadcast's binomial tree:
+    # 4 alpha + 4 d / B. The tree wins while 2 alpha > 2.5 d / B, i.e. d < 0.8 alpha B = 80,000 bytes.
+    sizes = (16 * 2**10, 64 * 2**10, 256 * 2**10, 2**20)
+    m = sm.strategy_map(sm.Workload(sizes[0] // 4), (4,), (1e9,), 1e-4, strategies=["ring", "reduce_broadcast"],
+                        sizes=sizes)
+    assert list(m.cells["winner"]) == ["reduce_broadcast", "reduce_broadcast", "ring", "ring"]
+    d = 64 * 2**10
+    assert m.cells["time_s"].iloc[1] == pytest.approx(4e-4 + 4 * d / 1e9)
+    text = sm.crossovers(m)
+    assert text[0] == ("at 4 workers on 8 Gbit/s, reduce_broadcast beats ring up to 64 KiB, ring wins from "
+                       "256 KiB (the crossover lies between)")
+    # the spread never falls under 2%: 2.5 d / B grows with d, and at 16 KiB the 2 alpha gap is 34%
+    assert text[-1].startswith("at 4 workers on 8 Gbit/s, the choice changes the sync by under 2% nowhere")
+
+
+def test_choice_stops_mattering_above_a_bandwidth_worked_by_hand():
+    # 4 workers, d = 4e6 bytes, Ts = 1 s, no latency: ring's step 1 + 6e6 / B, the tree's 1 + 16e6 / B, so the
+    # spread is 1e7 / (B + 6e6): 2.46% at B = 4e8, 1.65% at 6e8 -> under 2% from 4.8 Gbit/s on the grid
+    m = sm.strategy_map(sm.Workload(1_000_000, compute_s=1.0), (4,), (1e8, 4e8, 6e8, 1e9), 0.0,
+                        strategies=["ring", "reduce_broadcast"])
+    assert set(m.cells["winner"]) == {"ring"}
+    assert m.cells["spread"].iloc[1] == pytest.approx(1e7 / (4e8 + 6e6))
+    assert sm.crossovers(m) == [
+        "at 4 workers, ring wins everywhere from 0.8 Gbit/s to 8 Gbit/s",
+        "at 4 workers, above 3.2 Gbit/s (from 4.8 Gbit/s on the grid) the choice changes the step by under 2%"]
+
+
+def test_inexact_candidates_are_priced_apart_never_ranked():
+    m = sm.strategy_map(sm.Workload(NUMEL), (4,), (1 * GBIT,), 0.0, inexact=True)
+    r = m.cells.iloc[0]
+    names = {label for label, _, _ in sm.INEXACT}
+    assert r["winner"] not in names and r["runner_up"] not in names
+    assert r["inexact_best"] in names
+    assert r["inexact_time_s"] < r["time_s"]  # fewer bytes (codec time not priced)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"workers": (0, 4)}, "bad workers 0: accepted are whole numbers from 2 to 1,024"),
+    ({"workers": (2, 2048)}, "bad workers 2048"),
+    ({"bandwidths": (-1.0,)}, "bad bandwidth -1.0: accepted are bytes/s greater than zero"),
+    ({"latency": -1e-6}, "bad latency -1e-06: accepted are seconds >= 0"),
+    ({"strategies": ["ring", "warp_drive"]}, "unknown strategy 'warp_drive': accepted are"),
+    ({"strategies": ["ring", "decentralized"]}, "'decentralized' is not an exact allreduce"),
+    ({"strategies": ["ring", "hierarchical"]}, "give ranks per node >= 2"),
+    ({"ranks_per_node": 0}, "bad ranks per node 0: accepted are whole numbers from 1 to 1,024"),
+])
+def test_bad_input_is_refused_before_any_pricing(monkeypatch, kwargs, message):
+    def no_work(*a, **k):
+        raise AssertionError("priced before the request was checked")
+
+    monkeypatch.setattr(sm, "price", no_work)
+    args = {"workers": (2, 4), "bandwidths": (GBIT,), "latency": 0.0} | kwargs
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        sm.strategy_map(sm.Workload(NUMEL), **args)
+
+
+def test_cli_refuses_bad_values_naming_them(capsys):
+    assert main(["map", "--model-bytes", "1MB", "--workers", "0,4"]) == 2
+    assert "bad workers 0: accepted are whole numbers from 2 to 1,024" in capsys.readouterr().err
+    assert main(["map", "--model-bytes", "1MB", "--bandwidth", "-5Gbit"]) == 2
+    assert "bandwidth" in capsys.readouterr().err
+
+
+def test_cli_writes_a_typed_csv_json_and_a_self_contained_heat_map(tmp_path, capsys):
+    out = tmp_path / "map"
+    assert main(["map", "--model-bytes", "4MB", "--workers", "2,4,8", "--bandwidth", "1Gbit,100Gbit",
+                 "--latency", "20us", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Crossovers:" in printed and "workers" in printed
+    import pandas as pd
+
+    csv = pd.read_csv(out / "map.csv")
+    assert list(csv["workers"]) == [2, 2, 4, 4, 8, 8]
+    assert csv["bandwidth_bytes_per_s"].dtype.kind == "f" and csv["time_s"].dtype.kind == "f"
+    doc = json.loads((out / "map.json").read_text())
+    assert doc["columns"]["winner_params"] == "json"
+    cell = doc["cells"][0]
+    assert {"workers", "bandwidth_bytes_per_s", "latency_s", "winner", "winner_params", "time_s", "runner_up",
+            "margin"} <= set(cell)
+    assert isinstance(cell["winner_params"], dict) and cell["latency_s"] == pytest.approx(2e-5)
+    assert doc["crossovers"] and all(isinstance(s, str) for s in doc["crossovers"])
+    page = (out / "map.html").read_text()
+    assert "Plotly" in page and "<script src=" not in page  # plotly inlined: opens offline
+    assert "Crossovers" in page
