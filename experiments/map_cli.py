@@ -42,34 +42,46 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="write DIR/map.csv, DIR/map.json and DIR/map.html")
 
 
-def _list(option: str, text: str, parse) -> list:
+def _list(option: str, text: str, parse, accepted: str) -> list:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise ValueError(f"{option} {text!r}: accepted is a comma-separated list, e.g. 2,4,8")
+        raise ValueError(f"{option} {text!r}: accepted is a comma-separated list of {accepted}")
     out = []
     for item in items:
         try:
             out.append(parse(item))
         except (ValueError, OverflowError) as e:
-            raise ValueError(f"{option}: bad item {item!r} ({e})") from None
+            raise ValueError(f"{option}: bad item {item!r} ({e}); accepted are {accepted}") from None
     return out
 
 
 def run(args) -> int:
     from reports.model import model_numel, workload_shapes
-    from reports.strategy_map import (DEFAULT_BANDWIDTHS, DEFAULT_SIZES, DEFAULT_WORKERS, Workload, check_grid,
-                                      format_table, strategy_map, write)
+    from reports.strategy_map import (
+        DEFAULT_BANDWIDTHS,
+        DEFAULT_SIZES,
+        DEFAULT_WORKERS,
+        Workload,
+        check_grid,
+        format_table,
+        strategy_map,
+        write,
+    )
     from strategies.transport.link import parse_bandwidth, parse_latency, parse_size
 
     def whole(text: str) -> int:
         value = float(text)
         return int(value) if value.is_integer() else value
 
-    workers = _list("--workers", args.workers, whole) if args.workers else list(DEFAULT_WORKERS)
+    workers = _list("--workers", args.workers, whole, "whole numbers from 2 to 1,024, e.g. 2,4,8") \
+        if args.workers else list(DEFAULT_WORKERS)
     default_bw = [parse_bandwidth("10Gbit")] if args.collective else list(DEFAULT_BANDWIDTHS)
-    bandwidths = _list("--bandwidth", args.bandwidth, parse_bandwidth) if args.bandwidth else default_bw
-    sizes = (_list("--sizes", args.sizes, parse_size) if args.sizes else list(DEFAULT_SIZES)) \
-        if args.collective else None
+    bandwidths = _list("--bandwidth", args.bandwidth, parse_bandwidth, "bandwidths > 0, e.g. 1Gbit,10Gbit") \
+        if args.bandwidth else default_bw
+    sizes = None
+    if args.collective:
+        sizes = _list("--sizes", args.sizes, parse_size, "sizes, e.g. 4K,64K,1M") if args.sizes \
+            else list(DEFAULT_SIZES)
     if args.sizes and not args.collective:
         raise ValueError("--sizes is for --collective (message size x workers); accepted: add --collective")
     latency = parse_latency(args.latency)

@@ -350,11 +350,12 @@ def format_table(m: StrategyMap) -> str:
     head = [f"# {m.meta.get('workload') or 'buffer'}: {m.meta['numel'] * 4 / 2**20:,.2f} MiB fp32; "
             f"{'one sync' if m.measure == 'sync' else 'step time'} priced by the model; latency "
             f"{df['latency_s'].iloc[0] * 1e6:g} us"
-            + (f"; nodes of {int(df['ranks_per_node'].iloc[0])} ranks sharing a NIC" if df['ranks_per_node'].iloc[0] > 1
-               else "; one NIC per rank")]
+            + (f"; nodes of {int(df['ranks_per_node'].iloc[0])} ranks sharing a NIC"
+               if df["ranks_per_node"].iloc[0] > 1 else "; one NIC per rank")]
     if m.axis == "size":
-        head[0] = (f"# the collective alone: one allreduce of each size on {fmt_bandwidth(df['bandwidth_bytes_per_s'].iloc[0])}"
-                   f", latency {df['latency_s'].iloc[0] * 1e6:g} us")
+        link = fmt_bandwidth(df["bandwidth_bytes_per_s"].iloc[0])
+        latency = df["latency_s"].iloc[0] * 1e6
+        head[0] = f"# the collective alone: one allreduce of each size on {link}, latency {latency:g} us"
     head.append("# cell: winner [its best knob] +lead over the runner-up (% of the winner's time)")
     cells = {(r["workers"], _column_value(m, r)): r for _, r in df.iterrows()}
     grid = [["workers"] + [_fmt_column(m, c).replace(" ", "") for c in columns]]
@@ -428,14 +429,13 @@ def crossovers(m: StrategyMap) -> list[str]:
             settled -= 1
         limit = f"under {_pct(m.within)}"
         if settled == len(values):
-            out.append(f"{lead}, the choice changes {what} by {limit} nowhere on the grid (at "
-                       f"{_fmt_column(m, values[-1])} the slowest, {row['worst'].iloc[-1]}, takes "
+            out.append(f"{lead}, the choice still changes {what} by {_pct(m.within)} or more at the grid's "
+                       f"largest value ({_fmt_column(m, values[-1])}: the slowest, {row['worst'].iloc[-1]}, takes "
                        f"{_pct(spreads[-1])} longer than {winners[-1]})")
         elif settled == 0:
             out.append(f"{lead}, the choice changes {what} by {limit} everywhere on the grid")
         else:
-            word = "above" if m.axis == "bandwidth" else "from"
-            out.append(f"{lead}, {word} {_fmt_column(m, values[settled - 1])} (from {_fmt_column(m, values[settled])}"
+            out.append(f"{lead}, above {_fmt_column(m, values[settled - 1])} (from {_fmt_column(m, values[settled])}"
                        f" on the grid) the choice changes {what} by {limit}")
     return out
 

@@ -61,8 +61,12 @@ def test_knob_search_keeps_each_strategys_minimum_and_shows_it():
         assert len(set(prices.values())) > 1  # the knob matters here
         assert best[name].seconds == min(prices.values())
         assert prices[best[name].candidate.params] == min(prices.values())
-    # with 200 us per message the tree's chunks cost more than they pipeline: the fewest win
-    assert dict(best["double_binary_tree"].candidate.params)["chunks"] == 1
+    # the tree's chunks trade rounds for pipelined bytes: with no latency the most chunks win, with 10 ms per
+    # message the fewest that still pipeline, and in between an interior value
+    chosen = {lat: dict(sm.best_per_strategy(["double_binary_tree"], n, sm.Workload(NUMEL), Fabric(GBIT, lat))[0]
+                        ["double_binary_tree"].candidate.params)["chunks"] for lat in (0.0, 2e-4, 1e-2)}
+    assert chosen[0.0] == max(sm.CHUNKS)
+    assert chosen[1e-2] < chosen[2e-4] < chosen[0.0]
     # the parameter server's knob: servers up to n, three partition sizes
     space = sm.knob_space("parameter_server", 6, 1)
     assert sorted({dict(c.params)["servers"] for c in space}) == [1, 2, 4, 6]
@@ -86,8 +90,14 @@ def test_crossover_in_message_size_worked_by_hand():
     text = sm.crossovers(m)
     assert text[0] == ("at 4 workers on 8 Gbit/s, reduce_broadcast beats ring up to 64 KiB, ring wins from "
                        "256 KiB (the crossover lies between)")
-    # the spread never falls under 2%: 2.5 d / B grows with d, and at 16 KiB the 2 alpha gap is 34%
-    assert text[-1].startswith("at 4 workers on 8 Gbit/s, the choice changes the sync by under 2% nowhere")
+    # the spread never falls under 2% at the large end: there the tree moves 4 d / B to the ring's 1.5 d / B,
+    # (4 alpha + 4 d/B) / (6 alpha + 1.5 d/B) - 1 at d = 1 MiB
+    d = 2**20
+    spread = (4e-4 + 4 * d / 1e9) / (6e-4 + 1.5 * d / 1e9) - 1
+    assert m.cells["spread"].iloc[-1] == pytest.approx(spread)
+    assert text[-1] == (f"at 4 workers on 8 Gbit/s, the choice still changes the sync by 2% or more at the grid's "
+                        f"largest value (1 MiB: the slowest, reduce_broadcast, takes {spread * 100:.0f}% longer "
+                        f"than ring)")
 
 
 def test_choice_stops_mattering_above_a_bandwidth_worked_by_hand():
@@ -134,8 +144,9 @@ def test_bad_input_is_refused_before_any_pricing(monkeypatch, kwargs, message):
 def test_cli_refuses_bad_values_naming_them(capsys):
     assert main(["map", "--model-bytes", "1MB", "--workers", "0,4"]) == 2
     assert "bad workers 0: accepted are whole numbers from 2 to 1,024" in capsys.readouterr().err
-    assert main(["map", "--model-bytes", "1MB", "--bandwidth", "-5Gbit"]) == 2
-    assert "bandwidth" in capsys.readouterr().err
+    assert main(["map", "--model-bytes", "1MB", "--bandwidth=1Gbit,-5Gbit"]) == 2
+    err = capsys.readouterr().err
+    assert "-5Gbit" in err and "accepted are bandwidths > 0" in err
 
 
 def test_cli_writes_a_typed_csv_json_and_a_self_contained_heat_map(tmp_path, capsys):

@@ -1,0 +1,102 @@
+"""SimGrid spot checks of a strategy map: at a few cells, the winner and the runner-up (each at the knob the map
+chose) simulated on SimGrid's alpha_beta network model through `syncbench validate`'s cells (one synchronization of
+ResNet-50's gradients, one flat bucket, no compute), and whether the simulation agrees on which is faster.
+
+Only maps of one sync of ResNet-50's 1,000-class gradients on one NIC per rank can be checked this way (the cells
+`validate` simulates); anything else is refused before any simulation."""
+
+from __future__ import annotations
+
+import math
+
+from reports.model import model_numel
+from reports.strategy_map import StrategyMap
+
+MAX_CHECK_WORKERS = 64  # a ResNet-50 sync on SimGrid: seconds at 16 ranks, about a minute at 256
+
+
+def check_problem(m: StrategyMap, count: int) -> str:
+    """Why this map cannot be spot-checked ('' if it can)."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
+        return f"bad check count {count!r}: accepted are whole numbers from 1 to 64"
+    if m.axis != "bandwidth" or m.measure != "sync" or m.meta.get("numel") != model_numel("resnet50", 1000):
+        return ("SimGrid spot checks simulate one sync of ResNet-50's 1,000-class gradients: accepted with --model "
+                "resnet50 and no --step-time, --profile or --collective")
+    if int(m.cells["ranks_per_node"].iloc[0]) != 1:
+        return "SimGrid spot checks run one NIC per rank: accepted without --ranks-per-node"
+    if not (m.cells["workers"] <= MAX_CHECK_WORKERS).any():
+        return f"SimGrid spot checks run up to {MAX_CHECK_WORKERS} workers: the map has none that small"
+    return ""
+
+
+def chosen_cells(m: StrategyMap, count: int) -> list[int]:
+    """Row indices of `count` cells with at most MAX_CHECK_WORKERS workers, spread evenly over them (the first and
+    last included), the cells where the winner changes along a row first."""
+    df = m.cells
+    small = [i for i in df.index if df.at[i, "workers"] <= MAX_CHECK_WORKERS and df.at[i, "runner_up"]]
+    changes = [i for i in small if i + 1 in df.index and df.at[i + 1, "workers"] == df.at[i, "workers"]
+               and df.at[i + 1, "winner"] != df.at[i, "winner"]]
+    picked = changes[:count]
+    rest = [i for i in small if i not in picked]
+    need = count - len(picked)
+    if need > 0 and rest:
+        step = (len(rest) - 1) / max(need - 1, 1)
+        picked += sorted({rest[round(j * step)] for j in range(min(need, len(rest)))})
+    return sorted(picked)
+
+
+def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
+    """Add columns check ('agree', 'DIFFERS', 'not run: ...' or '' for an unchecked cell), sim_winner_s and
+    sim_runner_up_s at `count` chosen cells. `simulate(strategy, params, workers, bandwidth, latency)` -> seconds
+    (default: SimGrid through experiments.validate)."""
+    why = check_problem(m, count)
+    if why:
+        raise ValueError(why)
+    simulate = simulate or simulate_sync
+    df = m.cells
+    df["check"], df["sim_winner_s"], df["sim_runner_up_s"] = "", math.nan, math.nan
+    for i in chosen_cells(m, count):
+        r = df.loc[i]
+        try:
+            win = simulate(r["winner"], r["winner_params"], int(r["workers"]), r["bandwidth_bytes_per_s"],
+                           r["latency_s"])
+            second = simulate(r["runner_up"], r["runner_up_params"], int(r["workers"]), r["bandwidth_bytes_per_s"],
+                              r["latency_s"])
+        except RuntimeError as e:
+            df.at[i, "check"] = f"not run: {e}"
+            continue
+        df.at[i, "sim_winner_s"], df.at[i, "sim_runner_up_s"] = win, second
+        df.at[i, "check"] = "agree" if win <= second else "DIFFERS"
+    return m
+
+
+def simulate_sync(strategy: str, params: dict, workers: int, bandwidth: float, latency: float) -> float:
+    """One sync of ResNet-50's gradients on SimGrid's alpha_beta model: the simulated communication seconds;
+    RuntimeError with the simulator's reason if it cannot run."""
+    from experiments.validate import Cell, Variant, refusal, simulate_cell
+
+    variant = Variant(strategy, strategy, tuple(sorted(params.items())))
+    cell = Cell(variant, workers, f"{bandwidth * 8 / 1e9:.12g}Gbit", f"{latency * 1e6:.12g}us")
+    why = refusal(cell)
+    if why:
+        raise RuntimeError(why)
+    out = simulate_cell(cell)
+    if out["error"]:
+        raise RuntimeError(out["error"])
+    return out["sim_s"]
+
+
+def check_lines(m: StrategyMap) -> list[str]:
+    """One line per checked cell, for the terminal."""
+    df = m.cells
+    if "check" not in df:
+        return []
+    out = []
+    for r in df[df["check"] != ""].to_dict("records"):
+        where = f"{r['workers']} workers, {r['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"
+        if r["check"].startswith("not run"):
+            out.append(f"{where}: {r['check']}")
+            continue
+        out.append(f"{where}: model {r['winner']} {r['time_s']:.4g} s < {r['runner_up']} {r['runner_up_time_s']:.4g}"
+                   f" s; SimGrid {r['sim_winner_s']:.4g} s vs {r['sim_runner_up_s']:.4g} s: {r['check']}")
+    return out
