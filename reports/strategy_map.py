@@ -423,21 +423,36 @@ def crossovers(m: StrategyMap) -> list[str]:
                 else:
                     out.append(f"{lead}, {a} wins up to {_fmt_column(m, a_last)}, {b} from "
                                f"{_fmt_column(m, b_first)} (the crossover lies between)")
-        # from which column on every ranked strategy is within `within` of the winner
-        settled = len(values)
-        while settled > 0 and spreads[settled - 1] < m.within:
-            settled -= 1
+        # from which column on the best two are within `within` of each other, then all ranked strategies
+        margins = list(row["margin"].fillna(0.0))
         limit = f"under {_pct(m.within)}"
+        settled = _settled_from(margins, m.within)
         if settled == len(values):
-            out.append(f"{lead}, the choice still changes {what} by {_pct(m.within)} or more at the grid's "
-                       f"largest value ({_fmt_column(m, values[-1])}: the slowest, {row['worst'].iloc[-1]}, takes "
-                       f"{_pct(spreads[-1])} longer than {winners[-1]})")
+            out.append(f"{lead}, choosing between the best two still changes {what} by {_pct(m.within)} or more at "
+                       f"the grid's largest value ({_fmt_column(m, values[-1])}: {row['runner_up'].iloc[-1]} takes "
+                       f"{_pct(margins[-1])} longer than {winners[-1]})")
         elif settled == 0:
-            out.append(f"{lead}, the choice changes {what} by {limit} everywhere on the grid")
+            out.append(f"{lead}, choosing between the best two changes {what} by {limit} everywhere on the grid")
         else:
             out.append(f"{lead}, above {_fmt_column(m, values[settled - 1])} (from {_fmt_column(m, values[settled])}"
-                       f" on the grid) the choice changes {what} by {limit}")
+                       f" on the grid) choosing between the best two changes {what} by {limit}")
+        everyone = _settled_from(spreads, m.within)
+        if everyone == 0:
+            out.append(f"{lead}, every ranked strategy is within {_pct(m.within)} of the winner everywhere on the "
+                       f"grid: the choice changes {what} by {limit}")
+        elif everyone < len(values):
+            out.append(f"{lead}, above {_fmt_column(m, values[everyone - 1])} (from "
+                       f"{_fmt_column(m, values[everyone])} on the grid) every ranked strategy is within "
+                       f"{_pct(m.within)} of the winner: the choice changes {what} by {limit}")
     return out
+
+
+def _settled_from(fractions: list[float], within: float) -> int:
+    """The first index from which every fraction is under `within` (len: none, 0: all)."""
+    settled = len(fractions)
+    while settled > 0 and fractions[settled - 1] < within:
+        settled -= 1
+    return settled
 
 
 # ---- files ------------------------------------------------------------------------------------------------
