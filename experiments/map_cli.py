@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
                    help="also price compression, local SGD and neighbour averaging, shown apart (not ranked)")
     p.add_argument("--within", type=float, default=0.02,
                    help="'the choice stops mattering' threshold, a fraction of the winner's time (default 0.02)")
+    p.add_argument("--check", type=int, default=0,
+                   help="SimGrid spot checks at N cells (up to 64 workers): the winner and the runner-up simulated, "
+                        "marked where SimGrid agrees on the winner (ResNet-50's sync only; default 0: none)")
     p.add_argument("--out", help="write DIR/map.csv, DIR/map.json and DIR/map.html")
 
 
@@ -113,11 +116,27 @@ def run(args) -> int:
 
         nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
         workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
+    if args.check:
+        from reports.map_check import request_problem
+
+        why = request_problem(args.check, "size" if args.collective else "bandwidth", workload.measure,
+                              workload.numel, args.ranks_per_node, workers)
+        if why:
+            raise ValueError(f"--check {args.check}: {why}")
     started = time.perf_counter()
     m = strategy_map(workload, workers, bandwidths, latency, args.ranks_per_node, intra, names, args.ps_placement,
                      args.inexact, args.within, sizes)
+    priced = time.perf_counter() - started
     print(format_table(m))
-    print(f"\n# {len(m.cells)} cells in {time.perf_counter() - started:.1f} s")
+    print(f"\n# {len(m.cells)} cells in {priced:.1f} s")
+    if args.check:
+        from reports.map_check import check_lines, spot_check
+
+        started = time.perf_counter()
+        spot_check(m, args.check)
+        print("\nSimGrid spot checks (alpha_beta network model, one sync each):")
+        print("\n".join(f"- {line}" for line in check_lines(m)))
+        print(f"# checked in {time.perf_counter() - started:.1f} s")
     if args.out:
         for path in write(m, args.out):
             print(f"wrote {path}")

@@ -17,14 +17,20 @@ MAX_CHECK_WORKERS = 64  # a ResNet-50 sync on SimGrid: seconds at 16 ranks, abou
 
 def check_problem(m: StrategyMap, count: int) -> str:
     """Why this map cannot be spot-checked ('' if it can)."""
+    return request_problem(count, m.axis, m.measure, m.meta.get("numel"), int(m.cells["ranks_per_node"].iloc[0]),
+                           list(m.cells["workers"]))
+
+
+def request_problem(count, axis: str, measure: str, numel: int, ranks_per_node: int, workers) -> str:
+    """Why a map of this kind cannot be spot-checked ('' if it can), asked before the map is priced."""
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
         return f"bad check count {count!r}: accepted are whole numbers from 1 to 64"
-    if m.axis != "bandwidth" or m.measure != "sync" or m.meta.get("numel") != model_numel("resnet50", 1000):
+    if axis != "bandwidth" or measure != "sync" or numel != model_numel("resnet50", 1000):
         return ("SimGrid spot checks simulate one sync of ResNet-50's 1,000-class gradients: accepted with --model "
-                "resnet50 and no --step-time, --profile or --collective")
-    if int(m.cells["ranks_per_node"].iloc[0]) != 1:
+                "resnet50 --num-classes 1000 and no --step-time, --profile or --collective")
+    if ranks_per_node != 1:
         return "SimGrid spot checks run one NIC per rank: accepted without --ranks-per-node"
-    if not (m.cells["workers"] <= MAX_CHECK_WORKERS).any():
+    if not any(n <= MAX_CHECK_WORKERS for n in workers):
         return f"SimGrid spot checks run up to {MAX_CHECK_WORKERS} workers: the map has none that small"
     return ""
 
@@ -97,6 +103,6 @@ def check_lines(m: StrategyMap) -> list[str]:
         if r["check"].startswith("not run"):
             out.append(f"{where}: {r['check']}")
             continue
-        out.append(f"{where}: model {r['winner']} {r['time_s']:.4g} s < {r['runner_up']} {r['runner_up_time_s']:.4g}"
-                   f" s; SimGrid {r['sim_winner_s']:.4g} s vs {r['sim_runner_up_s']:.4g} s: {r['check']}")
+        out.append(f"{where}: model {r['winner']} {r['time_s']:.6g} s < {r['runner_up']} {r['runner_up_time_s']:.6g}"
+                   f" s; SimGrid {r['sim_winner_s']:.6g} s vs {r['sim_runner_up_s']:.6g} s: {r['check']}")
     return out

@@ -18,6 +18,10 @@ COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b
            "#bab0ac")
 
 
+# SimGrid spot checks: agrees on the winner, does not, could not run
+MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "not run": " (sim not run)"}
+
+
 def esc(value) -> str:
     return html.escape(str(value), quote=True)
 
@@ -37,13 +41,15 @@ def map_figure(m: StrategyMap) -> go.Figure:
             r = cells[(n, c)]
             knob = short_params(r["winner"], r["winner_params"])
             lead = "" if r["margin"] != r["margin"] else f" +{_pct(r['margin'])}"
+            mark = MARKS.get(r.get("check", "")[:7], "")
             z_row.append(index[r["winner"]])
-            text_row.append(esc(f"{SHORT.get(r['winner'], r['winner'])} {knob}{lead}".replace("  ", " ")))
+            text_row.append(esc(f"{SHORT.get(r['winner'], r['winner'])} {knob}{lead}{mark}".replace("  ", " ")))
             runner = f"{r['runner_up']} {short_params(r['runner_up'], r['runner_up_params'])}".strip() \
                 if r["runner_up"] else "none"
             hover_row.append(esc(f"{n} workers, {_fmt_column(m, c)}: {r['winner']} {knob} {r['time_s']:.4g} s; "
                                  f"runner-up {runner} {r['runner_up_time_s']:.4g} s (+{_pct(r['margin'])}); "
-                                 f"slowest {r['worst']} +{_pct(r['spread'])}"))
+                                 f"slowest {r['worst']} +{_pct(r['spread'])}"
+                                 + (f"; SimGrid: {r['check']}" if r.get("check") else "")))
         z.append(z_row)
         text.append(text_row)
         hover.append(hover_row)
@@ -85,4 +91,5 @@ def write_html(m: StrategyMap, path) -> Path:
 def _caption(m: StrategyMap) -> str:
     names = ", ".join(m.meta.get("strategies", []))
     return (f"From the analytic model (strategies.cost), not measured. Ranked exact strategies: {names}; each at "
-            f"its best knob per cell. Lead: the runner-up's time over the winner's, minus one.")
+            f"its best knob per cell. Lead: the runner-up's time over the winner's, minus one. \u2713: SimGrid "
+            f"agrees on the winner at that cell, \u2717: it does not (hover for the times).")

@@ -475,7 +475,9 @@ def write(m: StrategyMap, out_dir) -> list:
     for column in ("winner_params", "runner_up_params"):
         csv[column] = [json.dumps(p, sort_keys=True) for p in csv[column]]
     csv.to_csv(out_dir / "map.csv", index=False)
-    doc = {"axis": m.axis, "measure": m.measure, "within": m.within, "meta": m.meta, "columns": COLUMNS,
+    columns = COLUMNS | ({"check": "str", "sim_winner_s": "float", "sim_runner_up_s": "float"}
+                         if "check" in m.cells else {})
+    doc = {"axis": m.axis, "measure": m.measure, "within": m.within, "meta": m.meta, "columns": columns,
            "cells": to_records(m), "crossovers": crossovers(m)}
     (out_dir / "map.json").write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     from reports.map_figure import write_html

@@ -189,3 +189,56 @@ def test_cli_writes_a_typed_csv_json_and_a_self_contained_heat_map(tmp_path, cap
     page = (out / "map.html").read_text()
     assert "Plotly" in page and "<script src=" not in page  # plotly inlined: opens offline
     assert "Crossovers" in page
+
+
+# ---- SimGrid spot checks --------------------------------------------------------------------------------------
+
+R50 = 25_557_032  # ResNet-50, 1,000 classes: the sync `syncbench validate` simulates
+
+
+def test_spot_checks_mark_agreement_disagreement_and_refusal():
+    from reports import map_check
+
+    m = sm.strategy_map(sm.Workload(R50), (2, 4, 8, 72), (GBIT, 100 * GBIT), 2e-5)
+    calls = []
+
+    def fake(strategy, params, workers, bandwidth, latency):  # the model's own price, but 8 workers disagree
+        calls.append(workers)
+        if workers == 4:
+            raise RuntimeError("the simulator cannot run this")
+        seconds = sm.price(sm.Candidate(strategy, tuple(sorted((k, v) for k, v in params.items()))), workers,
+                           sm.Workload(R50), Fabric(bandwidth, latency))
+        return -seconds if workers == 8 else seconds
+
+    map_check.spot_check(m, 6, simulate=fake)
+    checked = m.cells[m.cells["check"] != ""]
+    assert len(checked) == 6 and (checked["workers"] <= map_check.MAX_CHECK_WORKERS).all()
+    assert 72 not in calls
+    assert set(checked[checked["workers"] == 2]["check"]) == {"agree"}
+    assert set(checked[checked["workers"] == 8]["check"]) == {"DIFFERS"}
+    assert set(checked[checked["workers"] == 4]["check"]) == {"not run: the simulator cannot run this"}
+    lines = map_check.check_lines(m)
+    assert len(lines) == 6 and any(line.endswith("DIFFERS") for line in lines)
+    from reports.map_figure import map_figure
+
+    text = [t for row in map_figure(m).data[0].text for t in row]
+    assert sum("\u2713" in t for t in text) == 2 and sum("\u2717" in t for t in text) == 2
+
+
+def test_spot_checks_refused_before_any_pricing_for_a_map_simgrid_cannot_check(monkeypatch, capsys):
+    monkeypatch.setattr(sm, "price", lambda *a, **k: pytest.fail("priced before the request was checked"))
+    assert main(["map", "--model", "vgg16", "--workers", "2,4", "--bandwidth", "1Gbit", "--check", "2"]) == 2
+    assert "--check 2: SimGrid spot checks simulate one sync of ResNet-50" in capsys.readouterr().err
+    assert main(["map", "--model", "resnet50", "--num-classes", "1000", "--workers", "128", "--bandwidth", "1Gbit",
+                 "--check", "2"]) == 2
+    assert "up to 64 workers" in capsys.readouterr().err
+
+
+def test_one_real_simgrid_spot_check_agrees():
+    from reports import map_check
+
+    m = sm.strategy_map(sm.Workload(R50), (4,), (10 * GBIT,), 2e-5)
+    map_check.spot_check(m, 1)
+    r = m.cells.iloc[0]
+    assert r["check"] == "agree", r.to_dict()
+    assert r["sim_winner_s"] == pytest.approx(r["time_s"], rel=0.05)  # validate's agreement band
