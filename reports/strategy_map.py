@@ -392,14 +392,19 @@ def _pct(fraction: float) -> str:
 
 # ---- the crossovers in words ------------------------------------------------------------------------------
 
+LEAD = "\x00"  # where a sentence's worker count goes
+
+
 def crossovers(m: StrategyMap) -> list[str]:
     """Sentences read off the grid, per worker count along the columns (bandwidth or message size): where the
     winner changes (between which two grid values), and from which value on the choice stops mattering (every
-    ranked strategy within `within` of the winner at that value and every larger one)."""
+    ranked strategy within `within` of the winner at that value and every larger one). Consecutive worker
+    counts whose sentences are the same are stated once ("at 4 to 128 workers, ...")."""
     df = m.cells
     what = "the step" if m.measure == "step" else "the sync"
-    out = []
+    per_row = []  # (workers, sentences with LEAD for the place the worker count goes)
     for n in sorted(df["workers"].unique()):
+        out = []
         row = df[df["workers"] == n].copy()
         row["_col"] = [_column_value(m, r) for _, r in row.iterrows()]
         row = row.sort_values("_col")
@@ -410,8 +415,7 @@ def crossovers(m: StrategyMap) -> list[str]:
                 segments[-1][2] = v
             else:
                 segments.append([w, v, v])
-        where = "on " + fmt_bandwidth(row["bandwidth_bytes_per_s"].iloc[0]) if m.axis == "size" else ""
-        lead = f"at {n} workers{' ' + where if where else ''}"
+        lead = LEAD
         if len(segments) == 1:
             out.append(f"{lead}, {segments[0][0]} wins everywhere from {_fmt_column(m, values[0])} to "
                        f"{_fmt_column(m, values[-1])}")
@@ -444,7 +448,16 @@ def crossovers(m: StrategyMap) -> list[str]:
             out.append(f"{lead}, above {_fmt_column(m, values[everyone - 1])} (from "
                        f"{_fmt_column(m, values[everyone])} on the grid) every ranked strategy is within "
                        f"{_pct(m.within)} of the winner: the choice changes {what} by {limit}")
-    return out
+        per_row.append((int(n), out))
+    groups: list[tuple[int, int, list[str]]] = []
+    for n, sentences in per_row:
+        if groups and groups[-1][2] == sentences:
+            groups[-1] = (groups[-1][0], n, sentences)
+        else:
+            groups.append((n, n, sentences))
+    where = " on " + fmt_bandwidth(df["bandwidth_bytes_per_s"].iloc[0]) if m.axis == "size" else ""
+    return [s.replace(LEAD, f"at {lo}{'' if lo == hi else f' to {hi}'} workers{where}")
+            for lo, hi, sentences in groups for s in sentences]
 
 
 def _settled_from(fractions: list[float], within: float) -> int:
