@@ -12,7 +12,16 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.offline
 
-from reports.strategy_map import SHORT, StrategyMap, _column_value, _fmt_column, _pct, crossovers, short_params
+from reports.strategy_map import (
+    SHORT,
+    StrategyMap,
+    _column_value,
+    _fmt_column,
+    _pct,
+    crossovers,
+    lead_text,
+    short_params,
+)
 
 COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
            "#bab0ac")
@@ -40,7 +49,7 @@ def map_figure(m: StrategyMap) -> go.Figure:
         for c in columns:
             r = cells[(n, c)]
             knob = short_params(r["winner"], r["winner_params"])
-            lead = "" if r["margin"] != r["margin"] else f" +{_pct(r['margin'])}"
+            lead = lead_text(r["margin"])
             mark = MARKS.get(r.get("check", "")[:7], "")
             z_row.append(index[r["winner"]])
             text_row.append(esc(f"{SHORT.get(r['winner'], r['winner'])} {knob}{lead}{mark}".replace("  ", " ")))

@@ -356,7 +356,8 @@ def format_table(m: StrategyMap) -> str:
         link = fmt_bandwidth(df["bandwidth_bytes_per_s"].iloc[0])
         latency = df["latency_s"].iloc[0] * 1e6
         head[0] = f"# the collective alone: one allreduce of each size on {link}, latency {latency:g} us"
-    head.append("# cell: winner [its best knob] +lead over the runner-up (% of the winner's time)")
+    head.append("# cell: winner [its best knob] +lead over the runner-up (% of the winner's time; tie: equal times, "
+                "the first strategy ranked shown)")
     cells = {(r["workers"], _column_value(m, r)): r for _, r in df.iterrows()}
     grid = [["workers"] + [_fmt_column(m, c).replace(" ", "") for c in columns]]
     for n in sorted(df["workers"].unique()):
@@ -364,7 +365,7 @@ def format_table(m: StrategyMap) -> str:
         for c in columns:
             r = cells[(n, c)]
             knob = short_params(r["winner"], r["winner_params"])
-            lead = "" if math.isnan(r["margin"]) else f" +{_pct(r['margin'])}"
+            lead = lead_text(r["margin"])
             line.append(f"{SHORT.get(r['winner'], r['winner'])}{' ' + knob if knob else ''}{lead}")
         grid.append(line)
     widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
@@ -383,6 +384,13 @@ def format_table(m: StrategyMap) -> str:
                 parts.append(f"{r['inexact_best']} {r['inexact_time_s'] / r['time_s']:.2f}x")
             out.append(f"#   {n} workers: " + "; ".join(parts))
     return "\n".join(out + ["", "Crossovers:"] + [f"- {s}" for s in crossovers(m)])
+
+
+def lead_text(margin: float) -> str:
+    """A cell's lead over the runner-up: ' +3.1%', ' tie' (equal times: the winner is the first ranked), ''."""
+    if math.isnan(margin):
+        return ""
+    return " tie" if margin < 1e-9 else f" +{_pct(margin)}"
 
 
 def _pct(fraction: float) -> str:
