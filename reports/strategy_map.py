@@ -348,7 +348,7 @@ def format_table(m: StrategyMap) -> str:
     df = m.cells
     columns = sorted({_column_value(m, r) for _, r in df.iterrows()})
     head = [f"# {m.meta.get('workload') or 'buffer'}: {m.meta['numel'] * 4 / 2**20:,.2f} MiB fp32; "
-            f"{'one sync' if m.measure == 'sync' else 'step time'} priced by the model; latency "
+            f"{_measured(m)} priced by the model; latency "
             f"{df['latency_s'].iloc[0] * 1e6:g} us"
             + (f"; nodes of {int(df['ranks_per_node'].iloc[0])} ranks sharing a NIC"
                if df["ranks_per_node"].iloc[0] > 1 else "; one NIC per rank")]
@@ -384,6 +384,16 @@ def format_table(m: StrategyMap) -> str:
                 parts.append(f"{r['inexact_best']} {r['inexact_time_s'] / r['time_s']:.2f}x")
             out.append(f"#   {n} workers: " + "; ".join(parts))
     return "\n".join(out + ["", "Crossovers:"] + [f"- {s}" for s in crossovers(m)])
+
+
+def _measured(m: StrategyMap) -> str:
+    if m.measure == "sync":
+        return "one sync"
+    if m.meta.get("profile"):
+        bucket = m.meta.get("bucket_mb")
+        return f"the profile's step ({'one bucket' if bucket is None else f'{bucket:g} MiB buckets'} overlapped " \
+               f"with backward)"
+    return f"the step (Ts {m.meta['compute_s']:g} s + one sync, no overlap)"
 
 
 def lead_text(margin: float) -> str:

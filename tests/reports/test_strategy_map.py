@@ -254,3 +254,20 @@ def test_worker_counts_saying_the_same_are_stated_once():
         "at 8 to 16 workers, choosing between the best two changes the step by under 2% everywhere on the grid",
         "at 8 to 16 workers, every ranked strategy is within 2% of the winner everywhere on the grid: the choice "
         "changes the step by under 2%"]
+
+
+def test_a_profile_map_prices_the_step_as_syncbench_model_does():
+    from reports.model import model_table, workload_shapes
+    from workloads.profile import load_profile
+
+    profile = load_profile("experiments/config/profiles/resnet50-b8-s224-cpu.json")
+    workload = sm.Workload(profile.numel, profile=profile, bucket_mb=25.0,
+                           shapes=workload_shapes(profile.model, profile.numel, profile.num_classes))
+    m = sm.strategy_map(workload, (16,), (GBIT,), 2e-5, strategies=["ring", "halving_doubling", "all_to_all"])
+    table = model_table(None, None, 16, GBIT, None, latency=2e-5, profile=profile, bucket_mb=25.0,
+                        strategies=["ring", "halving_doubling", "all_to_all"]).set_index("strategy")
+    r = m.cells.iloc[0]
+    assert r["time_s"] == pytest.approx(table["step_s"].min(), rel=1e-12)
+    assert r["time_s"] == pytest.approx(table.loc[r["winner"], "step_s"], rel=1e-12)
+    assert r["runner_up_time_s"] == pytest.approx(sorted(table["step_s"])[1], rel=1e-12)
+    assert "the profile's step (25 MiB buckets overlapped with backward)" in sm.format_table(m)
