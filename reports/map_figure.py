@@ -48,7 +48,7 @@ def map_figure(m: StrategyMap) -> go.Figure:
         z_row, text_row, hover_row = [], [], []
         for c in columns:
             r = cells[(n, c)]
-            knob = short_params(r["winner"], r["winner_params"])
+            knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
             lead = lead_text(r["margin"])
             mark = MARKS.get(r.get("check", "")[:7], "")
             z_row.append(index[r["winner"]])
@@ -101,4 +101,5 @@ def _caption(m: StrategyMap) -> str:
     names = ", ".join(m.meta.get("strategies", []))
     return (f"From the analytic model (strategies.cost), not measured. Ranked exact strategies: {names}; each at "
             f"its best knob per cell. Lead: the runner-up's time over the winner's, minus one. \u2713: SimGrid "
-            f"agrees on the winner at that cell, \u2717: it does not (hover for the times).")
+            f"agrees on the winner at that cell, \u2717: it does not (hover for the times); *: the knob at the end of "
+            f"the values tried, a value beyond may be cheaper.")

@@ -46,6 +46,10 @@ INEXACT = (("ring+fp16", "ring", {"compression": "fp16"}),
 PARTITIONS_MB = (1.0, 4.0, 16.0)
 CHUNKS = (1, 2, 4, 8, 16, 32)
 PIPELINE_MB = (0.125, 0.5, 2.0, 8.0, math.inf)
+# knob values at the end of the range tried that is not a true bound: a cheaper value may lie beyond (the cell
+# says so with '*'); servers 1 and n, 1 chunk and an unpipelined hierarchical are true bounds
+OPEN_EDGES = {"chunks": (max(CHUNKS),), "partition_mb": (min(PARTITIONS_MB), max(PARTITIONS_MB)),
+              "pipeline_mb": (min(PIPELINE_MB),)}
 SHORT = {"ring": "ring", "halving_doubling": "hd", "reduce_broadcast": "rb", "all_to_all": "a2a",
          "double_binary_tree": "dbt", "parameter_server": "ps", "hierarchical": "hier",
          "node_parameter_server": "nps", "naive_ring": "nring", "decentralized": "dec"}
@@ -84,6 +88,10 @@ class Candidate:
 
     def config(self):
         return registry.make(self.strategy, **dict(self.params))
+
+    def at_open_edge(self) -> bool:
+        """A knob at the end of its tried range where a value beyond might be cheaper (OPEN_EDGES)."""
+        return any(v in OPEN_EDGES.get(k, ()) for k, v in self.params)
 
     def params_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in self.params}
@@ -245,7 +253,8 @@ class StrategyMap:
 
 
 COLUMNS = {"workers": "int", "bandwidth_bytes_per_s": "float", "latency_s": "float", "message_bytes": "int",
-           "ranks_per_node": "int", "winner": "str", "winner_params": "json", "time_s": "float",
+           "ranks_per_node": "int", "winner": "str", "winner_params": "json", "winner_knob_at_edge": "bool",
+           "time_s": "float",
            "runner_up": "str", "runner_up_params": "json", "runner_up_time_s": "float", "margin": "float",
            "worst": "str", "spread": "float", "strategies_priced": "int", "inexact_best": "str",
            "inexact_time_s": "float"}
@@ -293,7 +302,8 @@ def _row(n, bandwidth, latency, message_bytes, k, best, why, workload, fabric, i
         raise ValueError(f"no strategy can run at {n} workers ({reason})")
     win = ranked[0]
     second = ranked[1] if len(ranked) > 1 else None
-    row |= {"winner": win.candidate.name, "winner_params": win.candidate.params_dict(), "time_s": win.seconds,
+    row |= {"winner": win.candidate.name, "winner_params": win.candidate.params_dict(),
+            "winner_knob_at_edge": win.candidate.at_open_edge(), "time_s": win.seconds,
             "runner_up": second.candidate.name if second else "",
             "runner_up_params": second.candidate.params_dict() if second else {},
             "runner_up_time_s": second.seconds if second else math.nan,
@@ -364,7 +374,7 @@ def format_table(m: StrategyMap) -> str:
         line = [str(n)]
         for c in columns:
             r = cells[(n, c)]
-            knob = short_params(r["winner"], r["winner_params"])
+            knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
             lead = lead_text(r["margin"])
             line.append(f"{SHORT.get(r['winner'], r['winner'])}{' ' + knob if knob else ''}{lead}")
         grid.append(line)
@@ -372,7 +382,9 @@ def format_table(m: StrategyMap) -> str:
     body = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in grid]
     used = sorted(set(df["winner"]))
     legend = "# " + ", ".join(f"{SHORT.get(s, s)} = {s}" for s in used) + \
-        "; k servers, p partition MiB, c chunks, ded = dedicated server machines"
+        "; k servers, p partition MiB, c chunks, ded = dedicated server machines" + \
+        ("; *: the knob at the end of the values tried, a value beyond may be cheaper"
+         if df["winner_knob_at_edge"].any() else "")
     out = head + body + [legend]
     if df["inexact_best"].astype(bool).any():
         out.append("# inexact, not ranked (not the same result; bytes only, codec time not priced): fastest per "

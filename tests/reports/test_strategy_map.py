@@ -67,6 +67,16 @@ def test_knob_search_keeps_each_strategys_minimum_and_shows_it():
                         ["double_binary_tree"].candidate.params)["chunks"] for lat in (0.0, 2e-4, 1e-2)}
     assert chosen[0.0] == max(sm.CHUNKS)
     assert chosen[1e-2] < chosen[2e-4] < chosen[0.0]
+    # the most chunks tried is not a bound of the tree: such a cell says a value beyond may be cheaper
+    m = sm.strategy_map(sm.Workload(NUMEL), (64,), (GBIT, 100 * GBIT), 1e-4,
+                        strategies=["double_binary_tree", "ring"])
+    assert list(m.cells["winner"]) == ["double_binary_tree", "double_binary_tree"]
+    assert [p["chunks"] for p in m.cells["winner_params"]] == [max(sm.CHUNKS), 2]
+    assert list(m.cells["winner_knob_at_edge"]) == [True, False]
+    assert f"c={max(sm.CHUNKS)}*" in sm.format_table(m) and "c=2 " in sm.format_table(m)
+    assert sm.Candidate("double_binary_tree", (("chunks", 1),)).at_open_edge() is False
+    assert sm.Candidate("parameter_server", (("partition_mb", 4.0), ("servers", 8))).at_open_edge() is False
+    assert sm.Candidate("parameter_server", (("partition_mb", 16.0), ("servers", 8))).at_open_edge() is True
     # the parameter server's knob: servers up to n, three partition sizes
     space = sm.knob_space("parameter_server", 6, 1)
     assert sorted({dict(c.params)["servers"] for c in space}) == [1, 2, 4, 6]
