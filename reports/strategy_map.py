@@ -150,9 +150,9 @@ def check_grid(workers, bandwidths, latency: float, ranks_per_node: int = 1, str
         if not sizes:
             raise ValueError("no message sizes: accepted are sizes from 4 bytes to 16 GiB, e.g. 4K,1M")
         for s in sizes:
-            if not _whole(s) or not 4 <= s <= MAX_MESSAGE_BYTES:
-                raise ValueError(f"bad message size {s!r}: accepted are whole bytes from 4 to "
-                                 f"{MAX_MESSAGE_BYTES:,} (16 GiB)")
+            if not _whole(s) or not 4 <= s <= MAX_MESSAGE_BYTES or s % 4:
+                raise ValueError(f"bad message size {s!r}: accepted are whole fp32 elements, multiples of 4 bytes "
+                                 f"from 4 to {MAX_MESSAGE_BYTES:,} (16 GiB)")
     if placement not in ("colocated", "dedicated", "both"):
         raise ValueError(f"bad parameter server placement {placement!r}: accepted are colocated, dedicated, both")
     if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 < within < 1:

@@ -281,3 +281,19 @@ def test_a_profile_map_prices_the_step_as_syncbench_model_does():
     assert r["time_s"] == pytest.approx(table.loc[r["winner"], "step_s"], rel=1e-12)
     assert r["runner_up_time_s"] == pytest.approx(sorted(table["step_s"])[1], rel=1e-12)
     assert "the profile's step (25 MiB buckets overlapped with backward)" in sm.format_table(m)
+
+
+def test_cli_collective_map_over_message_sizes_and_its_refusals(capsys):
+    assert main(["map", "--collective", "--workers", "4", "--bandwidth", "8Gbit", "--latency", "100us",
+                 "--sizes", "16K,64K,256K,1M", "--strategies", "ring,reduce_broadcast"]) == 0
+    out = capsys.readouterr().out
+    assert ("at 4 workers on 8 Gbit/s, reduce_broadcast beats ring up to 64 KiB, ring wins from 256 KiB (the "
+            "crossover lies between)") in out
+    assert main(["map", "--collective", "--bandwidth", "1Gbit,10Gbit"]) == 2
+    assert "--collective takes one --bandwidth, got 2" in capsys.readouterr().err
+    assert main(["map", "--collective", "--sizes", "4K,6"]) == 2
+    assert "bad message size 6: accepted are whole fp32 elements" in capsys.readouterr().err
+    assert main(["map", "--model-bytes", "1MB", "--sizes", "4K"]) == 2
+    assert "--sizes is for --collective" in capsys.readouterr().err
+    assert main(["map", "--model-bytes", "1MB", "--within", "1.5"]) == 2
+    assert "bad threshold 1.5: accepted are fractions between 0 and 1" in capsys.readouterr().err
