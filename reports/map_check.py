@@ -12,6 +12,7 @@ import math
 from reports.model import model_numel
 from reports.strategy_map import StrategyMap
 
+TIE = 1e-9  # a model margin under this is a tie: the check says so instead of agree or DIFFERS
 MAX_CHECK_WORKERS = 64  # a ResNet-50 sync on SimGrid: seconds at 16 ranks, about a minute at 256
 
 
@@ -52,7 +53,8 @@ def chosen_cells(m: StrategyMap, count: int) -> list[int]:
 
 
 def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
-    """Add columns check ('agree', 'DIFFERS', 'not run: ...' or '' for an unchecked cell), sim_winner_s and
+    """Add columns check ('agree', 'DIFFERS', 'tie' where the model's two are equal, 'not run: ...', or '' for an
+    unchecked cell), sim_winner_s and
     sim_runner_up_s at `count` chosen cells. `simulate(strategy, params, workers, bandwidth, latency)` -> seconds
     (default: SimGrid through experiments.validate)."""
     why = check_problem(m, count)
@@ -72,7 +74,10 @@ def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
             df.at[i, "check"] = f"not run: {e}"
             continue
         df.at[i, "sim_winner_s"], df.at[i, "sim_runner_up_s"] = win, second
-        df.at[i, "check"] = "agree" if win <= second else "DIFFERS"
+        if r["margin"] < TIE:  # the model names no winner: nothing for SimGrid to agree with
+            df.at[i, "check"] = "tie"
+        else:
+            df.at[i, "check"] = "agree" if win <= second else "DIFFERS"
     return m
 
 
@@ -103,6 +108,8 @@ def check_lines(m: StrategyMap) -> list[str]:
         if r["check"].startswith("not run"):
             out.append(f"{where}: {r['check']}")
             continue
-        out.append(f"{where}: model {r['winner']} {r['time_s']:.6g} s < {r['runner_up']} {r['runner_up_time_s']:.6g}"
-                   f" s; SimGrid {r['sim_winner_s']:.6g} s vs {r['sim_runner_up_s']:.6g} s: {r['check']}")
+        sim_margin = r["sim_runner_up_s"] / r["sim_winner_s"] - 1
+        out.append(f"{where}: model {r['winner']} {r['time_s']:.6g} s vs {r['runner_up']} "
+                   f"{r['runner_up_time_s']:.6g} s ({r['margin']:+.2%}); SimGrid {r['sim_winner_s']:.6g} s vs "
+                   f"{r['sim_runner_up_s']:.6g} s ({sim_margin:+.2%}): {r['check']}")
     return out

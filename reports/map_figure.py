@@ -28,7 +28,7 @@ COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b
 
 
 # SimGrid spot checks: agrees on the winner, does not, could not run
-MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "not run": " (sim not run)"}
+MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "tie": " = (tie)", "not run": " (sim not run)"}
 
 
 def esc(value) -> str:

@@ -235,6 +235,17 @@ def test_spot_checks_mark_agreement_disagreement_and_refusal():
     assert sum("\u2713" in t for t in text) == 2 and sum("\u2717" in t for t in text) == 2
 
 
+def test_a_model_tie_is_checked_as_a_tie_not_an_agreement():
+    from reports import map_check
+
+    # 2 workers: ring and the double binary tree each send the other half the array and receive the other half
+    m = sm.strategy_map(sm.Workload(R50), (2,), (GBIT,), 2e-5, strategies=["ring", "double_binary_tree"])
+    assert m.cells["margin"].iloc[0] == 0.0
+    map_check.spot_check(m, 1, simulate=lambda *a: 1.0)
+    assert m.cells["check"].iloc[0] == "tie"
+    assert map_check.check_lines(m)[0].endswith("(+0.00%): tie")
+
+
 def test_spot_checks_refused_before_any_pricing_for_a_map_simgrid_cannot_check(monkeypatch, capsys):
     monkeypatch.setattr(sm, "price", lambda *a, **k: pytest.fail("priced before the request was checked"))
     assert main(["map", "--model", "vgg16", "--workers", "2,4", "--bandwidth", "1Gbit", "--check", "2"]) == 2
