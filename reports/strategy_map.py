@@ -198,8 +198,8 @@ _BUCKETS: dict = {}
 
 
 def _profile_buckets(workload: Workload):
-    key = id(workload.profile), workload.bucket_mb
-    if key not in _BUCKETS:
+    key = id(workload.profile), workload.bucket_mb, workload.shapes is None
+    if key not in _BUCKETS or _BUCKETS[key][0] is not workload.profile:  # an id may be reused once freed
         from workloads.buckets import make_buckets
 
         p = workload.profile
@@ -207,8 +207,8 @@ def _profile_buckets(workload: Workload):
         ready = tuple((max(p.params[i].ready_s for i in b.params), b.numel) for b in buckets)
         shapes = workload.shapes
         bucket_shapes = [tuple(shapes[i] for i in sorted(b.params)) for b in buckets] if shapes else None
-        _BUCKETS[key] = ready, bucket_shapes
-    return _BUCKETS[key]
+        _BUCKETS[key] = workload.profile, ready, bucket_shapes
+    return _BUCKETS[key][1:]
 
 
 @dataclass(frozen=True)
