@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
                         "parameter_server:servers=4,placement=colocated")
 
+    p = sub.add_parser("map", help="which strategy wins where: workers x bandwidth (or x message size), from the "
+                                   "model, each strategy at its best knob; the crossovers in words")
+    from experiments.map_cli import add_arguments as _map_arguments
+    _map_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -693,6 +698,12 @@ def _validate(args) -> int:
     return run(args)
 
 
+def _map(args) -> int:
+    from experiments.map_cli import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -702,4 +713,4 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate}
+            "simulate": _simulate, "validate": _validate, "map": _map}

@@ -1,0 +1,143 @@
+"""`syncbench map`: the command line of reports/strategy_map.py (which strategy wins where, from the model)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+def add_arguments(p) -> None:
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
+    what.add_argument("--model-bytes", help="gradient size instead of a model, e.g. 553.36MB")
+    what.add_argument("--profile", help="a profile JSON (`syncbench profile`): its model, Ts and gradient readiness; "
+                                        "cells price its step with buckets overlapped with backward")
+    what.add_argument("--collective", action="store_true",
+                      help="the collective alone: one allreduce per message size (--sizes) x workers, on one "
+                           "--bandwidth")
+    p.add_argument("--num-classes", type=int, help="with --model: classifier outputs (default: the workload's)")
+    p.add_argument("--step-time", type=float,
+                   help="with --model or --model-bytes: compute seconds per step Ts; cells then price the step "
+                        "(Ts + sync, no overlap) instead of the sync alone")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="with --profile: bucket size in MiB (default 25)")
+    p.add_argument("--workers", default=None,
+                   help="comma-separated worker counts, 2 to 1024 (default 2,4,...,1024)")
+    p.add_argument("--bandwidth", default=None,
+                   help="comma-separated NIC bandwidths per rank, e.g. 1Gbit,10Gbit,100Gbit (default 1 to 400 "
+                        "Gbit/s; with --collective: one, default 10Gbit)")
+    p.add_argument("--sizes", default=None,
+                   help="with --collective: comma-separated message sizes, e.g. 4K,64K,1M (default 1K to 1G, x4)")
+    p.add_argument("--latency", default="0s", help="per-message latency, e.g. 50us (default 0s)")
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="ranks sharing one NIC (default 1); > 1 ranks the node-aware strategies")
+    p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node (default unlimited)")
+    p.add_argument("--strategies", help="comma-separated exact strategies to rank (default: all that state their "
+                                        "bytes; on nodes, those with per-level traffic)")
+    p.add_argument("--ps-placement", default="colocated", choices=("colocated", "dedicated", "both"),
+                   help="parameter server placement tried (dedicated: k extra server machines; default colocated)")
+    p.add_argument("--inexact", action="store_true",
+                   help="also price compression, local SGD and neighbour averaging, shown apart (not ranked)")
+    p.add_argument("--within", type=float, default=0.02,
+                   help="'the choice stops mattering' threshold, a fraction of the winner's time (default 0.02)")
+    p.add_argument("--check", type=int, default=0,
+                   help="SimGrid spot checks at N cells (up to 64 workers): the winner and the runner-up simulated, "
+                        "marked where SimGrid agrees on the winner (ResNet-50's sync only; default 0: none)")
+    p.add_argument("--out", help="write DIR/map.csv, DIR/map.json and DIR/map.html")
+
+
+def _list(option: str, text: str, parse, accepted: str) -> list:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{option} {text!r}: accepted is a comma-separated list of {accepted}")
+    out = []
+    for item in items:
+        try:
+            out.append(parse(item))
+        except (ValueError, OverflowError) as e:
+            raise ValueError(f"{option}: bad item {item!r} ({e}); accepted are {accepted}") from None
+    return out
+
+
+def run(args) -> int:
+    from reports.model import model_numel, workload_shapes
+    from reports.strategy_map import (
+        DEFAULT_BANDWIDTHS,
+        DEFAULT_SIZES,
+        DEFAULT_WORKERS,
+        Workload,
+        check_grid,
+        format_table,
+        strategy_map,
+        write,
+    )
+    from strategies.transport.link import parse_bandwidth, parse_latency, parse_size
+
+    def whole(text: str) -> int:
+        value = float(text)
+        return int(value) if value.is_integer() else value
+
+    workers = _list("--workers", args.workers, whole, "whole numbers from 2 to 1,024, e.g. 2,4,8") \
+        if args.workers else list(DEFAULT_WORKERS)
+    default_bw = [parse_bandwidth("10Gbit")] if args.collective else list(DEFAULT_BANDWIDTHS)
+    bandwidths = _list("--bandwidth", args.bandwidth, parse_bandwidth, "bandwidths > 0, e.g. 1Gbit,10Gbit") \
+        if args.bandwidth else default_bw
+    sizes = None
+    if args.collective:
+        sizes = _list("--sizes", args.sizes, parse_size, "sizes, e.g. 4K,64K,1M") if args.sizes \
+            else list(DEFAULT_SIZES)
+    if args.sizes and not args.collective:
+        raise ValueError("--sizes is for --collective (message size x workers); accepted: add --collective")
+    latency = parse_latency(args.latency)
+    intra = parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth else math.inf
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
+    check_grid(workers, bandwidths, latency, args.ranks_per_node, names, sizes, args.ps_placement, args.within)
+    if args.collective and len(bandwidths) != 1:
+        raise ValueError(f"--collective takes one --bandwidth, got {len(bandwidths)}: give one")
+    if args.num_classes is not None and not args.model:
+        raise ValueError("--num-classes sizes a --model (accepted only with --model)")
+    if args.step_time is not None and (args.profile or args.collective or not 0 < args.step_time < math.inf):
+        raise ValueError(f"--step-time {args.step_time!r}: accepted is seconds > 0 with --model or --model-bytes")
+
+    if args.collective:
+        workload = Workload(numel=sizes[0] // 4, label="collective")
+    elif args.profile:
+        from workloads.profile import load_profile
+
+        profile = load_profile(args.profile)
+        workload = Workload(numel=profile.numel, profile=profile, bucket_mb=args.bucket_mb,
+                            shapes=workload_shapes(profile.model, profile.numel, profile.num_classes),
+                            label=f"{profile.model} (profile {profile.id})")
+    elif args.model:
+        numel = model_numel(args.model, args.num_classes)
+        workload = Workload(numel=numel, compute_s=args.step_time,
+                            shapes=workload_shapes(args.model, numel, args.num_classes), label=args.model)
+    else:
+        from experiments.cli.main import MAX_MODEL_BYTES, _size
+
+        nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
+        workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
+    if args.check:
+        from reports.map_check import request_problem
+
+        why = request_problem(args.check, "size" if args.collective else "bandwidth", workload.measure,
+                              workload.numel, args.ranks_per_node, workers)
+        if why:
+            raise ValueError(f"--check {args.check}: {why}")
+    started = time.perf_counter()
+    m = strategy_map(workload, workers, bandwidths, latency, args.ranks_per_node, intra, names, args.ps_placement,
+                     args.inexact, args.within, sizes)
+    priced = time.perf_counter() - started
+    print(format_table(m))
+    print(f"\n# {len(m.cells)} cells in {priced:.1f} s")
+    if args.check:
+        from reports.map_check import check_lines, spot_check
+
+        started = time.perf_counter()
+        spot_check(m, args.check)
+        print("\nSimGrid spot checks (alpha_beta network model, one sync each):")
+        print("\n".join(f"- {line}" for line in check_lines(m)))
+        print(f"# checked in {time.perf_counter() - started:.1f} s")
+    if args.out:
+        for path in write(m, args.out):
+            print(f"wrote {path}")
+    return 0

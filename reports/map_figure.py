@@ -1,0 +1,105 @@
+"""The strategy map's heat map: one self-contained HTML page (plotly's JavaScript inlined, no network), the cells
+coloured by the winning strategy, each labelled with its knob and lead, the crossovers in words below.
+
+Every text that reaches the figure or the page is escaped (plotly reads `<b>`-style tags in labels)."""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.offline
+
+from reports.strategy_map import (
+    SHORT,
+    StrategyMap,
+    _column_value,
+    _fmt_column,
+    _pct,
+    crossovers,
+    lead_text,
+    short_params,
+)
+
+COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
+           "#bab0ac")
+
+
+# SimGrid spot checks: agrees on the winner, does not, could not run
+MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "tie": " = (tie)", "not run": " (sim not run)"}
+
+
+def esc(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def map_figure(m: StrategyMap) -> go.Figure:
+    """Rows: workers; columns: bandwidth or message size (as categories, in order); colour: the winner."""
+    df = m.cells
+    columns = sorted({_column_value(m, r) for _, r in df.iterrows()})
+    workers = sorted(df["workers"].unique())
+    winners = sorted(set(df["winner"]))
+    index = {w: i for i, w in enumerate(winners)}
+    cells = {(r["workers"], _column_value(m, r)): r for _, r in df.iterrows()}
+    z, text, hover = [], [], []
+    for n in workers:
+        z_row, text_row, hover_row = [], [], []
+        for c in columns:
+            r = cells[(n, c)]
+            knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
+            lead = lead_text(r["margin"])
+            mark = MARKS.get(r.get("check", "")[:7], "")
+            z_row.append(index[r["winner"]])
+            text_row.append(esc(f"{SHORT.get(r['winner'], r['winner'])} {knob}{lead}{mark}".replace("  ", " ")))
+            runner = f"{r['runner_up']} {short_params(r['runner_up'], r['runner_up_params'])}".strip() \
+                if r["runner_up"] else "none"
+            hover_row.append(esc(f"{n} workers, {_fmt_column(m, c)}: {r['winner']} {knob} {r['time_s']:.4g} s; "
+                                 f"runner-up {runner} {r['runner_up_time_s']:.4g} s (+{_pct(r['margin'])}); "
+                                 f"slowest {r['worst']} +{_pct(r['spread'])}"
+                                 + (f"; SimGrid: {r['check']}" if r.get("check") else "")))
+        z.append(z_row)
+        text.append(text_row)
+        hover.append(hover_row)
+    k = len(winners)
+    scale = []
+    for i in range(k):  # a step per winner: value i maps to colour i
+        colour = COLOURS[i % len(COLOURS)]
+        scale += [[i / k, colour], [(i + 1) / k, colour]]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[esc(_fmt_column(m, c)) for c in columns], y=[str(n) for n in workers], text=text,
+        texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        colorscale=scale, zmin=-0.5, zmax=k - 0.5,
+        colorbar={"tickvals": list(range(k)), "ticktext": [esc(w) for w in winners], "title": "winner"}))
+    x_title = "message size (the collective alone)" if m.axis == "size" else "NIC bandwidth per rank"
+    what = "one sync" if m.measure == "sync" else "step time"
+    fig.update_layout(template="plotly_white", height=max(420, 48 * len(workers) + 160),
+                      title=esc(f"Where each strategy wins ({what}, {m.meta.get('workload') or 'buffer'}): "
+                                f"winner, its knob, its lead over the runner-up"),
+                      xaxis={"title": esc(x_title), "type": "category"},
+                      yaxis={"title": "workers", "type": "category"})
+    return fig
+
+
+def write_html(m: StrategyMap, path) -> Path:
+    """DIR/map.html: the heat map and the crossovers, plotly's JavaScript inlined once (opens offline)."""
+    path = Path(path)
+    figure = plotly.offline.plot(map_figure(m), output_type="div", include_plotlyjs=False)
+    items = "\n".join(f"<li>{esc(s)}</li>" for s in crossovers(m))
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>syncbench map</title>\n"
+            f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script></head>\n<body>\n"
+            f"<h1>Where each strategy wins</h1>\n<p>{esc(_caption(m))}</p>\n{figure}\n"
+            f"<h2>Crossovers</h2>\n<ul>\n{items}\n</ul>\n</body></html>\n")
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _caption(m: StrategyMap) -> str:
+    names = ", ".join(m.meta.get("strategies", []))
+    return (f"From the analytic model (strategies.cost), not measured. Ranked exact strategies: {names}; each at "
+            f"its best knob per cell. Lead: the runner-up's time over the winner's, minus one. \u2713: SimGrid "
+            f"agrees on the winner at that cell, \u2717: it does not (hover for the times); *: the knob at the end of "
+            f"the values tried, a value beyond may be cheaper.")
