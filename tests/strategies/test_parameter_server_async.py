@@ -13,11 +13,14 @@ from strategies.transport.threads import run_threads
 LR = 0.5
 
 
-def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None, **params):
+def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None, before_step=None, after_step=None,
+        **params):
     """Worker w sleeps delays[w][t] before pushing step t (its 'compute'; `absolute`: until delays[w][t] seconds
     after the start, so that the schedule does not drift); its gradient is (w + 1) x ones, synced bucket by
     bucket (`buckets`: their sizes, one bucket of numel by default); update-mode servers step
-    params -= LR x gradient. Returns (per worker the buffer after every step, per server the records)."""
+    params -= LR x gradient; `before_step(rank, step)` and `after_step(rank, step)`, if given, are called
+    first and last in each step. Returns (per worker the buffer after every step, per server the
+    records)."""
     config = strategies.make("parameter_server", servers=servers, **params)
     buckets = buckets or [numel]
 
@@ -42,6 +45,8 @@ def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None
         comm.barrier()
         start = time.perf_counter()
         for step in range(steps):
+            if before_step is not None:
+                before_step(comm.rank, step)
             wait = delays[comm.rank][step]
             time.sleep(max(0.0, start + wait - time.perf_counter()) if absolute else wait)
             buffer = torch.full((sum(buckets),), comm.rank + 1.0, dtype=torch.float64)
@@ -50,6 +55,8 @@ def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None
                 runtime.sync(buffer[lo:lo + size], "mean")
                 lo += size
             seen.append(buffer.numpy().copy())
+            if after_step is not None:
+                after_step(comm.rank, step)
         return seen
 
     results = run_threads(config.world_size(workers), body, timeout=30)
@@ -148,6 +155,36 @@ def test_a_backup_workers_late_push_never_changes_a_steps_result():
     # the late worker continues from the newest parameters (a step the others made)
     made = {-LR * 2.0 * (t + 1) for t in range(steps)}
     assert all(float(p[0]) in made for p in outputs[3])
+
+
+def test_a_late_backup_worker_gets_the_newest_parameters_not_its_own_steps():
+    """Update mode, 4 workers, 1 backup: workers 0-2 make all 4 steps (params -LR x 2 x (t + 1): -1, -2, -3, -4)
+    before worker 3 pushes at all (it waits for their last reply: no clock involved). Each of its late pushes is
+    answered with the newest parameters, those of step 3: -4 at every step, never its own step's -1, -2, -3."""
+    import threading
+
+    steps, workers = 4, 4
+    finished, lock = [], threading.Lock()
+    others_done = threading.Event()
+
+    def before_step(rank, step):
+        if rank == 3 and step == 0:
+            assert others_done.wait(20), "workers 0-2 never finished their steps"
+
+    def after_step(rank, step):
+        if rank < 3 and step == steps - 1:
+            with lock:
+                finished.append(rank)
+                if len(finished) == 3:
+                    others_done.set()
+
+    outputs, records = run(workers, steps, [[0.0] * steps] * workers, backups=1, servers=2,
+                           before_step=before_step, after_step=after_step)
+    for rank in range(3):
+        assert [float(p[0]) for p in outputs[rank]] == [-LR * 2.0 * (t + 1) for t in range(steps)]
+    assert [float(p[0]) for p in outputs[3]] == [-LR * 2.0 * steps] * steps
+    for server in records:
+        assert sorted(r.step for r in server if r.dropped and r.worker == 3) == list(range(steps))
 
 
 def test_a_backup_workers_late_push_never_changes_a_summation_steps_mean():
