@@ -275,8 +275,9 @@ def _timeline(spec: RunSpec, fixed: dict, where: Path) -> Timeline:
 
 
 def simulate_sweep(path: str | Path, out: str | Path, resume: bool = False, overwrite: bool = False,
-                   log=sys.stderr):
+                   log=None):
     """`syncbench simulate`: the sweep file's runs on SimGrid through the one runner; runs.parquet as a frame."""
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     from experiments.pipeline.runner import run_sweep
 
     sweep, pairs = load(path)
