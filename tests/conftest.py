@@ -43,7 +43,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 def pytest_collection_modifyitems(config, items):
     """A test that asks for a Ray fixture is a Ray test, marked or not; a test in SLOW_MODULES is slow: `make
-    test-fast` deselects both by marker."""
+    test-fast` deselects both by marker. With SYNCBENCH_SKIP_TIMING_TESTS set (a loaded machine, CI) every
+    `timing` test is skipped with the reason printed (pytest -rs), not failed."""
     for item in items:
         if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
@@ -53,6 +54,15 @@ def pytest_collection_modifyitems(config, items):
             continue
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("SYNCBENCH_SKIP_TIMING_TESTS"):
+        skip = pytest.mark.skip(reason=TIMING_SKIPPED)
+        for item in items:
+            if item.get_closest_marker("timing"):
+                item.add_marker(skip)
+
+
+TIMING_SKIPPED = ("SYNCBENCH_SKIP_TIMING_TESTS is set: this test asserts on measured wall-clock time (marker "
+                  "`timing`), which a loaded machine stretches; run it on a quiet one")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

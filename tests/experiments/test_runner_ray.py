@@ -155,6 +155,7 @@ def _with_env(fn, marker):
     return wrapped
 
 
+@pytest.mark.timing
 def test_a_run_whose_compute_never_ends_is_ended_by_its_deadline_naming_it(ray_session, tmp_path):
     """Real-mode compute is bounded by nothing but the run's deadline (timeout x (steps + 2)): one worker with no
     peer to time out on, a 1 s timeout and 2 steps end within seconds, the run failed naming the deadline."""

@@ -48,6 +48,7 @@ def _transfer_times(p2p: str, nbytes: int) -> dict[tuple[int, int], float]:
     return run_threads(3, body, timeout=30, network=NETWORK, p2p=p2p)[0]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_transfers_into_and_out_of_the_slow_rank_take_its_time(p2p):
     """2 MB: into or out of rank 1 takes at least 2 ms + 2 MB / 20 MB/s = 102 ms; between fast ranks 2 ms."""

@@ -81,6 +81,7 @@ def implied_async_staleness(schedule):
 SCHEDULE = [[0.00, 0.15, 0.30, 0.45], [0.06, 0.36, 0.66, 0.96], [0.21, 0.51, 0.81, 1.11]]
 
 
+@pytest.mark.timing
 def test_async_staleness_is_what_the_schedule_implies():
     # push times (s after the start), 60 ms apart at least: their order is the schedule's on a busy machine too
     _, records = run(3, 4, SCHEDULE, absolute=True, staleness="async")
@@ -89,6 +90,7 @@ def test_async_staleness_is_what_the_schedule_implies():
     assert max(got.values()) >= 2 and all(r.bound_wait_s < 0.03 for r in records[0])  # async never waits
 
 
+@pytest.mark.timing
 def test_async_summation_sums_every_push_since_the_last_reply_in_every_bucket_and_partition():
     """Summation mode, two buckets, several partitions per server: every unit records the staleness the schedule
     implies, and a worker's reply is the sum of the pushes (scaled by 1/n) since its previous one, its own in."""
@@ -107,6 +109,7 @@ def test_async_summation_sums_every_push_since_the_last_reply_in_every_bucket_an
         np.testing.assert_allclose(outputs[w][t], np.full(11, want), rtol=1e-12)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": TINY_PARTITIONS}])
 def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead(params):
     steps, s = 8, 2
@@ -141,6 +144,7 @@ def test_staleness_zero_trains_bit_identically_to_the_synchronous_summation_serv
         assert a["final"]["buckets"] > 1 and torch.equal(a["params"], b["params"])
 
 
+@pytest.mark.timing
 def test_a_backup_workers_late_push_never_changes_a_steps_result():
     steps, workers = 4, 4
     delays = [[0.0] * steps, [0.0] * steps, [0.0] * steps, [0.15] * steps]  # worker 3 is always late
@@ -187,6 +191,7 @@ def test_a_late_backup_worker_gets_the_newest_parameters_not_its_own_steps():
         assert sorted(r.step for r in server if r.dropped and r.worker == 3) == list(range(steps))
 
 
+@pytest.mark.timing
 def test_a_backup_workers_late_push_never_changes_a_summation_steps_mean():
     """Summation mode, two buckets, several partitions: every step's mean is that of workers 0-2, whatever worker
     3's late pushes carry; worker 3 gets each step's mean too (it applies the update the others applied)."""
