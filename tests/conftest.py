@@ -44,7 +44,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 def pytest_collection_modifyitems(config, items):
     """A test that asks for a Ray fixture is a Ray test, marked or not; a test in SLOW_MODULES is slow: `make
     test-fast` deselects both by marker. With SYNCBENCH_SKIP_TIMING_TESTS set (a loaded machine, CI) every
-    `timing` test is skipped with the reason printed (pytest -rs), not failed."""
+    `timing` test is skipped with the reason printed (pytest -rs), not failed. SYNCBENCH_TEST_SHUFFLE=<seed>
+    runs the tests in that seed's random order."""
     for item in items:
         if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
@@ -54,6 +55,11 @@ def pytest_collection_modifyitems(config, items):
             continue
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    shuffle = os.environ.get("SYNCBENCH_TEST_SHUFFLE")
+    if shuffle:  # the tests in a random order (the seed's), to find tests that depend on the ones before them
+        import random
+
+        random.Random(shuffle).shuffle(items)
     if os.environ.get("SYNCBENCH_SKIP_TIMING_TESTS"):
         skip = pytest.mark.skip(reason=TIMING_SKIPPED)
         for item in items:
