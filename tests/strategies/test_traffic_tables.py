@@ -88,6 +88,18 @@ PS_COLOCATED = {"sent": [44, 40, 28], "recv": [44, 40, 28], "msgs": [6, 6, 4], "
 # -- reduce + broadcast (flat), 3 ranks, 7 elements: everyone sends its 28 B to rank 0, rank 0 sends 28 B back ----
 RB_FLAT_3_7 = {"sent": [56, 28, 28], "recv": [56, 28, 28], "msgs": [2, 1, 1], "rounds": PRICED_BY_THE_COST_MODEL}
 
+# -- hierarchical, 2 nodes of 2 ranks (0, 1 | 2, 3), inner ring, 10 elements in 2 pieces of 5 -----------------------
+# pipeline_mb = 6 B: a piece's across-node ring on 2 nodes moves its 5-element chunk's halves (3 + 2 elements), 12 B
+# per round, so 2 pieces. Per piece, inside a node: chunks 3, 2 elements (12, 8 B); local position p's
+# reduce-scatter sends chunk p and receives the other, it then owns chunk p + 1 and its all-gather sends that one
+# and receives chunk p: 20 B each way, 2 messages. Across nodes: chunk 0 (3 elements) between the positions 1
+# (ranks 1, 3), a ring of 2 on 3 elements (chunks 2, 1: 8 + 4 = 12 B each way, 2 messages); chunk 1 (2 elements)
+# between the positions 0 (ranks 0, 2): 4 + 4 = 8 B each way. Per piece 28 B (ranks 0, 2) and 32 B (ranks 1, 3),
+# 4 messages; 2 pieces double it. Through the NIC alone: 16 and 24 B.
+HIER_PIPE = 6 / MIB
+HIER_2X2 = {"sent": [56, 64, 56, 64], "recv": [56, 64, 56, 64], "msgs": 8, "nic": [16, 24, 16, 24], "pieces": 2,
+            "rounds": PRICED_BY_THE_COST_MODEL}
+
 TABLES = [
     ("ring", {}, 3, 7, RING_3_7),
     ("ring", {}, 4, 10, RING_4_10),
@@ -99,6 +111,7 @@ TABLES = [
     ("parameter_server", {"servers": 2, "partition_mb": PS_PART, "placement": "colocated", "mode": "summation"},
      3, 7, PS_COLOCATED),
     ("reduce_broadcast", {"tree": False}, 3, 7, RB_FLAT_3_7),
+    ("hierarchical", {"ranks_per_node": 2, "inner": "ring", "pipeline_mb": HIER_PIPE}, 4, 10, HIER_2X2),
 ]
 IDS = [f"{name}{''.join(f'[{k}={v:g}]' if isinstance(v, float) else f'[{k}={v}]' for k, v in params.items())}"
        f"-n{n}-numel{numel}" for name, params, n, numel, _ in TABLES]
@@ -140,3 +153,11 @@ def test_the_double_binary_tree_path_grows_by_one_chunk_per_extra_chunk_only_in_
     rounds, path = busiest rank (44 B) + (2 D - 2) x 16 B = 76 B."""
     t = strategies.make("double_binary_tree", chunks=1).traffic(3, 7, 4)
     assert (t.rounds, t.path_bytes) == (4, 44 + 2 * 16)
+
+
+def test_hierarchicals_pieces_and_what_crosses_the_nic():
+    """The table's 2 pieces, and the bytes through the NIC alone (the across-node rings), from HIER_2X2."""
+    config = strategies.make("hierarchical", ranks_per_node=2, inner="ring", pipeline_mb=HIER_PIPE)
+    assert config.pieces(4, 10, 4) == HIER_2X2["pieces"]
+    nic = config.levels(4, 10, 4)["nic"]
+    assert [r.bytes_sent for r in nic] == [r.bytes_recv for r in nic] == HIER_2X2["nic"]
