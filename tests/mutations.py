@@ -272,7 +272,7 @@ def run_tests(tree: Path, tests: tuple[str, ...], markers: str, timeout: float) 
         return "pass", ""
     if proc.returncode == 5:  # no tests collected: none of these is in this selection
         return "none", f"no test of {', '.join(tests)} is selected by -m {markers!r}"
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.M)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", proc.stdout, re.M)  # a test id may hold spaces
     if proc.returncode == 1 and failed:
         return "fail", failed[0]
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
