@@ -291,6 +291,10 @@ def _gloo_groups(world):
     return group
 
 
+# slow: out of make test-fast. Run after the file's thread-rank tests on a loaded machine (load 5-7), gloo aborted
+# the whole process from a native thread here in 2 of 3 runs (Fatal Python error: Aborted, no Python frame); alone
+# it passes. Left for make test, where it ran before, until the cause is found.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fp16", "bf16", "powersgd"])
 def test_ddp_over_gloo_runs_torchs_hook(kind):
     """Two ranks' DDP over gloo with the run's compression: fp16/bf16 gradients are representable in that format
