@@ -350,7 +350,9 @@ def markdown(results: list[Result], source: str, markers: str, took: float) -> s
         f"{took / 60:.0f} min on this machine: each bug below planted alone in a copy of the tree, its `fast` "
         f"tests run with `make test-fast`'s marker expression (`{markers}`), and, only if it survived those, its "
         f"`wide` tests with `make test`'s (`{WIDE_MARKERS}`). The whole `make test` was not run per bug (about "
-        "20 minutes each on 2 cores): `wide` is the files a bug of its kind could reach, not the suite.",
+        "20 minutes each on 2 cores): `wide` is the files a bug of its kind could reach, not the suite. A bug "
+        "caught in the fast scope fails a test that `make test-fast` selects, so it fails `make test-fast` and "
+        "`make test` (which runs every test `make test-fast` does).",
         "",
         f"**{caught_fast} of {len(results)} caught by `make test-fast`'s tests, {caught} of {len(results)} by the "
         f"fast or the wide scope.**",
