@@ -18,6 +18,10 @@ instead, and two scopes of tests to run on it:
   ones this machine skips anyway: netns, gpu). Running the whole `make test` per bug (about 20 minutes on 2 cores)
   is out of reach; `wide` is the files a bug of its kind could reach.
 
+The fast scope keeps `make test-fast`'s `timing` tests (the sleep-scripted SSP/async schedules among them): on
+a loaded machine one may fail its unmutated baseline (run twice before it counts: BASELINE-FAILS, never caught),
+or fail beside a bug it does not test (CAUGHT-ELSEWHERE).
+
 `expect`, where stated, is the test (an id or its prefix) that must be the one to fail in `fast`: failing another
 one is reported CAUGHT-ELSEWHERE (the table or the tests drifted). The tests are first run on the unmutated copy:
 a mutation whose tests fail already is reported BASELINE-FAILS, not as caught. The working tree is never touched;
@@ -153,7 +157,8 @@ MUTATIONS = (
              "tests/strategies/test_traffic_tables.py::test_traffic_is_the_hand_worked_table[ring", MATRIX),
     Mutation("late-backup-gets-its-own-step", "survivor", "strategies/parameter_server_async.py",
              'made = unit.made[max(unit.made)] if self.mode == "update" else unit.made[step]',
-             "made = unit.made[step]", BARRIER_FREE,
+             "made = unit.made[step]", ("tests/strategies/test_parameter_server_async.py::test_a_late_backup_worker_"
+                                         "gets_the_newest_parameters_not_its_own_steps",),
              "tests/strategies/test_parameter_server_async.py::test_a_late_backup_worker_gets_the_newest", PS_WIDE),
     Mutation("dbt-one-chunk-too-many", "survivor", "strategies/double_binary_tree.py",
              "path = busiest + max(2 * depth - 2, 0) * chunk", "path = busiest + max(2 * depth - 1, 0) * chunk",
@@ -308,6 +313,8 @@ def judge(tree: Path, m: Mutation, markers: str, timeout: float, baselines: dict
         key = (tests, marks)
         if key not in baselines:
             baselines[key] = run_tests(tree, tests, marks, timeout)
+            if baselines[key][0] in ("fail", "error"):  # once more: a `timing` test may lose to a loaded machine
+                baselines[key] = run_tests(tree, tests, marks, timeout)
         base, why = baselines[key]
         if base not in ("pass", "none"):
             outcomes[scope] = ("baseline", f"{why} (unmutated)")
