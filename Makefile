@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed-stamp
 
-.PHONY: install demo test test-fast bench lint clean gpu-results
+.PHONY: install demo test test-fast mutations bench lint clean gpu-results
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -29,20 +29,22 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
 	.venv/bin/syncbench bench --ps
 
-# The correctness core for iteration (budget 3 minutes on 2 cores): strategies against their references on thread
-# ranks (the generic matrix and errors), sweep parsing, the results schema and store, run metrics, report numbers.
-# No Ray, no namespaces. 203 s on the quiet machine (2026-11-23) before the matrix ran its cases on a pool of thread
-# ranks with duplicate op coverage cut; since: 128 s at a load average of 21 falling to 10 (2026-11-24), 80 s of CPU
-# (the matrix and errors alone: 97 s of CPU before, under 54 s after).
-FAST_TESTS := tests/strategies/test_strategy_matrix.py tests/strategies/test_strategy_errors.py \
-	tests/reports/test_report_numbers.py tests/reports/test_honest.py tests/experiments/test_sweep.py \
-	tests/experiments/test_store.py tests/experiments/test_run_metrics.py \
-	tests/reports/test_deterministic_verdicts.py tests/reports/test_tta_intervals.py \
-	tests/reports/test_barrier_free_time_to_target.py tests/reports/test_reconcile.py tests/reports/test_teaching.py \
-	tests/experiments/test_validate.py
+# The correctness core for iteration (budget 3 minutes on 2 cores): every test but those marked ray, netns, gpu or
+# slow. A new test file is in by default; a slow one opts out by marker (tests/conftest.py's SLOW_MODULES for a
+# whole file, @pytest.mark.slow for one test). In it: strategies against their references on thread ranks (the
+# generic matrix and errors), the hand-worked traffic tables, strategy details, compression, the barrier-free
+# parameter server, sweep parsing, the results schema and store, run metrics, time to target, the model and the
+# report's numbers. Wall-clock tests (`timing`) stay in; on a loaded machine: make test-fast FAST_MARKERS="... and
+# not timing".
+FAST_MARKERS := not ray and not netns and not gpu and not slow
 test-fast: $(VENV_STAMP)
 	.venv/bin/ruff check .
-	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "not ray and not netns and not gpu and not slow" $(FAST_TESTS)
+	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "$(FAST_MARKERS)"
+
+# Plant each bug of tests/mutations.py's table in a copy of git HEAD and run the tests that must catch it
+# (make test-fast's first, a wider set if it survives); the result goes to docs/mutations.md.
+mutations: $(VENV_STAMP)
+	$(PY) -m tests.mutations --write docs/mutations.md
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check .

@@ -241,8 +241,9 @@ def run_cell(cell: Cell) -> dict:
 # -- the matrix -------------------------------------------------------------------------------------------
 
 
-def validate(grid: list[Cell], jobs: int = 1, log=sys.stderr) -> pd.DataFrame:
+def validate(grid: list[Cell], jobs: int = 1, log=None) -> pd.DataFrame:
     """Every cell, `jobs` simulations at a time; one row per cell, in grid order."""
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     rows: list[dict | None] = [None] * len(grid)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(run_cell, cell): i for i, cell in enumerate(grid)}

@@ -11,11 +11,64 @@ import pytest
 RAY_FIXTURES = {"ray_session", "group2", "_shared_groups", "lend_groups"}
 
 
+# `make test-fast` is every test but those marked ray, netns, gpu or slow: a new test file is in it by default. The
+# files below opt out as a whole (marked `slow` here; a single slow test elsewhere carries @pytest.mark.slow
+# itself), each for its cost on 2 cores: whole training runs, simulations, sockets and subprocesses, a browser,
+# or many more cases than the fast tier's 3-minute budget holds. Their numbers' bugs are caught in the fast tier by
+# the hand-worked suites (tests/mutations.py checks that).
+SLOW_MODULES = {
+    # whole training runs, the pipeline, the CLI
+    "experiments/test_cli_verbs.py", "experiments/test_ddp_hook.py", "experiments/test_faults.py",
+    "experiments/test_hostile_input.py", "experiments/test_model_cli.py", "experiments/test_nodes_pipeline.py",
+    "experiments/test_overlap.py", "experiments/test_pipeline.py", "experiments/test_stragglers.py",
+    "experiments/test_train.py", "experiments/test_publish.py", "experiments/test_signals.py",
+    "experiments/test_plugin_install.py", "experiments/test_jobs.py",
+    # SimGrid simulations, clusters, Ray groups, GPUs, subprocesses
+    "experiments/test_simulate.py", "experiments/test_ps_substrates.py", "experiments/test_cluster_netns.py",
+    "experiments/test_group.py", "experiments/test_group_errors.py", "experiments/test_runner_ray.py",
+    "experiments/test_gpu.py", "experiments/test_p2p_default.py",
+    # the report built whole, in a browser, from a run
+    "reports/test_browser.py", "reports/test_build.py", "reports/test_hostile_files.py",
+    "reports/test_report_from_a_run.py", "reports/test_ps_section.py",
+    # transports, emulated links, ported suites: many cases each, or wall-clock waits
+    "strategies/test_emulation.py", "strategies/test_fake_transport.py", "strategies/test_nodes.py",
+    "strategies/test_parameter_server.py", "strategies/test_peer_suites.py", "strategies/test_plugin.py",
+    "strategies/test_sockets_faults.py", "strategies/test_transport_sockets.py", "strategies/test_transport_torch.py",
+    # models and data sets built, the docs' links and commands
+    "workloads/test_profile.py", "workloads/test_workloads_data.py", "workloads/test_workloads_flat.py",
+    "workloads/test_workloads_models.py", "test_docs.py",
+}
+TESTS_DIR = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that asks for a Ray fixture is a Ray test, marked or not: `make test-fast` deselects them by marker."""
+    """A test that asks for a Ray fixture is a Ray test, marked or not; a test in SLOW_MODULES is slow: `make
+    test-fast` deselects both by marker. With SYNCBENCH_SKIP_TIMING_TESTS set (a loaded machine, CI) every
+    `timing` test is skipped with the reason printed (pytest -rs), not failed. SYNCBENCH_TEST_SHUFFLE=<seed>
+    runs the tests in that seed's random order."""
     for item in items:
         if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.ray)
+        try:
+            module = Path(item.path).resolve().relative_to(TESTS_DIR).as_posix()
+        except ValueError:
+            continue
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+    shuffle = os.environ.get("SYNCBENCH_TEST_SHUFFLE")
+    if shuffle:  # the tests in a random order (the seed's), to find tests that depend on the ones before them
+        import random
+
+        random.Random(shuffle).shuffle(items)
+    if os.environ.get("SYNCBENCH_SKIP_TIMING_TESTS"):
+        skip = pytest.mark.skip(reason=TIMING_SKIPPED)
+        for item in items:
+            if item.get_closest_marker("timing"):
+                item.add_marker(skip)
+
+
+TIMING_SKIPPED = ("SYNCBENCH_SKIP_TIMING_TESTS is set: this test asserts on measured wall-clock time (marker "
+                  "`timing`), which a loaded machine stretches; run it on a quiet one")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -29,13 +29,14 @@ from workloads.models import describe_size
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-              address: str | None = None, log=sys.stderr, train_fn=train, oversubscribe: bool = False,
+              address: str | None = None, log=None, train_fn=train, oversubscribe: bool = False,
               substrate=None) -> pd.DataFrame:
     """Run every run of the sweep that is not already done; return runs.parquet as a DataFrame.
 
     `substrate`: where the runs execute (default: Ray actors at `address`, every rank running `train_fn`, with
     `oversubscribe` lifting the machine's ranks-per-core limit; see experiments/pipeline/ray_substrate.py).
     """
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     if substrate is None:
         from experiments.pipeline.ray_substrate import RaySubstrate
 

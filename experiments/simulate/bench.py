@@ -25,13 +25,15 @@ DEFAULT = (("halving_doubling", {}), ("parameter_server", {"servers": 8}), ("dec
 LINK = {"bandwidth": "10Gbit", "latency": "20us"}
 
 
-def bench(workers: list[int], names: list[str] | None = None, log=sys.stderr,
+def bench(workers: list[int], names: list[str] | None = None, log=None,
           network_model: str = "tcp", max_memory: int | None = None) -> list[dict]:
     """One row per (strategy, ranks): wall and CPU seconds and peak memory to simulate one step, and what the
     step was. A cell over the actor limit or whose estimated memory does not fit (memory.refusal: this machine's,
     or `max_memory` bytes) is a row saying why, never started."""
     from experiments.simulate import memory
     from experiments.simulate.substrate import MAX_ACTORS, model_comm_s, simulate_child
+
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     from workloads.profile import load_profile
 
     profile = load_profile(PROFILE)
@@ -127,13 +129,14 @@ PS_MODES = (("dedicated update", {}), ("dedicated summation", {"mode": "summatio
 PS_PLATFORMS = {"star": {}, "fat_tree": {"topology": "fat_tree", "oversubscription": 4}}
 
 
-def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, log=sys.stderr,
+def bench_ps(cells: list[tuple[int, int, str]], modes: list[str] | None = None, log=None,
              network_model: str = "tcp", nic: str = "shared") -> list[dict]:
     """One row per (workers n, servers k, platform, mode): one synchronization of ResNet-50's gradients (one
     flat bucket, no compute: the step is the sync) on a 10 Gbit/s, 20 us star or 4:1 fat tree (16 hosts per
     leaf): wall seconds, the simulated sync, its bytes against traffic(), BytePS's optimum (colocated: k = 0)
     and the alpha-beta time of traffic(). A run the simulator refuses (SimGridSubstrate.problems) is a row
     saying why, never simulated."""
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     from experiments.simulate.substrate import SimGridSubstrate, run_in_child_timed, simulate, summarize_simulated
     from strategies.cost import byteps_optimum
     from workloads.profile import load_profile
@@ -231,13 +234,14 @@ def node_model(config, n: int, k: int, numels: list[int], plat: Platform) -> dic
     return {"model_nic_s": nic_s, "model_intra_s": intra_s, "model_s": total}
 
 
-def bench_nodes(n: int, k: int, names: list[str] | None = None, log=sys.stderr, network_model: str = "tcp",
+def bench_nodes(n: int, k: int, names: list[str] | None = None, log=None, network_model: str = "tcp",
                 nic: str = "shared", bucket_mb: float = 25.0) -> list[dict]:
     """One row per strategy: ResNet-50's gradients in DDP buckets of `bucket_mb` MiB, synced one after another (no
     compute), by n ranks in nodes of k (the `nodes` platform: 10 Gbit/s, 20 us NICs, 100 Gbit/s, 2 us inside),
     against node_model(); for hierarchical the simulated time of its across-node phase (its `phase_s`, the
     slowest rank's) beside the model's NIC level. Bytes: every rank's counted bytes equal traffic()'s, summed
     over the buckets."""
+    log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     import torch
 
     from strategies.transport.simgrid import run_simgrid

@@ -70,6 +70,7 @@ def test_emulation_is_part_of_the_link_label_and_python_is_the_default():
         Network.from_spec({"bandwidth": "1Gbit", "emulation": "ebpf"})
 
 
+@pytest.mark.timing
 def test_the_communicator_does_not_sleep_for_a_kernel_shaped_network():
     """A 1 MB message on a 1 Mbit/s link would take 8 s if the communicator emulated it."""
     import time

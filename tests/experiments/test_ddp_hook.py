@@ -34,7 +34,10 @@ def test_ddp_over_gloo_bypasses_the_link_and_bad_comm_is_refused():
     assert registry.make("ddp", comm="ring").counted is True
     with pytest.raises(ValueError, match="'nope'.*accepted.*'ring'"):
         registry.make("ddp", comm="nope")
-    assert torch is not None
+    # through a strategy, DDP's buckets cost what that strategy declares for them; over gloo nothing is counted
+    ring = registry.make("ring").traffic(5, 1031)
+    assert registry.make("ddp", comm="ring").traffic(5, 1031) == ring and ring.counted
+    assert not registry.make("ddp").traffic(5, 1031).counted
 
 
 def test_the_summary_types_ddp_over_gloo_as_bypassing_a_python_link_and_hooked_ddp_as_crossing_it():

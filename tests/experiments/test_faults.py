@@ -77,6 +77,7 @@ def _kill_rank_in_loop(group, rank: int, flag: Path, record: dict) -> None:
     process.kill()
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 @pytest.mark.parametrize("strategy", ["ring", "parameter_server"])  # a gradient strategy, one with servers
 def test_a_killed_worker_fails_its_run_naming_the_rank_and_the_next_run_succeeds(ray_session, monkeypatch,

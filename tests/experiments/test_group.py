@@ -65,6 +65,7 @@ def test_group_starts_runs_and_stops_twice_leaving_nothing(ray_session):
         assert_nothing_left(ray, before, pids, port)
 
 
+@pytest.mark.timing
 def test_a_failing_rank_raises_group_error_naming_it_and_shutdown_cleans_up(ray_session):
     from experiments.cluster.group import GroupError, WorkerGroup
 

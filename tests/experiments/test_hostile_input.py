@@ -287,6 +287,7 @@ def test_expansion_refuses_two_different_runs_with_one_id(tmp_path, monkeypatch)
     assert len(load(tmp_path, BASE + "[grid]\nseed = [1, 1]\n").runs) == 1  # one run listed twice is one run
 
 
+@pytest.mark.timing
 def test_a_huge_grid_is_refused_before_expanding_and_a_large_one_shows_progress():
     start = time.perf_counter()
     with pytest.raises(SweepError, match=r"7,000,000 points \(grid.seed \(7,000\) x grid.lr \(1,000\)\)"):
@@ -351,6 +352,7 @@ def test_bench_harness_arguments_are_checked(capsys, args, fragment):
     assert fragment in err and err.count("\n") == 1, err
 
 
+@pytest.mark.timing
 def test_model_workers_are_bounded():
     from reports.model import MAX_MODEL_WORKERS, model_table
 
@@ -365,6 +367,7 @@ def test_model_workers_are_bounded():
 
 # -- 7. every wait honours Ctrl-C and has a deadline ------------------------------------------------------
 
+@pytest.mark.timing
 def test_an_address_nobody_listens_on_fails_at_once():
     # in a process of its own: checked whether or not this test session runs a Ray
     code = ("import time, ray\nfrom experiments.cluster.ray_runtime import ensure_ray\n"
@@ -379,6 +382,7 @@ def test_an_address_nobody_listens_on_fails_at_once():
     assert initialized == "False" and float(took) < 5, proc.stdout
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 def test_an_address_that_is_not_ray_times_out_and_the_process_exits():
     server = socket.create_server(("127.0.0.1", 0))
@@ -394,6 +398,7 @@ def test_an_address_that_is_not_ray_times_out_and_the_process_exits():
     assert time.perf_counter() - start < 30
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 def test_a_placement_that_cannot_fit_fails_at_once_and_ctrl_c_interrupts_a_wait(ray_session):
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -577,6 +582,7 @@ def test_bench_bandwidth_1bit_and_400_digit_sizes_are_one_line(capsys, monkeypat
         assert fragment in err, (fragment, err)
 
 
+@pytest.mark.timing
 def test_a_bench_predicted_to_take_hours_is_refused_before_ray_starts(tmp_path):
     # its own process (with TMPDIR of its own): refused before any Ray, whether or not this session runs one
     start = time.perf_counter()

@@ -83,6 +83,7 @@ def test_a_plugin_whose_bytes_bypass_the_counters_fails_naming_both_byte_counts(
     assert runs.loc["native", "bytes_sent_per_worker"] == 0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("forward_s, names", [(1e4, "timeout = 20 s"), (1e5, "forward_s")])
 def test_a_replayed_step_longer_than_the_timeout_ends_at_once_naming_it(tmp_path, forward_s, names):
     """A profile whose step outlasts the run's timeout never starts a rank that would go silent for it: the sweep
@@ -113,6 +114,7 @@ workers = [2]
     assert not (tmp_path / "out").exists()  # refused before the results directory, before Ray
 
 
+@pytest.mark.timing
 def test_a_measured_profile_longer_than_the_timeout_fails_the_run_on_every_rank(tmp_path):
     """The check holds inside the ranks too (a profile measured at the run's start is known only there)."""
     from types import SimpleNamespace

@@ -14,7 +14,7 @@ import pytest
 
 import strategies
 from experiments.config.sweep import RunSpec
-from experiments.pipeline.summary import summarize
+from experiments.pipeline.summary import analytic_traffic, summarize
 
 NUMEL = 1000
 BATCH = 8
@@ -120,3 +120,28 @@ def test_warm_up_rows_change_nothing():
     again, _ = summarize(SPEC, _results(times=slower), "", META)
     for key in ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "comm_busy_s"):
         assert again[key] == row[key], key
+
+
+def test_a_bucketed_runs_analytic_traffic_is_its_buckets_summed():
+    """Ring on 2 workers, buckets of 7 and 5 elements (float32). Bucket 7: chunks 4, 3 (16, 12 B): each worker
+    sends one chunk in the reduce-scatter and the other in the all-gather, 28 B each way; 2 rounds, each paced
+    by the 16 B chunk: 32 B. Bucket 5: chunks 3, 2 (12, 8 B): 20 B each way, 2 rounds, 24 B. Per step: 4 rounds,
+    56 B on the critical path (not the largest bucket's 32), 48 B sent and received per worker."""
+    spec = RunSpec(workload="tiny", image_size=16, batch_size=BATCH, steps=3, warmup_steps=1, strategy="ring",
+                   workers=2)
+    results = []
+    for rank in range(2):
+        rows = [{"step": step, "rank": rank, "role": "worker", "timed": step >= 1, "compute_s": 0.1, "comm_s": 0.01,
+                 "bytes_sent": 48, "bytes_recv": 48, "loss": 1.0, "samples": BATCH, "consensus_distance": math.nan,
+                 "wall_s": float(step), "backward_end_s": 0.1, "exposed_comm_s": 0.01, "comm_busy_s": 0.01,
+                 "overlap_fraction": math.nan} for step in range(3)]
+        final = {"loss": 1.0, "param_norm": 1.0, "numel": 12, "buckets": 2, "bucket_numels": [7, 5], "trained": True,
+                 "consensus_distance": math.nan}
+        results.append({"steps": rows, "final": final})
+    row, _ = summarize(spec, results, "", META)
+    assert row["status"] == "ok", row["error"]
+    assert (row["analytic_rounds"], row["analytic_path_bytes"]) == (4.0, 56.0)
+    assert row["analytic_bytes_sent_per_worker"] == 48.0
+    assert row["bytes_sent_per_worker"] == row["bytes_recv_per_worker"] == 48.0
+    traffic = analytic_traffic(strategies.make("ring"), 2, [7, 5])
+    assert traffic["ranks"] == [("worker", 48, 48)] * 2 and (traffic["rounds"], traffic["path_bytes"]) == (4, 56)

@@ -77,6 +77,7 @@ def short_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.timing
 @pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm_to_the_group", "sigkill_driver"])
 def test_sigterm_to_the_group_ends_the_run_within_10s_and_leaves_no_ray_process_or_temp_dir(short_tmp, sig):

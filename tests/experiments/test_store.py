@@ -133,6 +133,7 @@ def _stored_batches(directory: Path, runs: int) -> None:
                        directory / "steps" / name)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_storing_a_run_costs_the_same_beside_2000_runs_as_beside_100(tmp_path, monkeypatch):
     """The store appends a file per run: a run stored beside 2,000 costs what it costs beside 100 (the store that

@@ -36,7 +36,13 @@ def test_figures_from_the_fixture(results_dir):
 
     scaling = figures.scaling_figure(ok, links)
     ring_1gbit = [t for t in scaling.data if t.name == "ring"][0]
-    assert list(ring_1gbit.x) == [1, 2, 4] and ring_1gbit.y[0] == pytest.approx(1.0)
+    # efficiency from the results file itself: throughput(n) / (n x the 1-worker runs' mean throughput)
+    written = pd.read_parquet(results_dir / "runs.parquet")
+    at = written[written["link_bandwidth"] == 125e6]
+    single = at.loc[at["workers"] == 1, "throughput"].mean()
+    ring = at[at["strategy"] == "ring"].set_index("workers")["throughput"]
+    assert list(ring_1gbit.x) == [1, 2, 4]
+    assert list(ring_1gbit.y[1:]) == pytest.approx([ring[2] / (2 * single), ring[4] / (4 * single)], rel=1e-12)
 
     split = figures.step_time_figure(ok, links)
     assert {t.name for t in split.data} == {"compute", "communication"} and split.layout.barmode == "stack"
@@ -235,8 +241,15 @@ def test_scaling_efficiency_is_per_compute_mode(tmp_path, fake_results):
     _, ok, _ = ok_runs(tmp_path)
     assert {"ring", "ring [profile]"} <= set(ok["label"])
     eff = tables.scaling_efficiency(ok).set_index(["link", "label", "workers"])["efficiency"]
-    assert (eff.xs(1, level="workers") == 1.0).all()
-    for link in ("1Gbit", "full speed"):
+    written = pd.read_parquet(tmp_path / "runs.parquet")
+    for link, at in (("1Gbit", written[written["link_bandwidth"] == 125e6]),
+                     ("full speed", written[written["link_bandwidth"].isna()])):
+        for compute, label in (("real", "ring"), ("profile", "ring [profile]")):
+            mode = at[at["compute"] == compute]
+            single = mode.loc[mode["workers"] == 1, "throughput"].mean()  # its own mode's single workers
+            ring = mode[mode["strategy"] == "ring"].set_index("workers")["throughput"]
+            for n in (2, 4):
+                assert eff[(link, label, n)] == pytest.approx(ring[n] / (n * single), rel=1e-12), (link, label, n)
         assert eff[(link, "ring [profile]", 4)] == pytest.approx(eff[(link, "ring", 4)])
     figures.throughput_figure(ok, ["1Gbit", "full speed"])  # one dashed ideal line per compute mode
 

@@ -271,3 +271,83 @@ def test_traffic_agreement_counts_equal_runs_and_names_the_one_that_differs(tmp_
                           _run("h4", "halving_doubling", 4, 280.0, sent=6e6 + 1, analytic_sent=6e6)])
     same, compared, differ, hidden = tables.traffic_agreement(ok)
     assert (same, compared, differ, hidden) == (2, 3, ["halving_doubling"], [])
+
+
+# -- the first screen, cell by cell --------------------------------------------------------------------------------
+
+
+def test_a_one_run_winner_against_repeated_runners_up_is_a_tie(tmp_path):
+    """ring once at 400 samples/s against halving-doubling 195/200/205: the runners-up's spread is measured, the
+    winner's is not (one run says nothing of the next on another seed), so the lead is not measured: tie."""
+    ok = _load(tmp_path, [_run("r", "ring", 4, 400.0)] + _repeats("halving_doubling", 4, [195.0, 200.0, 205.0]))
+    row = verdicts.best_strategies(ok, load.link_order(ok)).iloc[0]
+    assert row["best strategy"] == "ring" and row["runs"] == 1 and row["verdict"] == "tie"
+    assert row["interval samples/s"] == "one run"
+
+
+def test_every_column_of_the_best_strategy_table_against_the_results_file(tmp_path):
+    """ring 275/280/285 samples/s with 0.05/0.06/0.07 s of communication after 0.2 s of compute, against
+    halving-doubling 195/200/205 (0.05 s), 4 workers of batch 32, one oversubscribed ring repeat. Each cell from
+    the rows written: the mean throughput 280, its range, 3 runs, the mean step time (4 x 32 / throughput), the
+    mean communication share in percent, the lead 280 / 200 - 1 = 40 %, the runner-up, clear, distorted."""
+    ring = [_run(f"ring-{s}", "ring", 4, t, seed=s, comm_s=c, oversubscribed=(s == 2))
+            for s, (t, c) in enumerate([(275.0, 0.05), (280.0, 0.06), (285.0, 0.07)])]
+    ok = _load(tmp_path, ring + _repeats("halving_doubling", 4, [195.0, 200.0, 205.0]))
+    written = pd.read_parquet(tmp_path / "runs.parquet")
+    mine = written[written["strategy"] == "ring"]
+    row = verdicts.best_strategies(ok, load.link_order(ok)).iloc[0]
+    expected = {
+        "workload": "tiny", "workers": 4, "best strategy": "ring", "runs": 3, "next": "halving_doubling",
+        "verdict": "clear", "distorted": "yes", "interval samples/s": "275.0-285.0",
+        "samples/s": pytest.approx(280.0),
+        "step time s": pytest.approx(sum(4 * 32 / t for t in (275.0, 280.0, 285.0)) / 3),
+        "comm share %": pytest.approx(100 * sum(c / (0.2 + c) for c in (0.05, 0.06, 0.07)) / 3),
+        "lead over next %": pytest.approx(40.0),
+    }
+    assert {k: row[k] for k in expected} == expected
+    # the same cells straight from the file's columns
+    assert row["samples/s"] == pytest.approx(mine["throughput"].mean())
+    assert row["step time s"] == pytest.approx(mine["step_time_s"].mean())
+    assert row["comm share %"] == pytest.approx(100 * mine["comm_fraction"].mean())
+    assert 20.0 < row["comm share %"] < 26.0  # a percentage, not the fraction 0.2-0.26
+    assert row["link"] == ok["link"].iloc[0] and row["condition"] == ok["condition_label"].iloc[0]
+
+
+def test_the_requirement_compute_time_leaves_out_a_distorted_run_at_the_smallest_worker_count(tmp_path):
+    """The 1-worker run is oversubscribed (its 0.5 s compute includes contention): Ts comes from the fewest-worker
+    undistorted runs, the 2-worker one's 0.2 s. Ring at 2 workers (4 MB on its path), P = 0.9:
+    4e6 x 0.9 / (0.1 x 0.2) = 180 MB/s (with the distorted 0.5 s it would be 72)."""
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0, compute_s=0.5, oversubscribed=True),
+                          _run("r2", "ring", 2, 160.0, compute_s=0.2), _run("r4", "ring", 4, 280.0, compute_s=0.3)])
+    assert tables.compute_time_per_workload(ok) == {"tiny": (pytest.approx(0.2), "median compute time of the "
+                                                                               "2-worker runs")}
+    req = tables.requirement_frame(ok).set_index(["workers", "target"])["MB/s"]
+    assert req[2, "P = 0.9"] == pytest.approx(180.0)
+    # every run distorted: nothing cleaner to take, the fewest-worker runs as they are
+    ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0, compute_s=0.5, oversubscribed=True),
+                          _run("r2", "ring", 2, 160.0, compute_s=0.2, oversubscribed=True)])
+    assert tables.compute_time_per_workload(ok)["tiny"][0] == pytest.approx(0.5)
+
+
+def test_the_overlap_tables_requirements_without_and_with_the_hidden_seconds(tmp_path):
+    """Ring at 4 workers, 2 buckets of 1 MiB: compute Ts = 0.2 s, exposed 0.05 s, busy 0.15 s -> hidden 0.10 s;
+    6 MB on the critical path. P = 0.2 / 0.25 = 0.8. For P = 0.9 the budget is (0.1 / 0.9) x 0.2 = 0.0222 s:
+    without overlap S = 6e6 / 0.0222 = 270 MB/s; with the overlap measured S = 6e6 / (0.0222 + 0.10) = 49.09 MB/s.
+    A second configuration hides nothing (busy = exposed): both columns 270."""
+    rounds, path = RING[4]
+    ok = _load(tmp_path, [
+        _run("o", "ring", 4, 280.0, comm_s=0.05, rounds=rounds, path_bytes=path, comm_busy_s=0.15, bucket_mb=1.0,
+             overlap=True, backward_end_s=0.2),
+        _run("f", "ring", 4, 250.0, comm_s=0.05, rounds=rounds, path_bytes=path, comm_busy_s=0.05, bucket_mb=2.0,
+             backward_end_s=0.2)])
+    frame = tables.overlap_frame(ok).set_index("bucket MiB")
+    budget = 0.1 / 0.9 * 0.2
+    hidden = frame.loc["1"]
+    assert hidden["hidden s"] == pytest.approx(0.10)
+    assert hidden["P"] == pytest.approx(0.8)
+    assert hidden["S for P=0.9, no overlap MB/s"] == pytest.approx(6e6 / budget / 1e6)
+    assert hidden["S for P=0.9, measured overlap MB/s"] == pytest.approx(6e6 / (budget + 0.10) / 1e6)
+    assert hidden["S for P=0.9, measured overlap MB/s"] == pytest.approx(49.0909, abs=1e-3)
+    none = frame.loc["2"]
+    assert none["hidden s"] == pytest.approx(0.0)
+    assert none["S for P=0.9, no overlap MB/s"] == none["S for P=0.9, measured overlap MB/s"] == pytest.approx(270.0)

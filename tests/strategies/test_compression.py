@@ -291,6 +291,10 @@ def _gloo_groups(world):
     return group
 
 
+# slow: out of make test-fast. Run after the file's thread-rank tests on a loaded machine (load 5-7), gloo aborted
+# the whole process from a native thread here in 2 of 3 runs (Fatal Python error: Aborted, no Python frame); alone
+# it passes. Left for make test, where it ran before, until the cause is found.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fp16", "bf16", "powersgd"])
 def test_ddp_over_gloo_runs_torchs_hook(kind):
     """Two ranks' DDP over gloo with the run's compression: fp16/bf16 gradients are representable in that format
@@ -349,3 +353,25 @@ def test_ddp_through_ring_compresses_and_counts_the_compressed_bytes(kind):
 def test_ddp_as_a_collective_refuses_the_compression_only_its_hook_applies():
     with pytest.raises(ValueError, match=r"ddp with compression = 'fp16' compresses inside DDP's comm hook"):
         run_collective("ddp", _inputs(2, 4), op="mean", compression="fp16", timeout=20)
+
+
+@pytest.mark.parametrize("numel, ratio, k", [
+    (4099, 0.01, 41),   # 40.99 -> 41: ceil, as documented (floor would send 40)
+    (4100, 0.01, 41),   # exactly 41
+    (1000, 0.05, 50),   # exactly 50
+    (7, 0.05, 1),       # 0.35 -> 1: at least one entry of a non-empty buffer
+    (3, 1.0, 3),        # all of them
+    (0, 0.5, 0),        # nothing to send
+])
+def test_topk_count_is_the_documented_ceiling(numel, ratio, k):
+    from strategies.compression import topk_count
+
+    assert topk_count(numel, ratio) == k
+
+
+def test_topk_traffic_carries_ceil_ratio_times_numel_entries():
+    """4099 elements at 1 % on 2 workers through the ring: each worker contributes 41 (value, index) pairs to a
+    buffer of 2 workers x 2 x 41 = 164 entries that the ring allreduces: chunks of 82 x 4 B = 328 B, one sent in
+    the reduce-scatter and one in the all-gather: 656 B per worker (floor's 40 would make it 640)."""
+    t = strategies.make("ring", compression="topk", topk_ratio=0.01).traffic(2, 4099, 4)
+    assert [r.bytes_sent for r in t.ranks] == [656, 656]

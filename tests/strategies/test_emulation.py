@@ -40,6 +40,7 @@ def incast_time(senders: int, nbytes: int, network: Network, p2p: str = "threads
     return run_threads(senders + 1, body, timeout=30, network=network, p2p=p2p)[0]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_8MB_at_100MBps_takes_80ms(p2p):
     """Over the socket transport too: the emulation stamp travels in its header (descriptor or in-stream)."""
@@ -48,6 +49,7 @@ def test_8MB_at_100MBps_takes_80ms(p2p):
     assert 0.080 * 0.85 <= elapsed <= 0.080 * 1.15
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_three_senders_into_one_receiver_take_three_times_one_sender(p2p):
     network = Network(Link.parse("100MB/s"))
@@ -58,6 +60,7 @@ def test_three_senders_into_one_receiver_take_three_times_one_sender(p2p):
     assert 3 * 0.8 <= within(ratio, 3.0, 0.2) <= 3 * 1.2
 
 
+@pytest.mark.timing
 def test_latency_adds_per_message():
     latency = 0.005
     network = Network(Link(bandwidth=1e12, latency=latency))  # bandwidth so high only latency counts

@@ -48,6 +48,7 @@ def _transfer_times(p2p: str, nbytes: int) -> dict[tuple[int, int], float]:
     return run_threads(3, body, timeout=30, network=NETWORK, p2p=p2p)[0]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_transfers_into_and_out_of_the_slow_rank_take_its_time(p2p):
     """2 MB: into or out of rank 1 takes at least 2 ms + 2 MB / 20 MB/s = 102 ms; between fast ranks 2 ms."""
@@ -59,6 +60,7 @@ def test_transfers_into_and_out_of_the_slow_rank_take_its_time(p2p):
     assert times[0, 2] < 0.5 * slow, times  # nobody slow involved: a fraction of the slow transfer
 
 
+@pytest.mark.slow  # an upper bound on wall time: out of make test-fast (at load 6 it took 0.23 s for 0.2 s)
 @pytest.mark.timing
 def test_the_slow_transfers_take_no_more_than_the_model_says():
     nbytes = 2 * MB

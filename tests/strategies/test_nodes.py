@@ -235,6 +235,7 @@ def _timed(name, inputs, **params):
     return max(run_threads(len(inputs), body, timeout=30, network=NODES))
 
 
+@pytest.mark.timing
 def test_hierarchical_on_a_shared_nic_takes_at_least_its_nic_time():
     """2 nodes x 2 ranks, 1 MB, 20 MB/s NICs: node 0's NIC sends S (two ranks x S/2): 50 ms at least."""
     inputs = [np.ones(MB // 4, np.float32) for _ in range(4)]

@@ -164,6 +164,7 @@ def test_analytic_traffic_per_placement():
     assert [r.bytes_sent for r in colocated_one.ranks] == [3 * d, d, d, d]
 
 
+@pytest.mark.timing
 def test_partitioned_push_pull_reaches_the_modelled_time_on_emulated_links():
     """On 1 Gbit python-emulated links, 4 workers and 4 dedicated servers take about M/B plus one partition's
     fan-out (what traffic() says), under a ring's 2 (n - 1) / n x M / B measured in the same run; with 1 server

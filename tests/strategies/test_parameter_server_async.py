@@ -13,11 +13,14 @@ from strategies.transport.threads import run_threads
 LR = 0.5
 
 
-def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None, **params):
+def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None, before_step=None, after_step=None,
+        **params):
     """Worker w sleeps delays[w][t] before pushing step t (its 'compute'; `absolute`: until delays[w][t] seconds
     after the start, so that the schedule does not drift); its gradient is (w + 1) x ones, synced bucket by
     bucket (`buckets`: their sizes, one bucket of numel by default); update-mode servers step
-    params -= LR x gradient. Returns (per worker the buffer after every step, per server the records)."""
+    params -= LR x gradient; `before_step(rank, step)` and `after_step(rank, step)`, if given, are called
+    first and last in each step. Returns (per worker the buffer after every step, per server the
+    records)."""
     config = strategies.make("parameter_server", servers=servers, **params)
     buckets = buckets or [numel]
 
@@ -42,6 +45,8 @@ def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None
         comm.barrier()
         start = time.perf_counter()
         for step in range(steps):
+            if before_step is not None:
+                before_step(comm.rank, step)
             wait = delays[comm.rank][step]
             time.sleep(max(0.0, start + wait - time.perf_counter()) if absolute else wait)
             buffer = torch.full((sum(buckets),), comm.rank + 1.0, dtype=torch.float64)
@@ -50,6 +55,8 @@ def run(workers, steps, delays, numel=6, servers=1, absolute=False, buckets=None
                 runtime.sync(buffer[lo:lo + size], "mean")
                 lo += size
             seen.append(buffer.numpy().copy())
+            if after_step is not None:
+                after_step(comm.rank, step)
         return seen
 
     results = run_threads(config.world_size(workers), body, timeout=30)
@@ -74,6 +81,7 @@ def implied_async_staleness(schedule):
 SCHEDULE = [[0.00, 0.15, 0.30, 0.45], [0.06, 0.36, 0.66, 0.96], [0.21, 0.51, 0.81, 1.11]]
 
 
+@pytest.mark.timing
 def test_async_staleness_is_what_the_schedule_implies():
     # push times (s after the start), 60 ms apart at least: their order is the schedule's on a busy machine too
     _, records = run(3, 4, SCHEDULE, absolute=True, staleness="async")
@@ -82,6 +90,7 @@ def test_async_staleness_is_what_the_schedule_implies():
     assert max(got.values()) >= 2 and all(r.bound_wait_s < 0.03 for r in records[0])  # async never waits
 
 
+@pytest.mark.timing
 def test_async_summation_sums_every_push_since_the_last_reply_in_every_bucket_and_partition():
     """Summation mode, two buckets, several partitions per server: every unit records the staleness the schedule
     implies, and a worker's reply is the sum of the pushes (scaled by 1/n) since its previous one, its own in."""
@@ -100,6 +109,7 @@ def test_async_summation_sums_every_push_since_the_last_reply_in_every_bucket_an
         np.testing.assert_allclose(outputs[w][t], np.full(11, want), rtol=1e-12)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": TINY_PARTITIONS}])
 def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead(params):
     steps, s = 8, 2
@@ -134,6 +144,7 @@ def test_staleness_zero_trains_bit_identically_to_the_synchronous_summation_serv
         assert a["final"]["buckets"] > 1 and torch.equal(a["params"], b["params"])
 
 
+@pytest.mark.timing
 def test_a_backup_workers_late_push_never_changes_a_steps_result():
     steps, workers = 4, 4
     delays = [[0.0] * steps, [0.0] * steps, [0.0] * steps, [0.15] * steps]  # worker 3 is always late
@@ -150,6 +161,37 @@ def test_a_backup_workers_late_push_never_changes_a_steps_result():
     assert all(float(p[0]) in made for p in outputs[3])
 
 
+def test_a_late_backup_worker_gets_the_newest_parameters_not_its_own_steps():
+    """Update mode, 4 workers, 1 backup: workers 0-2 make all 4 steps (params -LR x 2 x (t + 1): -1, -2, -3, -4)
+    before worker 3 pushes at all (it waits for their last reply: no clock involved). Each of its late pushes is
+    answered with the newest parameters, those of step 3: -4 at every step, never its own step's -1, -2, -3."""
+    import threading
+
+    steps, workers = 4, 4
+    finished, lock = [], threading.Lock()
+    others_done = threading.Event()
+
+    def before_step(rank, step):
+        if rank == 3 and step == 0:
+            assert others_done.wait(20), "workers 0-2 never finished their steps"
+
+    def after_step(rank, step):
+        if rank < 3 and step == steps - 1:
+            with lock:
+                finished.append(rank)
+                if len(finished) == 3:
+                    others_done.set()
+
+    outputs, records = run(workers, steps, [[0.0] * steps] * workers, backups=1, servers=2,
+                           before_step=before_step, after_step=after_step)
+    for rank in range(3):
+        assert [float(p[0]) for p in outputs[rank]] == [-LR * 2.0 * (t + 1) for t in range(steps)]
+    assert [float(p[0]) for p in outputs[3]] == [-LR * 2.0 * steps] * steps
+    for server in records:
+        assert sorted(r.step for r in server if r.dropped and r.worker == 3) == list(range(steps))
+
+
+@pytest.mark.timing
 def test_a_backup_workers_late_push_never_changes_a_summation_steps_mean():
     """Summation mode, two buckets, several partitions: every step's mean is that of workers 0-2, whatever worker
     3's late pushes carry; worker 3 gets each step's mean too (it applies the update the others applied)."""

@@ -128,6 +128,7 @@ def _receiver_error(p2p: str, make_stream, timeout: float = 10.0, numel: int = N
     return run_threads(2, body, timeout=timeout, p2p=p2p)[0]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", P2P)
 @pytest.mark.parametrize("cut", [HEADER_BYTES // 2, HEADER_BYTES + 4 * NUMEL // 2], ids=["in-header", "in-payload"])
 def test_a_frame_cut_short_by_a_peer_that_dies_fails_at_once_naming_the_peer(p2p, cut):

@@ -176,6 +176,7 @@ def test_analytic_rounds_and_paths():
 
 # -- the harness itself: a pool of thread ranks, and check_strategy's report ----------------------------------
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_a_pool_of_ranks_serves_many_runs_each_counted_from_zero_and_starts_afresh_after_a_failure(p2p):
     from strategies.transport.threads import ThreadRanks

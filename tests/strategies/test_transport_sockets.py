@@ -167,6 +167,7 @@ def test_after_a_disagreement_the_pair_refuses_further_traffic():
     assert run_threads(2, body, timeout=10, p2p="sockets")[1] == "refused"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", MODES)
 def test_a_peer_that_exits_fails_the_receive_at_once_naming_it(p2p):
     def body(comm):
@@ -292,6 +293,7 @@ def strangers():
     made.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("p2p", MODES)
 def test_silent_strangers_on_every_listener_do_not_stall_the_group(p2p, monkeypatch, strangers):
     """Silent connections, half a hello and a wrong token on every rank's listeners, queued ahead of the ranks:

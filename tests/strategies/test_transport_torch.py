@@ -75,6 +75,7 @@ def _recv_from_silent_peer(ctx):
         ctx.comm.recv(torch.zeros(4), 1)  # rank 1 never sends
 
 
+@pytest.mark.timing
 def test_recv_from_silent_peer_fails_within_timeout_naming_the_peer(ray_session):
     from experiments.cluster.group import GroupError, WorkerGroup
 
