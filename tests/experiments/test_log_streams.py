@@ -14,7 +14,8 @@ from experiments.simulate.substrate import simulate_sweep
 from experiments.validate import validate
 
 
-@pytest.mark.parametrize("fn", [run_sweep, simulate_sweep, bench, bench_ps, bench_nodes, validate], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [run_sweep, simulate_sweep, bench, bench_ps, bench_nodes, validate],
+                         ids=lambda f: f.__name__)
 def test_no_log_default_binds_a_stream_at_import(fn):
     assert inspect.signature(fn).parameters["log"].default is None
 
