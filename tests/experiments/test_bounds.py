@@ -310,3 +310,26 @@ def test_a_thread_run_longer_than_its_timeout_is_stopped_and_failed_and_the_swee
     for steps in (3, 4):
         assert runs.loc[steps, "status"] == "ok", runs.loc[steps, "error"]
     assert took < 60, took
+
+
+def test_thread_ranks_deep_in_messages_stop_at_the_run_timeout():
+    """Within one step of endless small messages (each wait far inside the per-wait timeout, as a partition of
+    millions): the run's deadline aborts every wait, and the failure names the run's timeout."""
+    import torch
+
+    from strategies.transport.threads import run_threads
+
+    def ping_pong(comm):
+        t = torch.zeros(1)
+        while True:
+            if comm.rank == 0:
+                comm.send(t, 1)
+                comm.recv(t, 1)
+            else:
+                comm.recv(t, 0)
+                comm.send(t, 0)
+
+    start = time.perf_counter()
+    with pytest.raises(Exception, match=r"the run passed its timeout = 1 s"):
+        run_threads(2, ping_pong, timeout=20, run_timeout=1)
+    assert time.perf_counter() - start < 10
