@@ -1,4 +1,4 @@
-"""Traffic per level (issue 26.3): runs whose ranks sat in nodes of k > 1 sharing one NIC, each strategy's bytes
+"""Traffic per level: runs whose ranks sat in nodes of k > 1 sharing one NIC, each strategy's bytes
 through the busiest node's NIC and through the busiest intra-node port per step, each level's time on the run's
 links, which level bounds it, and the measured communication beside that model.
 

@@ -23,9 +23,9 @@ STRATEGY_COLUMNS = ("strategy", "bucket_mb", "overlap", "compression", "powersgd
                     "sync_every", "outer_optimizer")
 MACHINE_COLUMNS = ("compute", "substrate")
 # What a run was measured under: a verdict is given per condition, never averaged across conditions.
-CONDITION_COLUMNS = ("link_bandwidth", "link_latency_s", "link_emulation", "link_heterogeneous", "straggler_ranks",
-                     "straggler_slowdown", "compute", "substrate", "sim_topology", "sim_network_model", "sim_nic",
-                     "sim_oversubscription", "sim_gpus_per_node")
+CONDITION_COLUMNS = ("link_bandwidth", "link_latency_s", "link_emulation", "link_heterogeneous", "link_ranks",
+                     "straggler_ranks", "straggler_slowdown", "compute", "substrate", "sim_topology",
+                     "sim_network_model", "sim_nic", "sim_oversubscription", "sim_gpus_per_node")
 
 
 def load_runs(results_dir: Path) -> pd.DataFrame:

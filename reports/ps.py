@@ -1,4 +1,4 @@
-"""Parameter server vs allreduce (issue 22.6): the PS runs of a sweep beside BytePS's optimum and beside the best
+"""Parameter server vs allreduce: the PS runs of a sweep beside BytePS's optimum and beside the best
 exact allreduce measured in the same sweep, on the same link and workers; with a straggler, samples/s and the
 workers' idle fraction of synchronous, SSP, async and backups; one verdict per condition with the report's tie
 rule (a lead inside the intervals, repeats and their steps, is a tie). Shaped links only, grouped by typed

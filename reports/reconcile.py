@@ -165,7 +165,8 @@ def reconcile_frame(ok: pd.DataFrame) -> pd.DataFrame:
         if not trusted and values:
             trusted = next(name for name in TRUST if name in values)
         row = {"workload": first["workload"], "configuration": _label(first), "workers": int(first["workers"]),
-               "link": link_label(first["link_bandwidth"], first["link_latency_s"], first["link_heterogeneous"], ""),
+               "link": link_label(first["link_bandwidth"], first["link_latency_s"], first["link_heterogeneous"], "",
+                                 first["link_ranks"]),
                "platform": platform_label(platform(first))}
         row |= {f"{name} ms": values.get(name, math.nan) * 1e3 for name in TRUST}
         row["trusted"] = trusted

@@ -1,4 +1,4 @@
-"""Time to target (issue 25): when runs name a target, the verdict is time to target = steps to target x seconds
+"""Time to target: when runs name a target, the verdict is time to target = steps to target x seconds
 per step, shown as its two factors, each with its spread over the runs (seeds) of a configuration, beside the
 throughput-only ranking.
 

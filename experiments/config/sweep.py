@@ -76,7 +76,7 @@ RANGES: dict[str, Range] = {
     "lr": Range(0, 100, low_open=True),
     "momentum": Range(0, 1, high_open=True),
     "weight_decay": Range(0, 1),
-    "timeout": Range(1, 86_400),  # seconds: every communication and rendezvous wait of a run
+    "timeout": Range(1, 86_400),  # seconds: every wait of a run (and a whole thread-rank run)
     "link.bandwidth": Range(125e3, 12.5e12, text="1Mbit to 100Tbit (125KB/s to 12.5TB/s)"),
     "link.latency": Range(0, 1, text="0s to 1s"),
     "straggler.slowdown": Range(1, 100),

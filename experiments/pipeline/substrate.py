@@ -162,8 +162,9 @@ class ThreadSubstrate(Substrate):
 
         started_at, start = now_utc(), time.perf_counter()
         try:
+            # the timeout bounds every wait and the whole run: a run past it stops and fails, the sweep goes on
             results, error = run_threads(run.world_size(), body, timeout=spec.timeout, network=spec.network(),
-                                         ranks_per_node=spec.ranks_per_node), ""
+                                         ranks_per_node=spec.ranks_per_node, run_timeout=spec.timeout), ""
         except Exception as e:  # noqa: BLE001 - the run fails, the sweep goes on
             results, error = None, f"{type(e).__name__}: {e}"
         meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": "threads",

@@ -42,6 +42,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "link_emulation": network.emulation if network else "",
            "bypasses_link": not config.counted and network is not None and network.emulation == "python",
            "link_heterogeneous": bool(network and network.overrides),
+           "link_ranks": tuple(sorted(rank for rank, _ in network.overrides)) if network else (),
            "ranks_per_node": spec.ranks_per_node,
            "link_intra_bandwidth": network.intra.bandwidth if network and spec.ranks_per_node > 1 else math.nan,
            "link_intra_latency_s": network.intra.latency if network and spec.ranks_per_node > 1 else math.nan,

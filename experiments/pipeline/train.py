@@ -122,6 +122,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     run_start = clock()
     try:
         for step in range(spec.steps):
+            comm.check_deadline()  # the run's whole-time bound, where the substrate sets one
             comm.reset_counters()
             step_start = clock()
             # -- compute: forward, backward (with overlap, buckets sync meanwhile) ------------------------------
@@ -275,6 +276,7 @@ def serve_steps(comm, spec, config, buckets, update) -> dict:
     rows = []
     run_start = clock()
     for step in range(spec.steps):
+        comm.check_deadline()
         comm.reset_counters()
         start, update.busy_s = clock(), 0.0
         for bucket in buckets:

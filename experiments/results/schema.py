@@ -58,6 +58,8 @@ RUNS: tuple[Column, ...] = (
     Column("link_latency_s", FLOAT, "each NIC's emulated latency in seconds"),
     Column("link_emulation", STR, "who shapes the link: 'python', 'kernel' or '' (not emulated)"),
     Column("link_heterogeneous", BOOL, "some rank's NIC differs from the default link"),
+    Column("link_ranks", INTS, "the ranks with a link of their own in this run (link.ranks.<r>: it applies only to "
+                               "runs that have rank r); empty: every rank on the default link, or results before it"),
     Column("ranks_per_node", INT, "ranks per node sharing one NIC (the run setting; 0 in results written before it "
                                   "existed: one rank per node)"),
     Column("link_intra_bandwidth", FLOAT, "ranks_per_node > 1: the link between two ranks of a node in bytes/s (inf: "
@@ -182,7 +184,7 @@ STEPS: tuple[Column, ...] = (
 # Not stored: display labels built on read from the typed columns (results written before the typed schema
 # stored them; those stored labels are kept).
 DERIVED: tuple[Column, ...] = (
-    Column("link", STR, "the link, for display: bandwidth and latency, '(heterogeneous)', 'kernel' when "
+    Column("link", STR, "the link, for display: bandwidth and latency, '(rank r on its own link)', 'kernel' when "
                         "kernel-shaped, or 'full speed' (from the link_* columns)"),
     Column("strategy_label", STR, "the strategy with its non-default parameters, for display (from param_*)"),
     Column("sim_platform", STR, "the simulated platform, for display (from the sim_* and link_* columns)"),
@@ -367,6 +369,7 @@ def conform(frame: pd.DataFrame, table: tuple[Column, ...], *, extra_ok: bool = 
         values = [_param_value(s, name[len(PARAM):], v) for s, v in zip(frame["strategy"], frame[name])]
         frame[name] = pd.Series(values, index=frame.index, dtype=object)
     if table is RUNS:
+        frame = frame.copy()  # one block again after the columns above (pandas warns of a fragmented frame)
         _derive_labels(frame, params)
     order = names(table) + (names(DERIVED) if table is RUNS else []) + params
     return frame[order + [c for c in frame.columns if c not in order]]
@@ -404,9 +407,9 @@ def _python(value):
 def _derive_labels(frame: pd.DataFrame, params: list[str]) -> None:
     """Fill link, strategy_label and sim_platform from the typed columns where no stored label exists."""
     derived = {
-        "link": [link_label(r.link_bandwidth, r.link_latency_s, r.link_heterogeneous, r.link_emulation)
-                 for r in frame[["link_bandwidth", "link_latency_s", "link_heterogeneous", "link_emulation"]]
-                 .itertuples(index=False)],
+        "link": [link_label(r.link_bandwidth, r.link_latency_s, r.link_heterogeneous, r.link_emulation, r.link_ranks)
+                 for r in frame[["link_bandwidth", "link_latency_s", "link_heterogeneous", "link_emulation",
+                                 "link_ranks"]].itertuples(index=False)],
         "strategy_label": [strategy_label(s, nondefault_params(s, {p[len(PARAM):]: row[p] for p in params}))
                            for s, row in zip(frame["strategy"], frame[params].to_dict("records")
                                              if params else [{}] * len(frame))],
@@ -445,14 +448,19 @@ def time_label(seconds: float) -> str:
     return f"{_number(round(seconds / 1e-9, 6))}ns"
 
 
-def link_label(bandwidth: float, latency_s: float, heterogeneous: bool, emulation: str) -> str:
-    """'1Gbit 50us', '1Gbit (heterogeneous) kernel' or 'full speed' (no emulated link)."""
+def link_label(bandwidth: float, latency_s: float, heterogeneous: bool, emulation: str, ranks=()) -> str:
+    """'1Gbit 50us', '1Gbit (rank 1 on its own link) kernel' or 'full speed' (no emulated link); `ranks`: those
+    with a link of their own ('(heterogeneous)' when a run says it had some but not which, as older results)."""
     if bandwidth is None or not math.isfinite(bandwidth):
         return "full speed"
     label = rate_label(bandwidth)
     if latency_s and math.isfinite(latency_s):
         label += f" {time_label(latency_s)}"
-    if heterogeneous:
+    ranks = [int(r) for r in (() if ranks is None else ranks)]
+    if heterogeneous and ranks:
+        label += (f" (rank {ranks[0]} on its own link)" if len(ranks) == 1
+                  else f" (ranks {','.join(map(str, ranks))} on their own links)")
+    elif heterogeneous:
         label += " (heterogeneous)"
     if emulation == "kernel":
         label += " kernel"

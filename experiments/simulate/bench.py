@@ -120,7 +120,7 @@ def _simgrid_version() -> str:
     return ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)
 
 
-# -- the parameter-server family (issue 22.8): every mode, and k servers against BytePS's optimum ------------
+# -- the parameter-server family: every mode, and k servers against BytePS's optimum ------------
 
 PS_MODES = (("dedicated update", {}), ("dedicated summation", {"mode": "summation"}),
             ("colocated update", {"placement": "colocated"}),
@@ -213,7 +213,7 @@ def format_bench_ps(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# -- nodes of several ranks (issue 26): flat ring vs hierarchical vs double binary tree ------------------------
+# -- nodes of several ranks: flat ring vs hierarchical vs double binary tree ------------------------
 
 NODE_STRATEGIES = ("ring", "hierarchical", "double_binary_tree")
 INTRA = {"intra_bandwidth": "100Gbit", "intra_latency": "2us"}

@@ -7,6 +7,7 @@ subclass it and supply three raw operations; counting, emulation and timeouts li
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -95,6 +96,9 @@ class Communicator(ABC):
         # Only the peers this rank talks to, keyed by rank: a list of world_size counters per rank would be
         # world_size^2 objects in a simulation of many ranks (2 GB at 4,096 ranks, counted on every snapshot).
         self._peers: dict[int, PeerCounters] = {}
+        # the whole run's bound (set_deadline): a monotonic time and the timeout it came from; None: unbounded
+        self.deadline: float | None = None
+        self.run_timeout: float | None = None
 
     # -- the three raw operations a transport supplies -------------------------------------------
 
@@ -220,6 +224,18 @@ class Communicator(ABC):
             snap.msgs_sent += c.msgs_sent
             snap.msgs_recv += c.msgs_recv
         return snap
+
+    def set_deadline(self, run_timeout: float, started: float | None = None) -> None:
+        """The whole run must end within `run_timeout` seconds of `started` (a time.monotonic(); now by default);
+        the step loops call check_deadline()."""
+        started = time.monotonic() if started is None else started
+        self.run_timeout, self.deadline = float(run_timeout), started + run_timeout
+
+    def check_deadline(self) -> None:
+        """CommTimeout once the run's deadline (set_deadline) has passed; nothing when there is none."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise CommTimeout(f"rank {self.rank}: the run passed its timeout = {self.run_timeout:g} s (the bound on "
+                              f"a whole run, every step included): stopped; raise timeout for a longer run")
 
     def reset_counters(self) -> Counters:
         """Return the snapshot and start counting from zero."""

@@ -105,30 +105,46 @@ def build(name: str, control: Communicator, *, timeout: float, network: Network 
 
 
 def run_threads(world_size: int, fn, timeout: float = DEFAULT_TIMEOUT_S, network: Network | None = None,
-                p2p: str = "threads", ranks_per_node: int | None = None):
+                p2p: str = "threads", ranks_per_node: int | None = None, run_timeout: float | None = None):
     """Run fn(comm) on world_size thread ranks; return each rank's result, or raise the root cause of a failure.
 
     `p2p`: any transport of strategies.transport.factory that works over thread ranks: "threads" (the queues),
     "sockets[-unix|-tcp]" (strategies.transport.sockets on loopback), a registered plug-in; the fabric's queues
     are its control plane. `ranks_per_node`: nodes of that many ranks (comm.node_of); the network's by default.
+    `run_timeout`: the bound on the whole run: each rank's communicator carries it (comm.check_deadline, which
+    the step loops call between steps) and at that time the fabric is aborted, so that every wait stops.
     """
     factory.check(p2p)
     fabric = Fabric(world_size)
+    started = time.monotonic()
 
     def start(rank: int) -> Communicator:
         control = ThreadCommunicator(fabric, rank, timeout)
         comm = factory.build(p2p, control, timeout=timeout, network=network)
         if ranks_per_node is not None:
             comm.set_nodes(ranks_per_node)
+        if run_timeout is not None:
+            comm.set_deadline(run_timeout, started)
         return comm
 
     run = RankRun(world_size, fn, start, on_error=lambda rank, e: fabric.abort(f"rank {rank} failed: {e}"))
     threads = [threading.Thread(target=run.rank, args=(r,), name=f"rank{r}", daemon=True) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 30)
-    return run.outcome(lambda stuck: f"thread ranks {stuck} still running {timeout + 30:g} s after their timeout")
+    watchdog = None
+    if run_timeout is not None:  # a rank deep in a step of many messages stops at its next wait
+        watchdog = threading.Timer(run_timeout, fabric.abort, args=(
+            f"the run passed its timeout = {run_timeout:g} s (the bound on a whole run, every step included)",))
+        watchdog.daemon = True
+        watchdog.start()
+    end = None if run_timeout is None else started + run_timeout + 30
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout + 30 if end is None else max(end - time.monotonic(), 0))
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    return run.outcome(lambda stuck: f"thread ranks {stuck} still running 30 s after their timeout")
 
 
 class ThreadRanks:

@@ -274,3 +274,62 @@ def test_a_batch_that_cannot_fit_is_refused_before_measuring_or_any_run(tmp_path
     assert err.count("\n") == 1 and "accepted here are batches up to about" in err
     assert not (tmp_path / "p.json").exists()
     assert time.perf_counter() - started < 30
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_thread_run_longer_than_its_timeout_is_stopped_and_failed_and_the_sweep_goes_on(tmp_path, workers):
+    """The timeout bounds a whole run, whatever its settings: a million tiny steps under timeout = 3 stop at
+    3 s (1 worker: between steps; 2 workers: the waits too), recorded failed naming the timeout, and the runs
+    before and after it are measured and kept."""
+    import io
+    import tomllib
+
+    from experiments.pipeline.runner import run_sweep
+    from experiments.pipeline.substrate import ThreadSubstrate
+
+    text = textwrap.dedent(f"""
+        name = "bounded"
+        [defaults]
+        workload = "tiny"
+        image_size = 16
+        batch_size = 8
+        warmup_steps = 1
+        strategy = "ring"
+        workers = {workers}
+        timeout = 3
+        [grid]
+        steps = [3, 1000000, 4]
+        """)
+    start = time.perf_counter()
+    runs = run_sweep(sweep_mod.parse(tomllib.loads(text), source=text), tmp_path, log=io.StringIO(),
+                     substrate=ThreadSubstrate()).set_index("steps")
+    took = time.perf_counter() - start
+    assert runs.loc[1000000, "status"] == "failed", "a run past its timeout was recorded ok"
+    assert "timeout = 3 s" in runs.loc[1000000, "error"], runs.loc[1000000, "error"]
+    assert runs.loc[1000000, "duration_s"] < 3 + 5, runs.loc[1000000, "duration_s"]
+    for steps in (3, 4):
+        assert runs.loc[steps, "status"] == "ok", runs.loc[steps, "error"]
+    assert took < 60, took
+
+
+def test_thread_ranks_deep_in_messages_stop_at_the_run_timeout():
+    """Within one step of endless small messages (each wait far inside the per-wait timeout, as a partition of
+    millions): the run's deadline aborts every wait, and the failure names the run's timeout."""
+    import torch
+
+    from strategies.transport.threads import run_threads
+
+    def ping_pong(comm):
+        t = torch.zeros(1)
+        while True:
+            if comm.rank == 0:
+                comm.send(t, 1)
+                comm.recv(t, 1)
+            else:
+                comm.recv(t, 0)
+                comm.send(t, 0)
+
+    start = time.perf_counter()
+    with pytest.raises(Exception, match=r"the run passed its timeout = 1 s"):
+        run_threads(2, ping_pong, timeout=20, run_timeout=1)
+    assert time.perf_counter() - start < 10

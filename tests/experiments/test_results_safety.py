@@ -280,6 +280,27 @@ def test_a_per_rank_link_applies_to_the_runs_that_have_that_rank(tmp_path):
         sweep_mod.load(tmp_path / "t.toml")
 
 
+def test_the_report_condition_names_the_runs_that_had_a_per_rank_link(tmp_path, capsys):
+    """The runs table records which ranks had a link of their own (link_ranks) and the report's condition names
+    them: the 2-worker run's says rank 1 is on its own link, the 1-worker baseline's only the default link."""
+    import html
+
+    from reports.load import load_runs
+
+    text = tiny_sweep_toml(["ring"], link='{ bandwidth = "1Gbit", ranks = { 1 = { bandwidth = "100Mbit" } } }')
+    (tmp_path / "s.toml").write_text(text.replace("workers = [2]", "workers = [1, 2]"))
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "s.toml"), "--out", str(out), "--substrate", "threads"]) == 0
+    capsys.readouterr()
+    runs = load_runs(out).set_index("workers")
+    assert list(runs.loc[2, "link_ranks"]) == [1] and list(runs.loc[1, "link_ranks"]) == []
+    assert "rank 1 on its own link" in runs.loc[2, "condition_label"], runs.loc[2, "condition_label"]
+    assert "own link" not in runs.loc[1, "condition_label"] and "heterogeneous" not in runs.loc[1, "condition_label"]
+    assert runs.loc[1, "condition_label"].startswith("1Gbit"), runs.loc[1, "condition_label"]
+    page = html.unescape((out / "report.html").read_text())
+    assert "1Gbit (rank 1 on its own link)" in page
+
+
 def test_simulate_skip_invalid_simulates_the_valid_points(tmp_path, capsys):
     from strategies.transport.simgrid import simgrid_available
     from tests.helpers import SIMULATE_TOML

@@ -32,6 +32,7 @@ link_bandwidth double
 link_latency_s double
 link_emulation string
 link_heterogeneous bool
+link_ranks list<item: int64>
 ranks_per_node int64
 link_intra_bandwidth double
 link_intra_latency_s double
@@ -40,6 +41,7 @@ straggler_slowdown double
 compute string
 profile_id string
 profile_device string
+profile_synthetic bool
 profile_step_s double
 bucket_mb double
 overlap bool
@@ -82,6 +84,7 @@ started_at timestamp[ms, tz=UTC]
 duration_s double
 throughput double
 step_time_s double
+fast_step_s double
 compute_s double
 comm_s double
 comm_fraction double
