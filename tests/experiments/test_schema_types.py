@@ -35,11 +35,16 @@ link_heterogeneous bool
 ranks_per_node int64
 link_intra_bandwidth double
 link_intra_latency_s double
+knob string
+knob_chosen bool
+knob_best double
+knob_slowdown double
 straggler_ranks list<item: int64>
 straggler_slowdown double
 compute string
 profile_id string
 profile_device string
+profile_synthetic bool
 profile_step_s double
 bucket_mb double
 overlap bool
@@ -82,6 +87,7 @@ started_at timestamp[ms, tz=UTC]
 duration_s double
 throughput double
 step_time_s double
+fast_step_s double
 compute_s double
 comm_s double
 comm_fraction double
