@@ -69,13 +69,17 @@ class KnobChoice:
 
 def choose(strategy: str, params: dict, workers: int, bucket_numels, fabric: Fabric, total_numel: int,
            make: Callable | None = None) -> KnobChoice | None:
-    """The size knob of `strategy` priced at every value of SIZE_KNOBS that the run accepts (a value its
-    check_messages refuses for this model, or its check_workers for this n, is not a candidate): set in `params`,
-    the run's value against the best; unset, the best becomes the run's value. `make(**params)` builds the
-    strategy (default: the registry's, no wrappers). None: no size knob, or the model cannot price this run."""
+    """The size knob of `strategy` priced at its declared default and every value of SIZE_KNOBS that the run
+    accepts (a value its check_messages refuses for this model, or its check_workers for this n, is not a
+    candidate): set in `params`, the run's value against the best; unset, the best becomes the run's value. The
+    declared default is tried first, so a tie keeps it (a tiny model's one partition per server is the same sync at
+    every partition size). `make(**params)` builds the strategy (default: the registry's, no wrappers). None: no
+    size knob, or the model cannot price this run."""
     if strategy not in SIZE_KNOBS:
         return None
-    knob, values = SIZE_KNOBS[strategy]
+    knob, tried = SIZE_KNOBS[strategy]
+    default = getattr(registry.get(strategy), knob)
+    values = (default, *(v for v in tried if v != default))
     make = make or (lambda **p: registry.make(strategy, **p))
 
     def price(value):
