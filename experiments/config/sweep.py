@@ -158,8 +158,9 @@ class RunSpec:
     repeat: int = 0
     # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
     # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
-    # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id
-    knob_choice: dict | None = None
+    # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
+    # and a run the model set is the same run as one the sweep set to that value (listed twice, it runs once)
+    knob_choice: dict | None = field(default=None, compare=False)
 
     @property
     def run_id(self) -> str:

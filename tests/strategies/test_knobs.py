@@ -72,11 +72,19 @@ def test_an_explicit_partition_is_kept_and_its_slowdown_recorded():
     assert row["knob_chosen"] is False and row["param_partition_mb"] == 16.0
 
 
-def test_the_chosen_value_changes_the_run_id_but_the_record_does_not():
+def test_a_run_the_model_set_is_the_run_the_sweep_sets_to_that_value():
     unset = _run("0us", 25.0, {"servers": 4, "placement": "dedicated"})
     same = _run("0us", 25.0, {"servers": 4, "placement": "dedicated", "partition_mb": 1.0})
     assert unset.strategy_params == same.strategy_params and unset.knob_choice != same.knob_choice
-    assert unset.run_id == same.run_id  # the same run whether the model or the sweep set 1 MiB
+    assert unset.run_id == same.run_id and unset == same  # the same run whether the model or the sweep set 1 MiB
+    old = _run("0us", 25.0, {"servers": 4, "placement": "dedicated", "partition_mb": 4.0})
+    assert old.run_id != unset.run_id  # results of the declared 4 MiB are another run's
+    both = parse({"name": "knobs", "grid": {"strategy": ["parameter_server"], "workers": [4], "workload": ["resnet18"],
+                                           "bucket_mb": [25.0], "link": [{"bandwidth": "1Gbit", "latency": "0us"}]},
+                  "strategy_params": {"parameter_server": [{"servers": 4, "placement": "dedicated"},
+                                                           {"servers": 4, "placement": "dedicated",
+                                                            "partition_mb": 1.0}]}})
+    assert len(both.runs) == 1  # listed twice, run once
 
 
 def test_a_value_the_messages_cap_refuses_is_never_chosen():
