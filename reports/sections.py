@@ -153,7 +153,7 @@ def summary(r: Results) -> dict:
         except (tomllib.TOMLDecodeError, ValueError, RecursionError):  # a crafted file: nested deep, long numbers
             parsed = {}
         description = parsed.get("description") if isinstance(parsed.get("description"), str) else ""
-    shown = best.drop(columns=["_best", "_next", "_tied", "link"]) if not best.empty else best
+    shown = best.drop(columns=["_best", "_next", "_tied", "_knobs", "link"]) if not best.empty else best
     return {"answers": verdicts.verdicts(best), "warnings": warnings(r), "description": description,
             "sweep_text": r.sweep_text,
             "sweeps": ", ".join(r.runs["sweep"].astype(str).unique()),

@@ -21,6 +21,7 @@ import pandas as pd
 
 import strategies as registry
 from strategies.cost import GBIT, Fabric, step_timeline, sync_seconds
+from strategies.knobs import CHUNKS, PARTITIONS_MB, PIPELINE_MB, cheapest  # the values a run's unset knob tries too
 
 MAX_WORKERS = 1024  # as `syncbench model`: counting a strategy's traffic grows about as n^2
 MAX_RANKS_PER_NODE = 1024
@@ -43,9 +44,6 @@ INEXACT = (("ring+fp16", "ring", {"compression": "fp16"}),
            ("ring+topk_1%", "ring", {"compression": "topk", "topk_ratio": 0.01}),
            ("ring+local_sgd_H8", "ring", {"sync_every": 8}),
            ("decentralized", "decentralized", {}))
-PARTITIONS_MB = (1.0, 4.0, 16.0)
-CHUNKS = (1, 2, 4, 8, 16, 32)
-PIPELINE_MB = (0.125, 0.5, 2.0, 8.0, math.inf)
 # knob values at the end of the range tried that is not a true bound: a cheaper value may lie beyond (the cell
 # says so with '*'); servers 1 and n, 1 chunk and an unpipelined hierarchical are true bounds
 OPEN_EDGES = {"chunks": (max(CHUNKS),), "partition_mb": (min(PARTITIONS_MB), max(PARTITIONS_MB)),
@@ -228,16 +226,11 @@ def best_per_strategy(names, workers: int, workload: Workload, fabric: Fabric, p
     groups = [(n, knob_space(n, workers, fabric.ranks_per_node, placement)) for n in names] if not inexact else \
         [(label, [Candidate(strategy, tuple(sorted(params.items())), label)]) for label, strategy, params in INEXACT]
     for name, candidates in groups:
-        for c in candidates:
-            try:
-                seconds = price(c, workers, workload, fabric)
-            except (ValueError, NotImplementedError) as e:
-                why.setdefault(name, str(e))
-                continue
-            if name not in best or seconds < best[name].seconds:
-                best[name] = Best(c, seconds)
-        if name in best:
-            why.pop(name, None)
+        c, seconds, failed = cheapest(candidates, lambda c: price(c, workers, workload, fabric))
+        if c is not None:
+            best[name] = Best(c, seconds)
+        else:
+            why[name] = failed
     return best, why
 
 

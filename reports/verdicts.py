@@ -21,6 +21,7 @@ import pandas as pd
 
 from reports.load import STEP_LEVEL, is_server, mean_per_config
 from reports.model import MB
+from strategies.knobs import SLOWER_NOTED
 
 SHOWN_IN_A_TIE = 3  # a tie names its fastest few; the best-strategy table has the rest
 # Simulated runs are deterministic: a lead under this share of the slower's throughput is a tie. SimGrid's TCP model
@@ -44,7 +45,8 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
     multi = ok[(ok["workers"] > 1) & ~ok["bypasses_link"]]
     agg = mean_per_config(multi, ["workload", "condition", "workers", "config"])
     rows = []
-    for _, g in agg.groupby(["workload", "condition", "workers"], sort=False):
+    runs_of = dict(iter(multi.groupby(["workload", "condition", "workers"], sort=False)))
+    for key, g in agg.groupby(["workload", "condition", "workers"], sort=False):
         g = g.sort_values("throughput", ascending=False)
         best = g.iloc[0]
         others = g.iloc[1:]
@@ -59,7 +61,8 @@ def best_strategies(ok: pd.DataFrame, links: list[str]) -> pd.DataFrame:
                      "next": runner_up["config_label"] if runner_up is not None else "",
                      "verdict": "only one" if runner_up is None else ("tie" if len(tied) else "clear"),
                      "distorted": "yes" if best["distorted"] else "",
-                     "_best": best, "_next": runner_up, "_tied": tied})
+                     "_best": best, "_next": runner_up, "_tied": tied,
+                     "_knobs": knob_notes(runs_of[key]) if key in runs_of else []})
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -87,6 +90,7 @@ def verdicts(best: pd.DataFrame) -> list[str]:
         return out
     for _, g in best.groupby(["workload", "condition"], sort=False):
         row = g.loc[g["workers"].idxmax()]
+        start = len(out)
         winner, runner_up, tied = row["_best"], row["_next"], row["_tied"]
         where = f"{row['workload']} on {row['condition']}, {row['workers']} workers"
         distorted = " Distorted by contention for the machine: see the note below." if row["distorted"] else ""
@@ -113,7 +117,33 @@ def verdicts(best: pd.DataFrame) -> list[str]:
             out.append(f"{where}: use {winner['config_label']}, {_measured(winner)} against {_measured(runner_up)} "
                        f"for the next best, {winner['throughput'] / runner_up['throughput']:.2f}x"
                        + (f": {why}." if why else ".") + simulated + distorted)
+        notes = row.get("_knobs") or []
+        if notes and len(out) > start:
+            out[-1] += " " + " ".join(notes)
     return out
+
+
+def knob_notes(runs: pd.DataFrame) -> list[str]:
+    """One sentence per configuration whose explicit size knob (the knob_* columns: strategies/knobs.py) is more
+    than SLOWER_NOTED slower in the model than the knob's best value for that run; a value the model chose, or a
+    run without a priced knob, says nothing."""
+    if runs.empty or "knob" not in runs:
+        return []
+    slow = runs[(runs["knob"] != "") & ~runs["knob_chosen"].astype(bool)
+                & (runs["knob_slowdown"] > 1 + SLOWER_NOTED)]
+    out = []
+    for label, g in slow.groupby("config_label", sort=False):
+        r = g.loc[g["knob_slowdown"].idxmax()]
+        knob = r["knob"]
+        out.append(f"{label}: its {knob} = {_knob_value(r[f'param_{knob}'])} (set in the sweep) is "
+                   f"{r['knob_slowdown']:.2f}x the model's time at {knob} = {_knob_value(r['knob_best'])}, the best "
+                   f"for this run (more than {SLOWER_NOTED:.0%} slower; leave {knob} unset to take the model's "
+                   f"best).")
+    return out
+
+
+def _knob_value(value) -> str:
+    return "inf" if isinstance(value, float) and math.isinf(value) else f"{value:g}"
 
 
 def _measured(row) -> str:

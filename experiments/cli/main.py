@@ -373,6 +373,11 @@ def _print_runs(runs) -> None:
     table = runs[cols].copy()
     for c in (c for c in varying if c.startswith("param_")):
         table[c] = table[c].map(lambda v: "" if v is None or v != v or v == "" else v).astype(object)
+        if "knob_chosen" in runs and "knob" in runs:  # a size knob the sweep left unset: the model's choice
+            chosen = runs["knob_chosen"].astype(bool) & (runs["knob"] == c[len("param_"):])
+            if chosen.any():
+                table[c] = [f"{v:g}" + (" (model)" if by_model else "") if isinstance(v, (int, float)) else v
+                            for v, by_model in zip(table[c], chosen)]
     table = table.iloc[sorted(range(len(table)), key=lambda i: [str(v) for v in table[order].iloc[i]])]
     table["bytes_sent_per_worker"] = table["bytes_sent_per_worker"] / 1e6
     table = table.rename(columns={"throughput": "samples/s", "step_time_s": "step s", "compute_s": "compute s",

@@ -18,12 +18,15 @@ from pathlib import Path
 
 import strategies
 from strategies.base import PARAMETERS
+from strategies.cost import Fabric
+from strategies.knobs import choose
 from strategies.registry import WRAPPER_SETTINGS
 from strategies.transport.link import Network, parse_bandwidth, parse_latency
 from strategies.transport.names import P2P, default_p2p
+from workloads.buckets import make_buckets
 from workloads.data import DATASETS
 from workloads.files import FileLimitError, check_depth, check_text, read_bounded
-from workloads.models import MODELS, check_model_args, memory_problem, param_count
+from workloads.models import MODELS, check_model_args, memory_problem, param_count, param_sizes
 from workloads.profile import ProfileError, load_profile
 
 DEVICES = ("cpu", "cuda")
@@ -153,6 +156,11 @@ class RunSpec:
     ranks_per_node: int = 1
     # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
     repeat: int = 0
+    # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
+    # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
+    # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
+    # and a run the model set is the same run as one the sweep set to that value (listed twice, it runs once)
+    knob_choice: dict | None = field(default=None, compare=False)
 
     @property
     def run_id(self) -> str:
@@ -161,7 +169,8 @@ class RunSpec:
         128 bits of SHA-256 over every setting: two different runs collide with probability ~2^-128 (the
         8-hex-digit id before it collided for seeds 13466 and 31908); parse() checks uniqueness anyway.
         """
-        settings = {k: v for k, v in asdict(self).items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
+        settings = {k: v for k, v in asdict(self).items()
+                    if k != "knob_choice" and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
         blob = json.dumps(settings, sort_keys=True, default=str)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:32]
         link = re.sub(r"[^A-Za-z0-9.]+", "_", self.link_label).strip("_")
@@ -209,7 +218,7 @@ def _setting(point: dict, key: str):
     return point.get(key, getattr(RunSpec, key))
 
 # keys a sweep sets per run; `repeats` expands into runs with `repeat` = 0, 1, ... (set by parse, not by the sweep)
-RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "repeat"}) | {"repeats"}
+RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "repeat", "knob_choice"}) | {"repeats"}
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
@@ -526,6 +535,9 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
         except ValueError as e:
             errors.append(f"strategy_params.{strategy}: {e}")
             return None
+    knob = None
+    if link and len(errors) == start and _setting(point, "workload") in MODELS:
+        params, knob = _size_knob(strategy, params, wrappers, point, Network.from_spec(link))
     if link and link.get("ranks"):
         # a per-rank link applies to the runs that have that rank (a 1-worker baseline beside 4-worker runs keeps
         # the default link, and its label says so); a rank no run of the sweep has is refused by parse()
@@ -551,7 +563,24 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     values = {k: v for k, v in point.items() if k in RUN_KEYS and k not in ("link", "straggler", "repeats")}
     if values.get("target") is None:
         values.pop("target", None)
-    return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, **values)
+    return RunSpec(sweep=name, link=link, straggler=straggler, strategy_params=params, knob_choice=knob, **values)
+
+
+def _size_knob(strategy: str, params: dict, wrappers: dict, point: dict, network: Network) -> tuple[dict, dict | None]:
+    """The run's strategy parameters with an unset size knob set to the value the model prices cheapest for its
+    workers, servers, buckets and link (the default link of a heterogeneous one), and the KnobChoice record; the
+    parameters unchanged and None when the strategy has no size knob or the model cannot price the run."""
+    nodes = {"ranks_per_node": _setting(point, "ranks_per_node")} \
+        if "ranks_per_node" in strategies.get(strategy).parameters() else {}
+    sizes = param_sizes(_setting(point, "workload"), _setting(point, "num_classes"), _setting(point, "image_size"))
+    buckets = [b.numel for b in make_buckets(sizes, _setting(point, "bucket_mb"))]
+    fabric = Fabric(network.default.bandwidth, network.default.latency, _setting(point, "ranks_per_node"),
+                    network.intra.bandwidth, network.intra.latency)
+    choice = choose(strategy, params, _setting(point, "workers"), buckets, fabric, sum(sizes),
+                    make=lambda **p: strategies.make(strategy, **{**wrappers, **nodes, **p}))
+    if choice is None:
+        return params, None
+    return {**params, choice.knob: choice.value}, choice.record()
 
 
 @functools.lru_cache(maxsize=64)

@@ -46,6 +46,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "ranks_per_node": spec.ranks_per_node,
            "link_intra_bandwidth": network.intra.bandwidth if network and spec.ranks_per_node > 1 else math.nan,
            "link_intra_latency_s": network.intra.latency if network and spec.ranks_per_node > 1 else math.nan,
+           **_knob_columns(spec.knob_choice),
            "straggler_ranks": tuple(straggler.get("ranks", ())),
            "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
            "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,
@@ -254,3 +255,12 @@ def _overlap_columns(slowest: pd.DataFrame, final: dict) -> dict:
             "profile_id": final.get("profile_id", ""), "profile_device": final.get("profile_device", ""),
             "profile_synthetic": bool(final.get("profile_synthetic", False)),
             "profile_step_s": float(final.get("profile_step_s", math.nan))}
+
+
+def _knob_columns(choice: dict | None) -> dict:
+    """The run's size knob as the model priced it (RunSpec.knob_choice), as the knob_* columns."""
+    if not choice:
+        return {"knob": "", "knob_chosen": False, "knob_best": math.nan, "knob_slowdown": math.nan}
+    best = choice["best"]
+    return {"knob": choice["knob"], "knob_chosen": bool(choice["chosen"]),
+            "knob_best": float(best), "knob_slowdown": float(choice["slowdown"])}

@@ -66,6 +66,14 @@ RUNS: tuple[Column, ...] = (
                                           "unlimited; NaN: one rank per node, no emulated link, or results before it)"),
     Column("link_intra_latency_s", FLOAT, "ranks_per_node > 1: that link's per-message latency in seconds (NaN as "
                                           "above)"),
+    # the strategy's size knob (partition_mb, pipeline_mb, chunks: strategies/knobs.py) as the model priced it
+    Column("knob", STR, "the strategy's size knob the model priced for the run, its value in param_<knob> ('': no "
+                        "size knob, no link to price it on, or a run the model cannot price)"),
+    Column("knob_chosen", BOOL, "the sweep left the knob unset and the model chose its value (the cheapest tried)"),
+    Column("knob_best", FLOAT, "the model's cheapest value of the knob for the run's workers, servers, buckets and "
+                               "link (NaN: not priced)"),
+    Column("knob_slowdown", FLOAT, "the model's price of the run's knob value over the best value's (1.0: the run "
+                                   "uses the best; NaN: not priced)"),
     Column("straggler_ranks", INTS, "ranks whose compute is slowed"),
     Column("straggler_slowdown", FLOAT, "their compute time multiplier (1.0: no straggler)"),
     # compute and overlap

@@ -63,3 +63,17 @@ def test_a_compression_parameter_shows_only_on_runs_with_that_compression(capsys
     # one PowerSGD rank beside other compressions: not an axis
     header = _header(capsys, runs[runs["run_id"] != "c"])
     assert "powersgd_rank" not in header, header
+
+
+def test_a_size_knob_the_model_chose_is_marked_in_its_column(capsys):
+    # the same PS at 1 MiB chosen by the model (the sweep left partition_mb unset) and at 16 MiB set by the sweep
+    runs = _runs([{"run_id": "a", "strategy": "parameter_server", "param_partition_mb": 1.0, "knob": "partition_mb",
+                   "knob_chosen": True, "knob_best": 1.0, "knob_slowdown": 1.0},
+                  {"run_id": "b", "strategy": "parameter_server", "param_partition_mb": 16.0,
+                   "knob": "partition_mb", "knob_chosen": False, "knob_best": 1.0, "knob_slowdown": 1.25}])
+    _print_runs(runs)
+    lines = capsys.readouterr().out.splitlines()
+    assert "param_partition_mb" in lines[0].split()
+    rows = [line.split() for line in lines[1:]]
+    assert [r[r.index("parameter_server") + 1:r.index("parameter_server") + 3] for r in rows] == \
+        [["1", "(model)"], ["16", "4"]], lines

@@ -36,6 +36,10 @@ link_ranks list<item: int64>
 ranks_per_node int64
 link_intra_bandwidth double
 link_intra_latency_s double
+knob string
+knob_chosen bool
+knob_best double
+knob_slowdown double
 straggler_ranks list<item: int64>
 straggler_slowdown double
 compute string

@@ -24,6 +24,7 @@ strategy = ["parameter_server", "reduce_broadcast", "all_to_all", "halving_doubl
 workers = [1, 2, 4]
 [strategy_params.parameter_server]
 servers = 1
+partition_mb = 4.0
 [strategy_params.decentralized]
 topology = "ring"
 """
@@ -40,7 +41,7 @@ def test_issue_example_expands_to_the_full_grid(tmp_path):
     assert len(sweep.runs) == 21
     assert {r.strategy for r in sweep.runs} >= {"ring", "parameter_server", "native"}
     ps = [r for r in sweep.runs if r.strategy == "parameter_server"][0]
-    assert ps.strategy_params == {"servers": 1}
+    assert ps.strategy_params == {"servers": 1, "partition_mb": 4.0}
     assert ps.world_size() == ps.workers + 1
     assert ps.network().default.bandwidth == 125e6
     # ids are stable (resume relies on them) and unique
