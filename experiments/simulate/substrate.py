@@ -133,6 +133,7 @@ class SimGridSubstrate(Substrate):
     stragglers = True  # the simulated clock scales the straggler's compute
     wall_clock = False  # simulated seconds: a long timeline costs no wall time
     nodes = True  # ranks_per_node = k: the `nodes` platform, k ranks behind one NIC (load() places them)
+    max_memory: int | None = None  # bytes a simulation may reach (--max-memory); None: what the machine has
 
     def __init__(self, pairs: list[tuple[RunSpec, SimSpec]], max_memory: int | None = None):
         self.pairs = pairs

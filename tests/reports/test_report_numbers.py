@@ -320,7 +320,7 @@ def test_the_requirement_compute_time_leaves_out_a_distorted_run_at_the_smallest
     ok = _load(tmp_path, [_run("r1", "ring", 1, 100.0, compute_s=0.5, oversubscribed=True),
                           _run("r2", "ring", 2, 160.0, compute_s=0.2), _run("r4", "ring", 4, 280.0, compute_s=0.3)])
     assert tables.compute_time_per_workload(ok) == {"tiny": (pytest.approx(0.2), "median compute time of the "
-                                                                               "2-worker runs")}
+                                                                               "2-worker runs, measured")}
     req = tables.requirement_frame(ok).set_index(["workers", "target"])["MB/s"]
     assert req[2, "P = 0.9"] == pytest.approx(180.0)
     # every run distorted: nothing cleaner to take, the fewest-worker runs as they are
