@@ -56,14 +56,10 @@ def estimate(ranks: int, messages: int) -> MemoryEstimate:
 
 
 def anonymous_bytes() -> int:
-    """This process's anonymous resident memory (RssAnon, Linux; its whole resident set elsewhere, 0 if unknown)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """This process's anonymous resident memory (RssAnon, Linux; its peak resident set elsewhere, 0 if unknown)."""
+    found = proc_bytes("/proc/self/status", "RssAnon")
+    if found is not None:
+        return found
     try:
         import resource
 
@@ -74,10 +70,15 @@ def anonymous_bytes() -> int:
 
 def available_bytes() -> int | None:
     """Memory the kernel can give without swapping (MemAvailable), or None where it does not say."""
+    return proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def proc_bytes(path: str, field: str) -> int | None:
+    """A `field: N kB` line of a /proc file in bytes (/proc/meminfo, /proc/PID/status), or None where it is not."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

@@ -587,14 +587,9 @@ def run_child(call: Callable[[], object]) -> ChildRun:
 
 def _peak_resident(pid: int) -> int:
     """A live process's peak resident memory in bytes (VmHWM; 0 where /proc does not say)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    from experiments.simulate.memory import proc_bytes
+
+    return proc_bytes(f"/proc/{pid}/status", "VmHWM") or 0
 
 
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
