@@ -24,7 +24,8 @@ SLOW_MODULES = {
     "experiments/test_train.py", "experiments/test_publish.py", "experiments/test_signals.py",
     "experiments/test_plugin_install.py", "experiments/test_jobs.py",
     # SimGrid simulations, clusters, Ray groups, GPUs, subprocesses
-    "experiments/test_simulate.py", "experiments/test_ps_substrates.py", "experiments/test_cluster_netns.py",
+    "experiments/test_simulate.py", "experiments/test_simulate_scale.py", "experiments/test_ps_substrates.py",
+    "experiments/test_cluster_netns.py",
     "experiments/test_group.py", "experiments/test_group_errors.py", "experiments/test_runner_ray.py",
     "experiments/test_gpu.py", "experiments/test_p2p_default.py",
     # the report built whole, in a browser, from a run
