@@ -44,9 +44,14 @@ RING_4_10 = {"sent": [60, 64, 60, 56], "recv": [56, 60, 64, 60], "msgs": 6, "rou
 # [3, 7) split at 5: 8 B each way. Rounds 3, 4 replay 2, 1 with the ranges swapped; round 5 unfolds (28 B back).
 #   rank 0: sends 16 + 8 | 4 + 12 = 40, receives 12 + 4 | 8 + 16 = 40; ranks 2, 3: 12 + 8 | 8 + 16 = 44 each way
 #   rank 1: sends 16 + 4 | 8 + 12 = 40, receives 12 + 8 | 4 + 16 = 40; a folded partner adds 28 each way
-# rounds 0-5 = 6; the largest message per round: 28, 16, 8, 8, 16, 28 -> path 104 B.
+# rounds 0-5 = 6; the largest message per round: 28, 16, 8, 8, 16, 28 -> 104 B, except that round 0 carries more:
+# an unfolded rank posts its first message to a folded rank at once, so it reaches that rank's NIC while the fold's
+# 28 B does (measured on SimGrid alpha_beta: docs/validation.md). Into each folded rank, round 0:
+#   n = 5 (folded: 0): 28 + rank 2's round-1 12 B + rank 1's round-2 4 B = 44 -> path 104 - 28 + 44 = 120
+#   n = 6 (folded: 0, 1): rank 0 gets 28 + 12 (rank 2), rank 1 28 + 12 (rank 3) = 40 -> path 116
+#   n = 7 (folded: 0, 1, 2): rank 1 gets 28 + 12 (rank 3; ranks 0 and 2 are folded too) = 40 -> path 116
 HD = {n: {"sent": [40 + 28 * (n > 4), 40 + 28 * (n > 5), 44 + 28 * (n > 6), 44] + [28] * (n - 4),
-          "rounds": 6, "path_bytes": 104} for n in (5, 6, 7)}
+          "rounds": 6, "path_bytes": {5: 120, 6: 116, 7: 116}[n]} for n in (5, 6, 7)}
 for _n in HD:
     HD[_n]["recv"] = HD[_n]["sent"]
     HD[_n]["msgs"] = None  # folded ranks send more messages: bytes and the path are the point here
@@ -170,9 +175,12 @@ def test_the_ring_prices_its_largest_chunk_not_its_smallest():
 
 def test_the_double_binary_tree_path_grows_by_one_chunk_per_extra_chunk_only_in_rounds():
     """Same 3 ranks and 7 elements with chunks = 1: halves are single chunks (16 B and 12 B), 2 D + 1 - 1 = 4
-    rounds, path = busiest rank (44 B) + (2 D - 2) x 16 B = 76 B."""
+    rounds (slots). The runtime's slots follow one another (a slot's sends leave when the slot before's have), so
+    the path is each slot's busiest NIC, summed: every slot moves tree 0's 16 B chunk across one edge, and no rank
+    sends both trees' chunks in one slot at one NIC here, so 4 x 16 = 64 B (SimGrid alpha_beta agrees:
+    docs/validation.md; the earlier busiest-rank-plus-fill price, 76 B, was 1.07-1.14x off at 8-16 ranks)."""
     t = strategies.make("double_binary_tree", chunks=1).traffic(3, 7, 4)
-    assert (t.rounds, t.path_bytes) == (4, 44 + 2 * 16)
+    assert (t.rounds, t.path_bytes) == (4, 4 * 16)
 
 
 def test_hierarchicals_pieces_and_what_crosses_the_nic():

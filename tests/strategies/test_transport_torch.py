@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -37,7 +38,7 @@ def _round_trip(ctx, dtype):
             exact &= torch.equal(buf, sent)
             comm.send(buf, 0)
     c = comm.counters()
-    return exact, c.as_dict(), {peer: vars(p) for peer, p in c.per_peer.items()}
+    return exact, c.as_dict(), {peer: dataclasses.asdict(p) for peer, p in c.per_peer.items()}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
