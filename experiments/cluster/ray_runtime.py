@@ -26,13 +26,15 @@ _OWN_TEMP_DIRS: list[str] = []  # temp dirs of embedded sessions this process st
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None,
-               connect_timeout: float = CONNECT_TIMEOUT_S) -> bool:
+               connect_timeout: float = CONNECT_TIMEOUT_S, log_path: str | os.PathLike | None = None) -> bool:
     """Connect to `address` (or RAY_ADDRESS) if given, else start a local Ray; True if we started it.
 
     Only a Ray this call started should be shut down by the caller (stop_ray(), which also removes its
     temp dir; one left running is stopped and removed at exit); a cluster we only connected to, or a Ray
     already initialized in this process, is left alone. Connecting honours Ctrl-C and fails after
-    `connect_timeout` seconds with the address in the error, instead of retrying for minutes.
+    `connect_timeout` seconds with the address in the error, instead of retrying for minutes. With `log_path`,
+    the messages Ray's driver logs while it starts and afterwards (its token-authentication notice among them) are
+    appended to that file instead of landing in the middle of the progress lines.
     """
     if ray.is_initialized():
         return False
@@ -50,11 +52,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
             _OWN_TEMP_DIRS.append(session_dir)
         _start_reaper(session_dir, remove=own_temp_dir)  # before ray.init: it also ends what a failed start left
         try:
-            ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
-                     include_dashboard=False,
-                     _temp_dir=session_dir,
-                     logging_level=logging.WARNING,
-                     configure_logging=True)
+            with _ray_log(log_path):
+                ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),
+                         include_dashboard=False,
+                         _temp_dir=session_dir,
+                         logging_level=logging.WARNING,
+                         configure_logging=True)
             break
         except Exception as e:  # noqa: BLE001 - only Ray's start timeout is retried, anything else re-raised
             if attempt == START_ATTEMPTS or "timed out during startup" not in str(e):
@@ -69,6 +72,42 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
         # naming it instead (finished runs are saved, Ray is shut down on the way out), or keeps the caller's handler
         signal.signal(signal.SIGTERM, _raise_interrupt if sigterm in (signal.SIG_DFL, None) else sigterm)
     return True
+
+
+@contextlib.contextmanager
+def _ray_log(log_path):
+    """Ray's driver logger (the "ray" logger, which ray.init logs through) writing to `log_path` (appended, never
+    through a symlink) instead of stderr, from before ray.init until stop_ray(); nothing changes without a path."""
+    if log_path is None:
+        yield
+        return
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    except OSError as e:  # ELOOP: a symlink planted there; the results directory's own files are never links
+        raise ValueError(f"cannot write Ray's log {str(log_path)!r}: {e.strerror} (a symlink there is refused: "
+                         f"nothing is written outside the results directory)") from None
+    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
+    logger = logging.getLogger("ray")
+    if logger.handlers:
+        handler.setFormatter(logger.handlers[0].formatter)
+    _RAY_LOG_HANDLERS.append(logger.handlers[:])  # what stop_ray() puts back
+    logger.handlers = [handler]
+    try:
+        yield
+    except BaseException:
+        _restore_ray_log()
+        raise
+
+
+_RAY_LOG_HANDLERS: list[list[logging.Handler]] = []
+
+
+def _restore_ray_log() -> None:
+    logger = logging.getLogger("ray")
+    while _RAY_LOG_HANDLERS:
+        for handler in logger.handlers:
+            handler.close()
+        logger.handlers = _RAY_LOG_HANDLERS.pop()
 
 
 @contextlib.contextmanager
@@ -88,6 +127,7 @@ def stop_ray() -> None:
     every Ray process the session started) and remove their temp dirs."""
     if ray.is_initialized():
         ray.shutdown()
+    _restore_ray_log()
     _stop_reapers()
     while _OWN_TEMP_DIRS:
         path = _OWN_TEMP_DIRS.pop()

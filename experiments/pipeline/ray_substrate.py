@@ -23,6 +23,7 @@ from experiments.cluster.group import GroupError, WorkerGroup
 from experiments.cluster.limits import check_capacity, cluster_capacity, local_capacity
 from experiments.cluster.ray_runtime import ensure_ray, stop_ray
 from experiments.pipeline.profiles import install_profile
+from experiments.pipeline.store import RAY_LOG
 from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import train
@@ -75,7 +76,8 @@ class RaySubstrate(Substrate):
         if embedded:  # this machine's limits, before Ray starts
             check_capacity(specs, local_capacity(), self.oversubscribe)
         # an embedded Ray gets a logical CPU per rank: oversubscribing the cores is allowed, and reported
-        started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in specs)))
+        started_ray = ensure_ray(address, num_cpus=max(os.cpu_count() or 1, max(s.world_size() for s in specs)),
+                                 log_path=store.dir / RAY_LOG)
         groups = _Groups(self.train_fn, store, log)
         try:
             if not embedded:  # the cluster's limits, before any actor starts

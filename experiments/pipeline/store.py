@@ -26,9 +26,10 @@ import pandas as pd
 from experiments.results import dataset
 from experiments.results.dataset import StoreError
 
-__all__ = ["LOCK", "RESULTS_ROOT", "Store", "StoreError", "default_dir"]
+__all__ = ["LOCK", "RAY_LOG", "RESULTS_ROOT", "Store", "StoreError", "default_dir"]
 
 LOCK = "syncbench.lock"
+RAY_LOG = "ray.log"  # what Ray's driver logs during a sweep (experiments/cluster/ray_runtime.py), not the progress
 RESULTS_ROOT = Path("results")  # where a sweep's results go when --out is not given
 
 

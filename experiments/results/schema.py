@@ -356,12 +356,13 @@ def conform(frame: pd.DataFrame, table: tuple[Column, ...], *, extra_ok: bool = 
     extra = [c for c in frame.columns if c not in known]
     if extra and not extra_ok:
         raise KeyError(f"columns not in the schema: {', '.join(extra)} (see experiments/results/schema.py)")
-    frame = frame.copy()
+    missing = {c.name: [_default(c.type)] * len(frame) for c in table if c.name not in frame}
+    # the missing columns joined at once: one insert per column fragments the frame (pandas warns of it)
+    frame = pd.concat([frame, pd.DataFrame(missing, index=frame.index)], axis=1) if missing else frame.copy()
     for c in table:
-        default = _default(c.type)
-        if c.name not in frame:
-            frame[c.name] = [default] * len(frame)
-        elif c.type == BOOL:
+        if c.name in missing:
+            continue
+        if c.type == BOOL:
             frame[c.name] = frame[c.name].fillna(False).astype(bool)
         elif c.type == FLOAT:
             frame[c.name] = pd.to_numeric(frame[c.name], errors="coerce").astype(float)
