@@ -164,7 +164,7 @@ def _with_step_progress(group: WorkerGroup, spec, train_fn, log) -> list:
 
     def call():
         try:
-            outcome["result"] = group.run(train_fn, spec, queue, network=spec.network(), p2p=spec.p2p,
+            outcome["result"] = group.run(train_fn, spec, StepProgress(queue), network=spec.network(), p2p=spec.p2p,
                                           timeout=run_deadline(spec))
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread below
             outcome["error"] = e
@@ -192,6 +192,19 @@ def _with_step_progress(group: WorkerGroup, spec, train_fn, log) -> list:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+class StepProgress:
+    """Rank 0's finished steps into the progress queue without waiting for the queue to take them. Ray's
+    Queue.put_nowait waits for its actor's reply: a round trip (a second for the first, on a loaded machine) that
+    rank 0 would spend between two steps, outside every timed interval, and that every other rank would then wait
+    out inside its next step's communication time."""
+
+    def __init__(self, queue):
+        self._actor = queue.actor
+
+    def put_nowait(self, step: int) -> None:
+        self._actor.put_nowait.remote(step)  # not waited for: a lost progress line never matters
 
 
 def _no_group_meta() -> dict:
