@@ -233,8 +233,8 @@ def text(x: Explained) -> str:
     everyone = frozenset(r for r, role in enumerate(x.roles) if role == "worker")
     servers = len(x.roles) - x.workers
     lines = [f"{x.strategy} on {x.workers} workers" + (f" and {servers} servers" if servers else "") +
-             f": {x.numel:,} elements of {x.itemsize} bytes per worker; {x.rounds} rounds, {len(x.messages)} "
-             f"messages, {x.total_bytes:,} bytes"]
+             f": {x.numel:,} elements of {x.itemsize} bytes per worker; {_count(x.rounds, 'round')}, "
+             f"{_count(len(x.messages), 'message')}, {x.total_bytes:,} bytes"]
     if x.segments is not None:
         lines.append("chunks: " + "  ".join(f"c{i} [{lo},{hi})" for i, (lo, hi) in enumerate(x.segments)))
         lines.append("carries / holds: whose contributions (ranks; * = all workers, - = none)")
@@ -243,6 +243,10 @@ def text(x: Explained) -> str:
     peers = {}
     for m in x.messages:
         peers.setdefault(m.src, set()).add(m.dst)
+    runs = _phase_runs(x)
+    if runs:
+        lines.append("phases: " + "; ".join(f"round{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}: "
+                                            f"{PHASE_WORDS[p]}" for a, b, p in runs))
     lines.append("sends to: " + "; ".join(f"{r} -> {','.join(map(str, sorted(p)))}" for r, p in sorted(peers.items())))
     for rnd in range(1, x.rounds + 1):
         lines.append("")
@@ -251,7 +255,8 @@ def text(x: Explained) -> str:
                      f"  {x.round_bytes(rnd):,} bytes")
         rows = [("link", "dist", "kind", "bytes", "chunk", "range", "carries")]
         for i, m in x.round_messages(rnd):
-            rows.append((f"{m.src} -> {m.dst}", str(abs(m.src - m.dst)), _kind(x, m), f"{m.nbytes:,}",
+            kind = _kind(x, m)
+            rows.append((f"{m.src} -> {m.dst}", "" if kind else str(abs(m.src - m.dst)), kind, f"{m.nbytes:,}",
                          x.chunk_name(m.chunk), "?" if m.chunk is None else f"[{m.chunk[0]},{m.chunk[1]})",
                          _who(x.carries[i], everyone) if x.holds is not None else "?"))
         lines += _columns(rows, indent=2)
@@ -264,9 +269,26 @@ def text(x: Explained) -> str:
             lines += _columns([head] + [(str(r),) + tuple(_who(c, everyone) for c in x.holds[rnd][r])
                                         for r in range(len(x.roles))], indent=4)
     lines.append("")
-    lines.append(f"total: {x.total_bytes:,} bytes in {len(x.messages)} messages over {x.rounds} rounds (" +
+    lines.append(f"total: {x.total_bytes:,} bytes in {_count(len(x.messages), 'message')} over "
+                 f"{_count(x.rounds, 'round')} (" +
                  " + ".join(f"{x.round_bytes(r):,}" for r in range(1, x.rounds + 1)) + ")")
     return "\n".join(lines) + "\n"
+
+
+def _count(k: int, what: str) -> str:
+    return f"{k:,} {what}" + ("" if k == 1 else "s")
+
+
+def _phase_runs(x: Explained) -> list[tuple[int, int, str]]:
+    """Consecutive rounds of one phase: (first, last, phase)."""
+    runs: list[list] = []
+    for rnd in range(1, x.rounds + 1):
+        phase = x.phase(rnd)
+        if runs and runs[-1][2] == phase:
+            runs[-1][1] = rnd
+        else:
+            runs.append([rnd, rnd, phase])
+    return [tuple(r) for r in runs if r[2]]
 
 
 def _columns(rows, indent: int) -> list[str]:
@@ -287,7 +309,8 @@ def svg(x: Explained) -> str:
     everyone = frozenset(r for r, role in enumerate(x.roles) if role == "worker")
     n_ranks, rounds = len(x.roles), max(x.rounds, 1)
     segs = len(x.segments) if x.segments else 0
-    col_w = max(170, 16 * segs + 60)
+    squares_w = 16 * segs + 14 if segs else 0  # the holdings, right of each round's arrows
+    col_w = 130 + squares_w
     lane_h = 74 if segs else 52
     left, top = 110, 78
     width, height = left + col_w * rounds + 30, top + lane_h * n_ranks + 50
@@ -323,20 +346,22 @@ def svg(x: Explained) -> str:
             # spread arrows between the same lanes apart
             same = [k for k, (_, o) in enumerate(msgs) if (o.src, o.dst) == (m.src, m.dst)]
             shift = (same.index(j) - (len(same) - 1) / 2) * 10
-            xa, xb = x0 + 18 + shift, x0 + col_w - 30 + shift
+            xa, xb = x0 + 14 + shift, x0 + col_w - squares_w - 16 + shift
             ya, yb = lane_y(m.src), lane_y(m.dst)
             carries = _who(x.carries[i], everyone) if x.holds is not None else "?"
             tip = (f"round {rnd}: rank {m.src} -> rank {m.dst}, {m.nbytes:,} bytes, chunk {x.chunk_name(m.chunk)}"
                    + ("" if m.chunk is None else f" [{m.chunk[0]},{m.chunk[1]})") + f", carries {carries}")
             label = f"{x.chunk_name(m.chunk)}" if m.chunk else f"{m.nbytes:,} B"
+            t = 0.22 if yb >= ya else 0.8  # near the sender going down, near the receiver going up: apart
             out.append(f'<g><title>{html.escape(tip)}</title><line x1="{xa:.1f}" y1="{ya}" x2="{xb:.1f}" y2="{yb}" '
                        f'stroke="{colour}" stroke-width="2" marker-end="url(#head)"/>'
-                       f'<text x="{(xa + xb) / 2 + 4:.1f}" y="{(ya + yb) / 2 - 3:.1f}" fill="{colour}" '
+                       f'<text x="{xa + t * (xb - xa) + 5:.1f}" y="{ya + t * (yb - ya) + 4:.1f}" '
+                       f'fill="{colour}" '
                        f'font-size="11">{html.escape(label)}</text></g>')
         if x.holds is not None:
             for rank in range(n_ranks):
                 for s, contributors in enumerate(x.holds[rnd][rank]):
-                    sx, sy = x0 + col_w - 22 - 16 * (segs - s), lane_y(rank) + 10
+                    sx, sy = x0 + col_w - 8 - 16 * (segs - s), lane_y(rank) - 6
                     share = len(contributors) / max(len(everyone), 1)
                     colour = PALETTE[s % len(PALETTE)]
                     tip = (f"rank {rank} after round {rnd}: c{s} [{x.segments[s][0]},{x.segments[s][1]}) holds "
