@@ -313,7 +313,7 @@ def svg(x: Explained) -> str:
     col_w = 130 + squares_w
     lane_h = 74 if segs else 52
     left, top = 110, 78
-    width, height = left + col_w * rounds + 30, top + lane_h * n_ranks + 50
+    width, height = max(left + col_w * rounds + 30, 660), top + lane_h * n_ranks + 50
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
            '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
@@ -352,7 +352,9 @@ def svg(x: Explained) -> str:
             tip = (f"round {rnd}: rank {m.src} -> rank {m.dst}, {m.nbytes:,} bytes, chunk {x.chunk_name(m.chunk)}"
                    + ("" if m.chunk is None else f" [{m.chunk[0]},{m.chunk[1]})") + f", carries {carries}")
             label = f"{x.chunk_name(m.chunk)}" if m.chunk else f"{m.nbytes:,} B"
-            t = 0.22 if yb >= ya else 0.8  # near the sender going down, near the receiver going up: apart
+            # near the sender going down, near the receiver going up, a sender's several arrows at steps: apart
+            k = [o.src for _, o in msgs[:j]].count(m.src) % 4
+            t = 0.22 + 0.16 * k if yb >= ya else 0.8 - 0.16 * k
             out.append(f'<g><title>{html.escape(tip)}</title><line x1="{xa:.1f}" y1="{ya}" x2="{xb:.1f}" y2="{yb}" '
                        f'stroke="{colour}" stroke-width="2" marker-end="url(#head)"/>'
                        f'<text x="{xa + t * (xb - xa) + 5:.1f}" y="{ya + t * (yb - ya) + 4:.1f}" '
