@@ -7,16 +7,18 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from experiments.cli.explain import record
+from experiments.cli import explain as cli
 from experiments.cli.main import main
 from reports.explain import assign_rounds, explain, pair, text
+from strategies import explain as recording
+from strategies.cost import parse_strategy
 from strategies.transport.recorder import Direction, MessageEvent
 
 FLOAT = 4  # bytes per element: explain syncs float32
 
 
 def _explained(spec: str, workers: int, numel: int):
-    rec = record(spec, workers, numel)
+    rec = recording.record(*parse_strategy(spec), workers, numel)
     return rec, explain(rec.strategy, rec.events, rec.roles, rec.numel, rec.itemsize, rec.chunks)
 
 
@@ -193,3 +195,8 @@ def test_the_command_prints_the_table_and_writes_the_picture(tmp_path, capsys):
 def test_bad_input_is_refused_naming_it(argv, message, capsys):
     assert main(["explain", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_command_states_the_recording_bounds():
+    assert (cli.MAX_WORKERS, cli.MAX_NUMEL, cli.DEFAULT_NUMEL) == (
+        recording.MAX_WORKERS, recording.MAX_NUMEL, recording.DEFAULT_NUMEL)
