@@ -200,3 +200,32 @@ def test_bad_input_is_refused_naming_it(argv, message, capsys):
 def test_the_command_states_the_recording_bounds():
     assert (cli.MAX_WORKERS, cli.MAX_NUMEL, cli.DEFAULT_NUMEL) == (
         recording.MAX_WORKERS, recording.MAX_NUMEL, recording.DEFAULT_NUMEL)
+
+
+# -- the report's section -----------------------------------------------------------------------------------------
+
+def test_the_report_draws_each_strategy_of_the_sweep(built_report):
+    page = built_report.read_text()
+    section = page.split('<section id="explain">')[1].split("</section>")[0]
+    # the fixture sweep ran ring, a parameter server and decentralized averaging at 2 and 4 workers
+    for heading in ("ring on 4 workers", "parameter_server", "decentralized on 4 workers"):
+        assert heading in section
+    assert section.count("<svg") == 3 and "holds after round 6" in section  # ring at 4: 2(n-1) rounds
+
+
+@pytest.mark.parametrize("ran,drawn", [([2, 4, 8], 4), ([2], 2), ([2, 3], 3), ([5, 6], 5), ([16, 64], 4), ([8], 8)])
+def test_the_section_draws_the_readable_worker_count_nearest_four(ran, drawn):
+    from reports.explain_section import drawn_workers
+
+    assert drawn_workers(ran) == drawn
+
+
+def test_the_section_is_absent_when_nothing_moves_through_send_recv():
+    import pandas as pd
+
+    from reports.explain_section import section
+    from reports.sections import Absent, Results
+
+    ok = pd.DataFrame({"strategy": ["native"], "workers": [4], "strategy_label": ["native"]})
+    got = section(Results(ok, ok, None, None, []))
+    assert isinstance(got, Absent) and "nothing to draw" in got.reason
