@@ -312,7 +312,7 @@ def svg(x: Explained) -> str:
     squares_w = 16 * segs + 14 if segs else 0  # the holdings, right of each round's arrows
     col_w = 130 + squares_w
     lane_h = 74 if segs else 52
-    left, top = 110, 78
+    left, top = 110, 92
     width, height = max(left + col_w * rounds + 30, 660), top + lane_h * n_ranks + 50
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
@@ -328,12 +328,17 @@ def svg(x: Explained) -> str:
         x0 = left + col_w * (rnd - 1)
         phase = x.phase(rnd)
         if rnd % 2 == 0:
-            out.append(f'<rect x="{x0}" y="{top - 30}" width="{col_w}" height="{lane_h * n_ranks + 30}" '
+            out.append(f'<rect x="{x0}" y="{top - 44}" width="{col_w}" height="{lane_h * n_ranks + 44}" '
                        f'fill="#f4f6f8"/>')
-        out.append(f'<text x="{x0 + col_w / 2}" y="{top - 16}" text-anchor="middle" font-weight="bold">round {rnd}'
+        distances = sorted({abs(m.src - m.dst) for _, m in x.round_messages(rnd) if not _kind(x, m)})
+        out.append(f'<text x="{x0 + col_w / 2}" y="{top - 30}" text-anchor="middle" font-weight="bold">round {rnd}'
                    f'</text>')
-        out.append(f'<text x="{x0 + col_w / 2}" y="{top - 3}" text-anchor="middle" fill="#555">'
+        out.append(f'<text x="{x0 + col_w / 2}" y="{top - 17}" text-anchor="middle" fill="#555">'
                    f'{html.escape(phase)} {x.round_bytes(rnd):,} B</text>')
+        if distances:  # |src - dst|: halving-doubling's distances, a ring's 1 (and n - 1 where it wraps)
+            out.append(f'<text x="{x0 + col_w / 2}" y="{top - 4}" text-anchor="middle" fill="#555" font-size="11">'
+                       f'{"distance" if len(distances) == 1 else "distances"} '
+                       f'{", ".join(map(str, distances))}</text>')
     for rank, role in enumerate(x.roles):
         y = lane_y(rank)
         out.append(f'<text x="10" y="{y + 4}">{"server" if role == "server" else "rank"} {rank}</text>')
@@ -391,8 +396,8 @@ def _colour(x: Explained, chunk: Range | None) -> str:
 
 def _title(x: Explained) -> str:
     servers = len(x.roles) - x.workers
-    return (f"{x.strategy}: {x.workers} workers" + (f" + {servers} servers" if servers else "") +
-            f", {x.numel:,} elements, {x.rounds} rounds, {x.total_bytes:,} bytes")
+    return (f"{x.strategy}: {_count(x.workers, 'worker')}" + (f" + {_count(servers, 'server')}" if servers else "")
+            + f", {x.numel:,} elements, {_count(x.rounds, 'round')}, {x.total_bytes:,} bytes")
 
 
 def html_page(x: Explained) -> str:
