@@ -229,3 +229,10 @@ def test_the_section_is_absent_when_nothing_moves_through_send_recv():
     ok = pd.DataFrame({"strategy": ["native"], "workers": [4], "strategy_label": ["native"]})
     got = section(Results(ok, ok, None, None, []))
     assert isinstance(got, Absent) and "nothing to draw" in got.reason
+
+
+@pytest.mark.parametrize("spec,workers", [("ring", 5), ("halving_doubling", 7),
+                                          ("parameter_server:servers=2,partition_mb=0.00001", 3)])
+def test_rounds_do_not_depend_on_how_fast_the_threads_ran(spec, workers):
+    tables = {frozenset(_table(_explained(spec, workers, 37)[1])) for _ in range(4)}
+    assert len(tables) == 1
