@@ -127,13 +127,20 @@ def test_decentralized_talks_to_its_ring_neighbours_in_one_round():
     assert x.holds[1][2] == (frozenset({1, 2, 3}),)
 
 
-@pytest.mark.parametrize("spec,workers", [("all_to_all", 3), ("double_binary_tree", 6), ("reduce_broadcast", 4),
-                                          ("ring:compression=fp16", 3)])
-def test_bytes_per_round_sum_to_the_counters(spec, workers):
+@pytest.mark.parametrize("spec,workers", [
+    ("all_to_all", 3), ("double_binary_tree", 6), ("reduce_broadcast", 4), ("ring:compression=fp16", 3),
+    ("hierarchical:ranks_per_node=2", 4), ("node_parameter_server:ranks_per_node=2", 4),
+    ("parameter_server:servers=2,placement=colocated", 3), ("naive_ring", 4),
+])
+def test_bytes_per_round_sum_to_the_counters_and_every_worker_ends_with_every_contribution(spec, workers):
     rec, x = _explained(spec, workers, 37)
     assert x.rounds >= 1
     assert sum(x.round_bytes(r) for r in range(1, x.rounds + 1)) == sum(c.bytes_sent for c in rec.counters) > 0
     assert sum(sum(x.link_bytes(r).values()) for r in range(1, x.rounds + 1)) == x.total_bytes
+    if x.holds is not None:  # an allreduce: after the last round each worker holds the sum of all on every chunk
+        everyone = frozenset(range(workers))
+        assert all(c == everyone for w in range(workers) for c in x.holds[x.rounds][w])
+        assert not any(c == everyone for w in range(workers) for c in x.holds[0][w])
 
 
 def test_compressed_messages_are_not_views_of_the_buffer_and_say_so():
