@@ -243,3 +243,17 @@ def test_the_section_is_absent_when_nothing_moves_through_send_recv():
 def test_rounds_do_not_depend_on_how_fast_the_threads_ran(spec, workers):
     tables = {frozenset(_table(_explained(spec, workers, 37)[1])) for _ in range(4)}
     assert len(tables) == 1
+
+
+def test_the_section_names_what_it_could_not_draw():
+    import pandas as pd
+
+    from reports.explain_section import section
+    from reports.sections import Results
+
+    ok = pd.DataFrame({"strategy": ["native", "ring", "ring"], "workers": [4, 16, 64],
+                       "strategy_label": ["native", "ring", "ring"]})
+    got = section(Results(ok, ok, None, None, []))
+    assert [(d["label"], d["workers"]) for d in got["drawn"]] == [("ring", 4)]
+    assert "ran at 16 or more" in got["drawn"][0]["note"]
+    assert [label for label, _ in got["skipped"]] == ["native"] and "inside the backend" in got["skipped"][0][1]
