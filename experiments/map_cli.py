@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
                    help="also price compression, local SGD and neighbour averaging, shown apart (not ranked)")
     p.add_argument("--within", type=float, default=0.02,
                    help="'the choice stops mattering' threshold, a fraction of the winner's time (default 0.02)")
+    p.add_argument("--tie", type=float, default=0.05,
+                   help="a lead under this fraction of the winner's time is a tie, not a winner (default 0.05: the "
+                        "model's agreement band with SimGrid; 0: only equal times tie)")
     p.add_argument("--check", type=int, default=0,
                    help="SimGrid spot checks at N cells (up to 64 workers): the winner and the runner-up simulated, "
                         "marked where SimGrid agrees on the winner (ResNet-50's sync only; default 0: none)")
@@ -125,7 +128,7 @@ def run(args) -> int:
             raise ValueError(f"--check {args.check}: {why}")
     started = time.perf_counter()
     m = strategy_map(workload, workers, bandwidths, latency, args.ranks_per_node, intra, names, args.ps_placement,
-                     args.inexact, args.within, sizes)
+                     args.inexact, args.within, sizes, args.tie)
     priced = time.perf_counter() - started
     print(format_table(m))
     print(f"\n# {len(m.cells)} cells in {priced:.1f} s")

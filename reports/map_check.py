@@ -13,7 +13,6 @@ from experiments.validate import TOLERANCE as BAND  # model and SimGrid agree wi
 from reports.model import model_numel
 from reports.strategy_map import StrategyMap
 
-TIE = 1e-9  # a model margin under this is a tie: the check says so instead of agree or DIFFERS
 MAX_CHECK_WORKERS = 64  # a ResNet-50 sync on SimGrid: seconds at 16 ranks, about a minute at 256
 
 
@@ -54,8 +53,8 @@ def chosen_cells(m: StrategyMap, count: int) -> list[int]:
 
 
 def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
-    """Add columns check ('agree', 'DIFFERS', 'tie' where the model's two are equal, 'not run: ...', or '' for an
-    unchecked cell), sim_winner_s and
+    """Add columns check ('agree', 'DIFFERS', 'tie' where the map calls the cell a tie (its lead under the map's
+    tie band), 'not run: ...', or '' for an unchecked cell), sim_winner_s and
     sim_runner_up_s at `count` chosen cells. `simulate(strategy, params, workers, bandwidth, latency)` -> seconds
     (default: SimGrid through experiments.validate)."""
     why = check_problem(m, count)
@@ -75,7 +74,7 @@ def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
             df.at[i, "check"] = f"not run: {e}"
             continue
         df.at[i, "sim_winner_s"], df.at[i, "sim_runner_up_s"] = win, second
-        if r["margin"] < TIE:  # the model names no winner: nothing for SimGrid to agree with
+        if r["tie"]:  # the model names no winner (its lead is under the map's tie band): nothing to agree with
             df.at[i, "check"] = "tie"
         else:
             df.at[i, "check"] = "agree" if win <= second else (
