@@ -36,8 +36,11 @@ def esc(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-def map_figure(m: StrategyMap) -> go.Figure:
-    """Rows: workers; columns: bandwidth or message size (as categories, in order); colour: the winner."""
+def map_figure(m: StrategyMap, marks: dict | None = None) -> go.Figure:
+    """Rows: workers; columns: bandwidth or message size (as categories, in order); colour: the winner.
+    `marks`: {(workers, column value): (short mark, hover text)} added to those cells (the report's measured
+    cells)."""
+    marks = marks or {}
     df = m.cells
     columns = sorted({_column_value(m, r) for _, r in df.iterrows()})
     workers = sorted(df["workers"].unique())
@@ -53,14 +56,16 @@ def map_figure(m: StrategyMap) -> go.Figure:
             knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
             mark = MARKS.get(r.get("check", "")[:7], "")
             z_row.append(index[tied if r["tie"] else r["winner"]])
-            text_row.append(esc(cell_text(r) + mark))
+            extra, note = marks.get((n, c), ("", ""))
+            text_row.append(esc(cell_text(r) + mark + extra))
             runner = f"{r['runner_up']} {short_params(r['runner_up'], r['runner_up_params'])}".strip() \
                 if r["runner_up"] else "none"
             first = "first (a tie)" if r["tie"] else "winner"
             hover_row.append(esc(f"{n} workers, {_fmt_column(m, c)}: {first} {r['winner']} {knob} {r['time_s']:.4g} s; "
                                  f"runner-up {runner} {r['runner_up_time_s']:.4g} s (+{_pct(r['margin'])}); "
                                  f"slowest {r['worst']} +{_pct(r['spread'])}"
-                                 + (f"; SimGrid: {r['check']}" if r.get("check") else "")))
+                                 + (f"; SimGrid: {r['check']}" if r.get("check") else "")
+                                 + (f"; {note}" if note else "")))
         z.append(z_row)
         text.append(text_row)
         hover.append(hover_row)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
+from reports import calibration, figures, levels, map_section, ps, reconcile, tables, teaching, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -376,6 +376,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("levels", "Traffic per level: node NICs and inside the nodes", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
+    Section("strategy-map", "Where each strategy wins (the model, around this sweep)", map_section.section),
     Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
             teaching_question),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
