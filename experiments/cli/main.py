@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.map_cli import add_arguments as _map_arguments
     _map_arguments(p)
 
+    p = sub.add_parser("break-even", help="the NIC bandwidth below which each compression (or local SGD) shortens "
+                                          "the step, and time to target given a steps-to-target ratio")
+    from experiments.break_even_cli import add_arguments as _break_even_arguments
+    _break_even_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -709,6 +714,12 @@ def _map(args) -> int:
     return run(args)
 
 
+def _break_even(args) -> int:
+    from experiments.break_even_cli import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -718,4 +729,5 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate, "map": _map}
+            "simulate": _simulate, "validate": _validate, "map": _map,
+            "break-even": _break_even}
