@@ -81,8 +81,8 @@ def run(args) -> int:
     rows = table(args.strategy, workers, numel, latency, given | measured, ratios, args.step_time, shapes)
     print(f"# {label}: {numel * 4 / 1e6:,.2f} MB fp32 gradients around {args.strategy}, latency {latency * 1e6:g} us, "
           f"one NIC per rank; Ts {args.step_time:g} s; priced by the model (strategies.cost)")
-    print("# codec ms/MB: " + ", ".join(f"{c} {(given | measured)[c] * 1e3:.3g} "
-                                         f"({'given' if c in given else 'none' if c in NO_CODEC else 'measured here'})" for c in codecs)
+    source = {c: "given" if c in given else "none" if c in NO_CODEC else "measured here" for c in codecs}
+    print("# codec ms/MB: " + ", ".join(f"{c} {(given | measured)[c] * 1e3:.3g} ({source[c]})" for c in codecs)
           + f" (measured: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, one thread, a 16 MiB buffer)")
     width = max(len(r["step"]) for r in rows)
     print(f"{'workers':>7}  {'codec':<13} {'codec ms/step':>13}  {'the step':<{width}}  time to target")
