@@ -37,18 +37,21 @@ def request_problem(count, axis: str, measure: str, numel: int, ranks_per_node: 
 
 
 def chosen_cells(m: StrategyMap, count: int) -> list[int]:
-    """Row indices of `count` cells with at most MAX_CHECK_WORKERS workers, spread evenly over them (the first and
-    last included), the cells where the winner changes along a row first."""
+    """Row indices of `count` cells with at most MAX_CHECK_WORKERS workers: the cells with a winner (not a tie)
+    first, those where the winner changes along a row before the others, spread evenly over them (the first and
+    last included); tied cells only when the winners are fewer than `count`."""
     df = m.cells
     small = [i for i in df.index if df.at[i, "workers"] <= MAX_CHECK_WORKERS and df.at[i, "runner_up"]]
-    changes = [i for i in small if i + 1 in df.index and df.at[i + 1, "workers"] == df.at[i, "workers"]
-               and df.at[i + 1, "winner"] != df.at[i, "winner"]]
-    picked = changes[:count]
-    rest = [i for i in small if i not in picked]
-    need = count - len(picked)
-    if need > 0 and rest:
-        step = (len(rest) - 1) / max(need - 1, 1)
-        picked += sorted({rest[round(j * step)] for j in range(min(need, len(rest)))})
+    picked: list[int] = []
+    for cells in ([i for i in small if not df.at[i, "tie"]], [i for i in small if df.at[i, "tie"]]):
+        changes = [i for i in cells if i + 1 in df.index and df.at[i + 1, "workers"] == df.at[i, "workers"]
+                   and df.at[i + 1, "winner"] != df.at[i, "winner"]]
+        picked += changes[:count - len(picked)]
+        rest = [i for i in cells if i not in picked]
+        need = count - len(picked)
+        if need > 0 and rest:
+            step = (len(rest) - 1) / max(need - 1, 1)
+            picked += sorted({rest[round(j * step)] for j in range(min(need, len(rest)))})
     return sorted(picked)
 
 

@@ -384,3 +384,14 @@ def test_a_bad_tie_band_is_refused_before_pricing(monkeypatch, capsys):
         sm.strategy_map(sm.Workload(NUMEL), (4,), (GBIT,), 0.0, tie=1.5)
     assert main(["map", "--model-bytes", "1MB", "--tie", "-0.1"]) == 2
     assert "bad tie band -0.1" in capsys.readouterr().err
+
+
+def test_spot_checks_go_to_the_cells_with_a_winner_first():
+    from reports import map_check
+
+    # as above: ring wins at 0.8 Gbit/s (9.4%), the three faster links are ties
+    m = sm.strategy_map(sm.Workload(1_000_000, compute_s=1.0), (4,), (1e8, 4e8, 6e8, 1e9), 0.0,
+                        strategies=["ring", "reduce_broadcast"])
+    assert map_check.chosen_cells(m, 1) == [0]
+    assert map_check.chosen_cells(m, 2)[0] == 0 and len(map_check.chosen_cells(m, 2)) == 2
+    assert map_check.chosen_cells(m, 4) == [0, 1, 2, 3]
