@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--check", type=int, default=0,
                    help="SimGrid spot checks at N cells (up to 64 workers): the winner and the runner-up simulated, "
                         "marked where SimGrid agrees on the winner (ResNet-50's sync only; default 0: none)")
+    p.add_argument("--nccl-reference", action="store_true",
+                   help="also print NCCL's own model (its tuner's ring and tree, Simple protocol) beside syncbench's "
+                        "ring and double binary tree per cell, labelled as NCCL's (one sync, one NIC per rank)")
     p.add_argument("--out", help="write DIR/map.csv, DIR/map.json and DIR/map.html")
 
 
@@ -59,6 +62,24 @@ def _list(option: str, text: str, parse, accepted: str) -> list:
         except (ValueError, OverflowError) as e:
             raise ValueError(f"{option}: bad item {item!r} ({e}); accepted are {accepted}") from None
     return out
+
+
+def _print_nccl_reference(m) -> None:
+    """NCCL's model beside syncbench's ring and tree, every cell: a reference, never ranked with the map."""
+    from reports.nccl_model import DISAGREE, SOURCE, reference_rows
+
+    print(f"\nReference, NCCL's model (not syncbench's; {SOURCE}): one allreduce of the map's buffer, one GPU per "
+          f"node; ms = latency term + bandwidth term")
+    print(f"{'workers':>7} {'Gbit/s':>7}  {'syncbench':<18} {'ms':>14}  {'NCCL':<5} {'ms':>14}  ratio  "
+          f"term beyond {DISAGREE:.0%}")
+    for r in m.cells.to_dict("records"):
+        for row in reference_rows(int(r["workers"]), int(r["message_bytes"]), r["bandwidth_bytes_per_s"],
+                                  r["latency_s"]):
+            ours = f"{row['syncbench_latency_s'] * 1e3:.3g}+{row['syncbench_bandwidth_s'] * 1e3:.4g}"
+            theirs = f"{row['nccl_latency_s'] * 1e3:.3g}+{row['nccl_bandwidth_s'] * 1e3:.4g}"
+            print(f"{row['workers']:>7} {r['bandwidth_bytes_per_s'] * 8 / 1e9:>7g}  {row['syncbench']:<18} "
+                  f"{ours:>14}  {row['nccl']:<5} {theirs:>14}  {row['syncbench_over_nccl']:5.2f}  "
+                  f"{row['term_that_differs']}")
 
 
 def run(args) -> int:
@@ -119,6 +140,9 @@ def run(args) -> int:
 
         nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
         workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
+    if args.nccl_reference and (args.ranks_per_node != 1 or workload.measure != "sync"):
+        raise ValueError("--nccl-reference prices one allreduce on one NIC per rank: accepted without "
+                         "--ranks-per-node, --step-time or --profile")
     if args.check:
         from reports.map_check import request_problem
 
@@ -140,6 +164,8 @@ def run(args) -> int:
         print("\nSimGrid spot checks (alpha_beta network model, one sync each):")
         print("\n".join(f"- {line}" for line in check_lines(m)))
         print(f"# checked in {time.perf_counter() - started:.1f} s")
+    if args.nccl_reference:
+        _print_nccl_reference(m)
     if args.out:
         for path in write(m, args.out):
             print(f"wrote {path}")
