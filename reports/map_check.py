@@ -49,9 +49,10 @@ def chosen_cells(m: StrategyMap, count: int) -> list[int]:
         picked += changes[:count - len(picked)]
         rest = [i for i in cells if i not in picked]
         need = count - len(picked)
-        if need > 0 and rest:
-            step = (len(rest) - 1) / max(need - 1, 1)
-            picked += sorted({rest[round(j * step)] for j in range(min(need, len(rest)))})
+        take = min(need, len(rest))
+        if take > 0:
+            step = (len(rest) - 1) / max(take - 1, 1)
+            picked += sorted({rest[round(j * step)] for j in range(take)})
     return sorted(picked)
 
 
@@ -79,10 +80,17 @@ def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
         df.at[i, "sim_winner_s"], df.at[i, "sim_runner_up_s"] = win, second
         if r["tie"]:  # the model names no winner (its lead is under the map's tie band): nothing to agree with
             df.at[i, "check"] = "tie"
-        else:
-            df.at[i, "check"] = "agree" if win <= second else (
-                "DIFFERS" + (f" (the model's lead {r['margin']:.2%} is inside validate's {BAND:.0%} agreement band "
-                             f"between the model and SimGrid: not a verdict)" if r["margin"] < BAND else ""))
+        elif win <= second:
+            df.at[i, "check"] = "agree"
+        elif r["margin"] < BAND:
+            df.at[i, "check"] = (f"DIFFERS (the model's lead {r['margin']:.2%} is inside validate's {BAND:.0%} "
+                                 f"agreement band between the model and SimGrid: not a verdict)")
+        else:  # the reason: which strategy's price the simulation puts outside the band
+            ratios = {r["winner"]: win / r["time_s"], r["runner_up"]: second / r["runner_up_time_s"]}
+            off = [f"{name} {ratio:.2f}x" for name, ratio in ratios.items() if abs(ratio - 1) > BAND]
+            df.at[i, "check"] = (f"DIFFERS (SimGrid / model: {', '.join(off)}, outside validate's {BAND:.0%} band: "
+                                 f"the model's price of {'these' if len(off) > 1 else 'it'} is wrong here, so is the "
+                                 f"winner)" if off else "DIFFERS")
     return m
 
 

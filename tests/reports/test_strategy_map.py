@@ -395,3 +395,22 @@ def test_spot_checks_go_to_the_cells_with_a_winner_first():
     assert map_check.chosen_cells(m, 1) == [0]
     assert map_check.chosen_cells(m, 2)[0] == 0 and len(map_check.chosen_cells(m, 2)) == 2
     assert map_check.chosen_cells(m, 4) == [0, 1, 2, 3]
+
+
+def test_a_winner_simgrid_reverses_is_marked_with_the_price_that_is_off():
+    from reports import map_check
+
+    # 16 workers at 400 Gbit/s: the model's ring leads the colocated parameter server by 6.8%, past the tie band;
+    # a simulation pricing the server 20% under the model reverses it, and the mark names that price
+    m = sm.strategy_map(sm.Workload(R50), (16,), (400 * GBIT,), 2e-5, strategies=["ring", "parameter_server"])
+    r = m.cells.iloc[0]
+    assert not r["tie"] and r["winner"] == "ring" and r["margin"] > sm.TIE_BAND
+
+    def cheaper_server(strategy, params, workers, bandwidth, latency):
+        seconds = sm.price(sm.Candidate(strategy, tuple(sorted(params.items()))), workers, sm.Workload(R50),
+                           Fabric(bandwidth, latency))
+        return seconds * (0.8 if strategy == "parameter_server" else 1.0)
+
+    map_check.spot_check(m, 1, simulate=cheaper_server)
+    assert m.cells["check"].iloc[0] == ("DIFFERS (SimGrid / model: parameter_server 0.80x, outside validate's 5% "
+                                        "band: the model's price of it is wrong here, so is the winner)")
