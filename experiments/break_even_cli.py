@@ -83,7 +83,8 @@ def run(args) -> int:
           f"one NIC per rank; Ts {args.step_time:g} s; priced by the model (strategies.cost)")
     source = {c: "given" if c in given else "none" if c in NO_CODEC else "measured here" for c in codecs}
     print("# codec ms/MB: " + ", ".join(f"{c} {(given | measured)[c] * 1e3:.3g} ({source[c]})" for c in codecs)
-          + f" (measured: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, one thread, a 16 MiB buffer)")
+          + (f" (measured: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, one thread, a 16 MiB buffer)"
+             if set(measured) - NO_CODEC else ""))
     width = max(len(r["step"]) for r in rows)
     print(f"{'workers':>7}  {'codec':<13} {'codec ms/step':>13}  {'the step':<{width}}  time to target")
     for r in rows:

@@ -29,7 +29,7 @@ TIE_COLOUR = "#d9d9d9"  # a tie names no winner
 
 
 # SimGrid spot checks: agrees on the winner, does not, could not run
-MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "tie": " (SimGrid run)", "not run": " (sim not run)"}
+MARKS = {"agree": " \u2713", "DIFFERS": " \u2717 SimGrid", "tie": " \u25cb", "not run": " (sim not run)"}
 
 
 def esc(value) -> str:
@@ -76,7 +76,7 @@ def map_figure(m: StrategyMap, marks: dict | None = None) -> go.Figure:
         scale += [[i / k, colour], [(i + 1) / k, colour]]
     fig = go.Figure(go.Heatmap(
         z=z, x=[esc(_fmt_column(m, c)) for c in columns], y=[str(n) for n in workers], text=text,
-        texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        texttemplate="%{text}", textfont={"size": 11}, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
         colorscale=scale, zmin=-0.5, zmax=k - 0.5,
         colorbar={"tickvals": list(range(k)), "ticktext": [esc(w) for w in winners], "title": "winner"}))
     x_title = "message size (the collective alone)" if m.axis == "size" else "NIC bandwidth per rank"
@@ -109,5 +109,5 @@ def _caption(m: StrategyMap) -> str:
     return (f"From the analytic model (strategies.cost), not measured. Ranked exact strategies: {names}; each at "
             f"its best knob per cell. Lead: the runner-up's time over the winner's, minus one; a lead under "
             f"{_pct(m.tie)} is a tie (a~b, grey), inside the model's uncertainty. \u2713: SimGrid "
-            f"agrees on the winner at that cell, \u2717: it does not (hover for the times); *: the knob at the end of "
-            f"the values tried, a value beyond may be cheaper.")
+            f"agrees on the winner at that cell, \u2717: it does not, \u25cb: simulated at a tie (hover for the "
+            f"times); *: the knob at the end of the values tried, a value beyond may be cheaper.")
