@@ -24,6 +24,7 @@ from reports.strategy_map import (
 )
 
 WORKERS = tuple(2**i for i in range(1, 9))  # 2 .. 256 beside the sweep's own counts: under a second to price
+WORKERS_ON_NODES = tuple(2**i for i in range(1, 7))  # 2 .. 64: the node-aware prices are slower (8 s at 256 alone)
 MAX_MAPS = 3  # workloads mapped on one page (the first ones, in the sweep's order)
 
 
@@ -70,7 +71,8 @@ def section(r):
             continue
         linked = g[g["link_bandwidth"].notna() & (g["link_bandwidth"] > 0)]
         bandwidths = sorted(set(DEFAULT_BANDWIDTHS) | set(linked["link_bandwidth"].astype(float)))
-        workers = sorted(set(WORKERS) | {int(n) for n in g["workers"] if 2 <= n <= MAX_WORKERS})
+        grid = WORKERS_ON_NODES if k > 1 else WORKERS
+        workers = sorted(set(grid) | {int(n) for n in g["workers"] if 2 <= n <= MAX_WORKERS})
         compute_s, how = ts[workload]
         m = strategy_map(Workload(numel, compute_s=compute_s if compute_s > 0 else None, label=workload), workers,
                          bandwidths, latency, k, intra, EXACT_NODES if k > 1 else EXACT_FLAT)

@@ -46,3 +46,16 @@ def test_without_an_emulated_link_the_section_says_why(tmp_path):
     ok = r.ok[r.ok["link_bandwidth"].isna()]
     body = map_section.section(Results(runs=ok, ok=ok, steps=None, sweep_text=None, links=["full speed"]))
     assert isinstance(body, Absent) and "no run on an emulated link" in body.reason
+
+
+def test_on_nodes_the_section_ranks_the_node_aware_strategies_at_the_sweeps_node_size(tmp_path):
+    # the per-level section's results: 4 workers in nodes of 2 sharing a 1 Gbit/s NIC, 100 Gbit/s inside a node
+    from tests.reports.test_levels import INTRA, NIC, _results, _run
+
+    r = _results(tmp_path, [_run("ring0", "ring", 0.20), _run("hier", "hierarchical", 0.14, inner="ring")])
+    assert map_section.network(r.ok) == (0.0, 2, INTRA)
+    shown = map_section.section(r)["maps"][0]
+    assert shown["nodes"] == "nodes of 2 ranks sharing a NIC"
+    assert shown["strategies"] == ", ".join(map_section.EXACT_NODES)
+    assert "measured here: " in str(shown["figure"])
+    assert set(map_section.measured_marks(r.ok)) == {(4, NIC)}
