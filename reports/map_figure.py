@@ -79,13 +79,14 @@ def map_figure(m: StrategyMap, marks: dict | None = None) -> go.Figure:
         texttemplate="%{text}", textfont={"size": 11}, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
         colorscale=scale, zmin=-0.5, zmax=k - 0.5,
         colorbar={"tickvals": list(range(k)), "ticktext": [esc(w) for w in winners], "title": "winner"}))
-    x_title = "message size (the collective alone)" if m.axis == "size" else "NIC bandwidth per rank"
+    x_title = "message size (the collective alone; KiB = 2^10 bytes)" if m.axis == "size" else \
+        "NIC bandwidth per rank (Gbit/s, 10^9 bits/s)"
     what = "one sync" if m.measure == "sync" else "step time"
     fig.update_layout(template="plotly_white", height=max(420, 48 * len(workers) + 160),
                       title=esc(f"Where each strategy wins ({what}, {m.meta.get('workload') or 'buffer'}): "
                                 f"winner, its knob, its lead over the runner-up"),
                       xaxis={"title": esc(x_title), "type": "category"},
-                      yaxis={"title": "workers", "type": "category"})
+                      yaxis={"title": "workers (ranks)", "type": "category"})
     return fig
 
 
