@@ -431,6 +431,8 @@ def lead_text(margin: float) -> str:
 
 def _pct(fraction: float) -> str:
     pct = fraction * 100
+    if 0 < pct < 1e-4:  # '6.5e-05%' reads as noise: say how small
+        return "<0.0001%"
     return f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
 
 

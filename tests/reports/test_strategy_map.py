@@ -414,3 +414,7 @@ def test_a_winner_simgrid_reverses_is_marked_with_the_price_that_is_off():
     map_check.spot_check(m, 1, simulate=cheaper_server)
     assert m.cells["check"].iloc[0] == ("DIFFERS (SimGrid / model: parameter_server 0.80x, outside validate's 5% "
                                         "band: the model's price of it is wrong here, so is the winner)")
+
+
+def test_percentages_read_as_numbers_never_in_exponent_form():
+    assert [sm._pct(f) for f in (0.0, 6.5e-7, 6.8e-6, 0.0197, 0.18)] == ["0%", "<0.0001%", "0.00068%", "2%", "18%"]
