@@ -66,20 +66,11 @@ def _list(option: str, text: str, parse, accepted: str) -> list:
 
 def _print_nccl_reference(m) -> None:
     """NCCL's model beside syncbench's ring and tree, every cell: a reference, never ranked with the map."""
-    from reports.nccl_model import DISAGREE, SOURCE, reference_rows
+    from reports.nccl_model import format_reference
 
-    print(f"\nReference, NCCL's model (not syncbench's; {SOURCE}): one allreduce of the map's buffer, one GPU per "
-          f"node; ms = latency term + bandwidth term")
-    print(f"{'workers':>7} {'Gbit/s':>7}  {'syncbench':<18} {'ms':>14}  {'NCCL':<5} {'ms':>14}  ratio  "
-          f"term beyond {DISAGREE:.0%}")
-    for r in m.cells.to_dict("records"):
-        for row in reference_rows(int(r["workers"]), int(r["message_bytes"]), r["bandwidth_bytes_per_s"],
-                                  r["latency_s"]):
-            ours = f"{row['syncbench_latency_s'] * 1e3:.3g}+{row['syncbench_bandwidth_s'] * 1e3:.4g}"
-            theirs = f"{row['nccl_latency_s'] * 1e3:.3g}+{row['nccl_bandwidth_s'] * 1e3:.4g}"
-            print(f"{row['workers']:>7} {r['bandwidth_bytes_per_s'] * 8 / 1e9:>7g}  {row['syncbench']:<18} "
-                  f"{ours:>14}  {row['nccl']:<5} {theirs:>14}  {row['syncbench_over_nccl']:5.2f}  "
-                  f"{row['term_that_differs']}")
+    cells = [(r["workers"], r["message_bytes"], r["bandwidth_bytes_per_s"], r["latency_s"])
+             for r in m.cells.to_dict("records")]
+    print("\n" + "\n".join(format_reference(cells)))
 
 
 def run(args) -> int:

@@ -133,3 +133,19 @@ def reference_rows(workers: int, nbytes: int, bandwidth: float, latency: float) 
                      "nccl_latency_s": nccl.latency_s, "nccl_bandwidth_s": nccl.bandwidth_s,
                      "syncbench_over_nccl": ratio, "term_that_differs": differs})
     return rows
+
+
+def format_reference(cells) -> list[str]:
+    """The reference table for `model` and `map`: for each (workers, nbytes, bandwidth, latency) cell, syncbench's
+    ring and double binary tree beside NCCL's ring and tree, labelled as NCCL's, never ranked."""
+    out = [f"Reference, NCCL's model (not syncbench's; {SOURCE}): one allreduce, one GPU per node; "
+           f"ms = latency term + bandwidth term",
+           f"{'workers':>7} {'Gbit/s':>7}  {'syncbench':<18} {'ms':>14}  {'NCCL':<5} {'ms':>14}  ratio  "
+           f"term beyond {DISAGREE:.0%}"]
+    for workers, nbytes, bandwidth, latency in cells:
+        for row in reference_rows(int(workers), int(nbytes), bandwidth, latency):
+            ours = f"{row['syncbench_latency_s'] * 1e3:.3g}+{row['syncbench_bandwidth_s'] * 1e3:.4g}"
+            theirs = f"{row['nccl_latency_s'] * 1e3:.3g}+{row['nccl_bandwidth_s'] * 1e3:.4g}"
+            out.append(f"{row['workers']:>7} {bandwidth * 8 / 1e9:>7g}  {row['syncbench']:<18} {ours:>14}  "
+                       f"{row['nccl']:<5} {theirs:>14}  {row['syncbench_over_nccl']:5.2f}  {row['term_that_differs']}")
+    return out

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
                                              "(default unlimited)")
     p.add_argument("--target-efficiency", type=float, default=0.9)
+    p.add_argument("--nccl-reference", action="store_true",
+                   help="also print NCCL's own model of an allreduce (ring, tree) beside syncbench's ring and tree")
     p.add_argument("--strategy", action="append",
                    help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
                         "parameter_server:servers=4,placement=colocated")
@@ -413,6 +415,8 @@ def _model(args) -> int:
     from strategies.transport.link import parse_bandwidth, parse_latency
 
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
+    if args.nccl_reference and (args.ranks_per_node or 1) != 1:
+        raise ValueError("--nccl-reference compares one GPU per node: accepted without --ranks-per-node")
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
     _check_link("--intra-bandwidth", args.intra_bandwidth, "--intra-latency", None)
     profile, model, step_time = None, args.model, args.step_time
@@ -455,6 +459,12 @@ def _model(args) -> int:
         table[["efficiency", "step_s", "bandwidth_needed"]] = math.nan
         table.attrs["step_time"] = math.nan
     print(format_model_table(table))
+    if args.nccl_reference:  # NCCL's own model beside syncbench's ring and tree (reports/nccl_model.py)
+        from reports.nccl_model import format_reference
+
+        cells = [(n, 4 * int(table.attrs["numel"]), parse_bandwidth(args.bandwidth), parse_latency(args.latency))
+                 for n in _workers_list(args.workers) if n > 1]
+        print("\n" + "\n".join(format_reference(cells)))
     return 0
 
 

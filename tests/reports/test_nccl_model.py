@@ -77,3 +77,16 @@ def test_map_prints_the_reference_labelled_as_nccls(capsys):
     assert "Reference, NCCL's model (not syncbench's;" in out and " ring " in out and " tree " in out
     assert main(["map", "--model-bytes", "4MB", "--step-time", "0.1", "--nccl-reference"]) == 2
     assert "--nccl-reference prices one allreduce" in capsys.readouterr().err
+
+
+def test_model_prints_the_reference_beside_its_table(capsys):
+    assert main(["model", "--model-bytes", "4MB", "--workers", "8", "--bandwidth", "10Gbit", "--latency", "5us",
+                 "--nccl-reference"]) == 0
+    out = capsys.readouterr().out
+    reference = out[out.index("Reference, NCCL's model"):].splitlines()
+    assert len(reference) == 4  # title, header, ring, tree
+    row = nccl.reference_rows(8, 4_000_000, 1.25e9, 5e-6)[0]
+    assert reference[2].split()[:3] == ["8", "10", "ring"] and f"{row['syncbench_over_nccl']:5.2f}" in reference[2]
+    assert main(["model", "--model-bytes", "4MB", "--workers", "8", "--bandwidth", "10Gbit", "--ranks-per-node", "2",
+                 "--nccl-reference"]) == 2
+    assert "--nccl-reference compares one GPU per node" in capsys.readouterr().err
