@@ -39,9 +39,15 @@ def add_arguments(p) -> None:
                    help="also price compression, local SGD and neighbour averaging, shown apart (not ranked)")
     p.add_argument("--within", type=float, default=0.02,
                    help="'the choice stops mattering' threshold, a fraction of the winner's time (default 0.02)")
+    p.add_argument("--tie", type=float, default=0.05,
+                   help="a lead under this fraction of the winner's time is a tie, not a winner (default 0.05: the "
+                        "model's agreement band with SimGrid; 0: only equal times tie)")
     p.add_argument("--check", type=int, default=0,
                    help="SimGrid spot checks at N cells (up to 64 workers): the winner and the runner-up simulated, "
                         "marked where SimGrid agrees on the winner (ResNet-50's sync only; default 0: none)")
+    p.add_argument("--nccl-reference", action="store_true",
+                   help="also print NCCL's own model (its tuner's ring and tree, Simple protocol) beside syncbench's "
+                        "ring and double binary tree per cell, labelled as NCCL's (one sync, one NIC per rank)")
     p.add_argument("--out", help="write DIR/map.csv, DIR/map.json and DIR/map.html")
 
 
@@ -56,6 +62,15 @@ def _list(option: str, text: str, parse, accepted: str) -> list:
         except (ValueError, OverflowError) as e:
             raise ValueError(f"{option}: bad item {item!r} ({e}); accepted are {accepted}") from None
     return out
+
+
+def _print_nccl_reference(m) -> None:
+    """NCCL's model beside syncbench's ring and tree, every cell: a reference, never ranked with the map."""
+    from reports.nccl_model import format_reference
+
+    cells = [(r["workers"], r["message_bytes"], r["bandwidth_bytes_per_s"], r["latency_s"])
+             for r in m.cells.to_dict("records")]
+    print("\n" + "\n".join(format_reference(cells)))
 
 
 def run(args) -> int:
@@ -116,6 +131,9 @@ def run(args) -> int:
 
         nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
         workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
+    if args.nccl_reference and (args.ranks_per_node != 1 or workload.measure != "sync"):
+        raise ValueError("--nccl-reference prices one allreduce on one NIC per rank: accepted without "
+                         "--ranks-per-node, --step-time or --profile")
     if args.check:
         from reports.map_check import request_problem
 
@@ -125,7 +143,7 @@ def run(args) -> int:
             raise ValueError(f"--check {args.check}: {why}")
     started = time.perf_counter()
     m = strategy_map(workload, workers, bandwidths, latency, args.ranks_per_node, intra, names, args.ps_placement,
-                     args.inexact, args.within, sizes)
+                     args.inexact, args.within, sizes, args.tie)
     priced = time.perf_counter() - started
     print(format_table(m))
     print(f"\n# {len(m.cells)} cells in {priced:.1f} s")
@@ -137,6 +155,8 @@ def run(args) -> int:
         print("\nSimGrid spot checks (alpha_beta network model, one sync each):")
         print("\n".join(f"- {line}" for line in check_lines(m)))
         print(f"# checked in {time.perf_counter() - started:.1f} s")
+    if args.nccl_reference:
+        _print_nccl_reference(m)
     if args.out:
         for path in write(m, args.out):
             print(f"wrote {path}")

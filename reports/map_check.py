@@ -13,7 +13,6 @@ from experiments.validate import TOLERANCE as BAND  # model and SimGrid agree wi
 from reports.model import model_numel
 from reports.strategy_map import StrategyMap
 
-TIE = 1e-9  # a model margin under this is a tie: the check says so instead of agree or DIFFERS
 MAX_CHECK_WORKERS = 64  # a ResNet-50 sync on SimGrid: seconds at 16 ranks, about a minute at 256
 
 
@@ -38,24 +37,28 @@ def request_problem(count, axis: str, measure: str, numel: int, ranks_per_node: 
 
 
 def chosen_cells(m: StrategyMap, count: int) -> list[int]:
-    """Row indices of `count` cells with at most MAX_CHECK_WORKERS workers, spread evenly over them (the first and
-    last included), the cells where the winner changes along a row first."""
+    """Row indices of `count` cells with at most MAX_CHECK_WORKERS workers: the cells with a winner (not a tie)
+    first, those where the winner changes along a row before the others, spread evenly over them (the first and
+    last included); tied cells only when the winners are fewer than `count`."""
     df = m.cells
     small = [i for i in df.index if df.at[i, "workers"] <= MAX_CHECK_WORKERS and df.at[i, "runner_up"]]
-    changes = [i for i in small if i + 1 in df.index and df.at[i + 1, "workers"] == df.at[i, "workers"]
-               and df.at[i + 1, "winner"] != df.at[i, "winner"]]
-    picked = changes[:count]
-    rest = [i for i in small if i not in picked]
-    need = count - len(picked)
-    if need > 0 and rest:
-        step = (len(rest) - 1) / max(need - 1, 1)
-        picked += sorted({rest[round(j * step)] for j in range(min(need, len(rest)))})
+    picked: list[int] = []
+    for cells in ([i for i in small if not df.at[i, "tie"]], [i for i in small if df.at[i, "tie"]]):
+        changes = [i for i in cells if i + 1 in df.index and df.at[i + 1, "workers"] == df.at[i, "workers"]
+                   and df.at[i + 1, "winner"] != df.at[i, "winner"]]
+        picked += changes[:count - len(picked)]
+        rest = [i for i in cells if i not in picked]
+        need = count - len(picked)
+        take = min(need, len(rest))
+        if take > 0:
+            step = (len(rest) - 1) / max(take - 1, 1)
+            picked += sorted({rest[round(j * step)] for j in range(take)})
     return sorted(picked)
 
 
 def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
-    """Add columns check ('agree', 'DIFFERS', 'tie' where the model's two are equal, 'not run: ...', or '' for an
-    unchecked cell), sim_winner_s and
+    """Add columns check ('agree', 'DIFFERS', 'tie' where the map calls the cell a tie (its lead under the map's
+    tie band), 'not run: ...', or '' for an unchecked cell), sim_winner_s and
     sim_runner_up_s at `count` chosen cells. `simulate(strategy, params, workers, bandwidth, latency)` -> seconds
     (default: SimGrid through experiments.validate)."""
     why = check_problem(m, count)
@@ -75,12 +78,19 @@ def spot_check(m: StrategyMap, count: int, simulate=None) -> StrategyMap:
             df.at[i, "check"] = f"not run: {e}"
             continue
         df.at[i, "sim_winner_s"], df.at[i, "sim_runner_up_s"] = win, second
-        if r["margin"] < TIE:  # the model names no winner: nothing for SimGrid to agree with
+        if r["tie"]:  # the model names no winner (its lead is under the map's tie band): nothing to agree with
             df.at[i, "check"] = "tie"
-        else:
-            df.at[i, "check"] = "agree" if win <= second else (
-                "DIFFERS" + (f" (the model's lead {r['margin']:.2%} is inside validate's {BAND:.0%} agreement band "
-                             f"between the model and SimGrid: not a verdict)" if r["margin"] < BAND else ""))
+        elif win <= second:
+            df.at[i, "check"] = "agree"
+        elif r["margin"] < BAND:
+            df.at[i, "check"] = (f"DIFFERS (the model's lead {r['margin']:.2%} is inside validate's {BAND:.0%} "
+                                 f"agreement band between the model and SimGrid: not a verdict)")
+        else:  # the reason: which strategy's price the simulation puts outside the band
+            ratios = {r["winner"]: win / r["time_s"], r["runner_up"]: second / r["runner_up_time_s"]}
+            off = [f"{name} {ratio:.2f}x" for name, ratio in ratios.items() if abs(ratio - 1) > BAND]
+            df.at[i, "check"] = (f"DIFFERS (SimGrid / model: {', '.join(off)}, outside validate's {BAND:.0%} band: "
+                                 f"the model's price of {'these' if len(off) > 1 else 'it'} is wrong here, so is the "
+                                 f"winner)" if off else "DIFFERS")
     return m
 
 

@@ -16,6 +16,8 @@ import pandas as pd
 from markupsafe import Markup
 
 from reports import calibration, explain_section, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
+from reports.distributions import section as distributions_section
+from reports.map_section import section as strategy_map_section
 
 
 @dataclass(frozen=True)
@@ -372,10 +374,12 @@ SECTIONS: tuple[Section, ...] = (
     Section("loopback", "Loopback reference: runs not on the emulated link", loopback),
     Section("scaling", "Scaling efficiency", scaling),
     Section("step-time", "Step time: compute and communication", step_time),
+    Section("distributions", "Per-step distributions: p50, p99, spikes and stragglers", distributions_section),
     Section("traffic", "Traffic: measured vs analytic", traffic),
     Section("levels", "Traffic per level: node NICs and inside the nodes", levels.section),
     Section("bandwidth", "Bandwidth requirement", bandwidth),
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
+    Section("strategy-map", "Where each strategy wins (the model, around this sweep)", strategy_map_section),
     Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
             teaching_question),
     Section("explain", "Each strategy drawn round by round", explain_section.section),

@@ -30,6 +30,11 @@ DEFAULT_WORKERS = tuple(2**i for i in range(1, 11))  # 2 .. 1,024
 DEFAULT_BANDWIDTHS = tuple(g * GBIT for g in (1, 2.5, 5, 10, 25, 40, 100, 200, 400))
 DEFAULT_SIZES = tuple(2**i for i in range(10, 31, 2))  # 1 KiB .. 1 GiB
 DEFAULT_WITHIN = 0.02
+# a lead under this is a tie: the model's own uncertainty, its agreement band with SimGrid's alpha_beta model
+# (experiments.validate.TOLERANCE, tested equal). SimGrid put the colocated parameter server 0.15% to 0.36% ahead of
+# a ring the model put 0.08% to 0.97% ahead (docs/map.md): a lead that small is not a winner.
+TIE_BAND = 0.05
+EXACT_TIE = 1e-9  # margins under this are equal times (a tie at any band)
 
 # the exact strategies a map ranks by default, one NIC per rank; on nodes only those with per-level traffic
 EXACT_FLAT = ("ring", "halving_doubling", "reduce_broadcast", "all_to_all", "double_binary_tree", "parameter_server")
@@ -243,11 +248,12 @@ class StrategyMap:
     measure: str               # 'step' or 'sync'
     within: float
     meta: dict = field(default_factory=dict)
+    tie: float = TIE_BAND      # a lead under this fraction is a tie, not a winner
 
 
 COLUMNS = {"workers": "int", "bandwidth_bytes_per_s": "float", "latency_s": "float", "message_bytes": "int",
            "ranks_per_node": "int", "winner": "str", "winner_params": "json", "winner_knob_at_edge": "bool",
-           "time_s": "float",
+           "time_s": "float", "tie": "bool",
            "runner_up": "str", "runner_up_params": "json", "runner_up_time_s": "float", "margin": "float",
            "worst": "str", "spread": "float", "strategies_priced": "int", "inexact_best": "str",
            "inexact_time_s": "float"}
@@ -256,12 +262,17 @@ COLUMNS = {"workers": "int", "bandwidth_bytes_per_s": "float", "latency_s": "flo
 def strategy_map(workload: Workload, workers=DEFAULT_WORKERS, bandwidths=DEFAULT_BANDWIDTHS, latency: float = 0.0,
                  ranks_per_node: int = 1, intra_bandwidth: float = math.inf, strategies=None,
                  placement: str = "colocated", inexact: bool = False, within: float = DEFAULT_WITHIN,
-                 sizes=None) -> StrategyMap:
+                 sizes=None, tie: float = TIE_BAND) -> StrategyMap:
     """The map: for each (workers, bandwidth) cell — or, with `sizes` and one bandwidth, each (workers, message
     size) cell of the collective alone — the winning exact strategy at its best knob, its seconds, the runner-up
     (the best other strategy), margin = runner-up / winner - 1, and spread = slowest strategy / winner - 1 (how
-    much the choice changes the time). `inexact`: also the fastest inexact candidate, kept out of the ranking."""
+    much the choice changes the time). A cell whose margin is under `tie` is a tie (column tie): the winner is only
+    the model's first of strategies it cannot separate. `inexact`: also the fastest inexact candidate, kept out of
+    the ranking."""
     names = check_grid(workers, bandwidths, latency, ranks_per_node, strategies, sizes, placement, within)
+    if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not 0 <= tie < 1:
+        raise ValueError(f"bad tie band {tie!r}: accepted are fractions from 0 (only equal times tie) to below 1, "
+                         f"e.g. {TIE_BAND}")
     if sizes is not None and len(bandwidths) != 1:
         raise ValueError(f"the collective-alone map takes one bandwidth, got {len(bandwidths)}: give one")
     if sizes is not None and workload.measure == "step":
@@ -275,17 +286,17 @@ def strategy_map(workload: Workload, workers=DEFAULT_WORKERS, bandwidths=DEFAULT
             fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth)
             best, why = best_per_strategy(names, int(n), here, fabric, placement)
             rows.append(_row(int(n), bandwidth, latency, numel * 4, int(ranks_per_node), best, why, here, fabric,
-                             inexact))
+                             inexact, tie))
     cells = pd.DataFrame(rows, columns=list(COLUMNS))
     meta = {"workload": workload.label, "numel": workload.numel, "measure": "sync" if sizes else workload.measure,
             "compute_s": workload.compute_s, "strategies": names, "placement": placement,
             "intra_bandwidth_bytes_per_s": None if math.isinf(intra_bandwidth) else intra_bandwidth,
             "profile": getattr(workload.profile, "id", None), "bucket_mb": workload.bucket_mb,
-            "units": "seconds, bytes, bytes/s; margin and spread are fractions of time_s"}
-    return StrategyMap(cells, "size" if sizes is not None else "bandwidth", meta["measure"], within, meta)
+            "tie_band": tie, "units": "seconds, bytes, bytes/s; margin and spread are fractions of time_s"}
+    return StrategyMap(cells, "size" if sizes is not None else "bandwidth", meta["measure"], within, meta, tie)
 
 
-def _row(n, bandwidth, latency, message_bytes, k, best, why, workload, fabric, inexact) -> dict:
+def _row(n, bandwidth, latency, message_bytes, k, best, why, workload, fabric, inexact, tie) -> dict:
     ranked = sorted(best.values(), key=lambda b: b.seconds)
     row = {"workers": n, "bandwidth_bytes_per_s": float(bandwidth), "latency_s": float(latency),
            "message_bytes": int(message_bytes), "ranks_per_node": k, "strategies_priced": len(ranked),
@@ -303,6 +314,7 @@ def _row(n, bandwidth, latency, message_bytes, k, best, why, workload, fabric, i
             "margin": second.seconds / win.seconds - 1 if second and win.seconds > 0 else math.nan,
             "worst": ranked[-1].candidate.name,
             "spread": ranked[-1].seconds / win.seconds - 1 if win.seconds > 0 else 0.0}
+    row["tie"] = bool(second) and not row["margin"] >= max(tie, EXACT_TIE)  # NaN margin (0 s): a tie too
     if inexact:
         fast, _ = best_per_strategy((), n, workload, fabric, inexact=True)
         if fast:
@@ -359,17 +371,16 @@ def format_table(m: StrategyMap) -> str:
         link = fmt_bandwidth(df["bandwidth_bytes_per_s"].iloc[0])
         latency = df["latency_s"].iloc[0] * 1e6
         head[0] = f"# the collective alone: one allreduce of each size on {link}, latency {latency:g} us"
-    head.append("# cell: winner [its best knob] +lead over the runner-up (% of the winner's time; tie: equal times, "
-                "the first strategy ranked shown)")
+    head.append(f"# cell: winner [its best knob] +lead over the runner-up (% of the winner's time); a~b (lead): a tie, "
+                f"the lead under {_pct(m.tie)}, the model's uncertainty (a is its first, not a winner)"
+                if m.tie >= EXACT_TIE else "# cell: winner [its best knob] +lead over the runner-up (% of the "
+                "winner's time); a~b: equal times, a tie")
     cells = {(r["workers"], _column_value(m, r)): r for _, r in df.iterrows()}
     grid = [["workers"] + [_fmt_column(m, c).replace(" ", "") for c in columns]]
     for n in sorted(df["workers"].unique()):
         line = [str(n)]
         for c in columns:
-            r = cells[(n, c)]
-            knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
-            lead = lead_text(r["margin"])
-            line.append(f"{SHORT.get(r['winner'], r['winner'])}{' ' + knob if knob else ''}{lead}")
+            line.append(cell_text(cells[(n, c)]))
         grid.append(line)
     widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
     body = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in grid]
@@ -401,6 +412,16 @@ def _measured(m: StrategyMap) -> str:
     return f"the step (Ts {m.meta['compute_s']:g} s + one sync, no overlap)"
 
 
+def cell_text(r) -> str:
+    """A cell as the table and the heat map show it: 'hd +12%' (a winner, its knob, its lead), or 'ring~ps (0.97%)'
+    (a tie: the lead under the map's tie band; the model's first, then the runner-up)."""
+    knob = short_params(r["winner"], r["winner_params"]) + ("*" if r["winner_knob_at_edge"] else "")
+    first = f"{SHORT.get(r['winner'], r['winner'])}{' ' + knob if knob else ''}"
+    if r["tie"]:
+        return f"{first}~{SHORT.get(r['runner_up'], r['runner_up'])} ({_pct(r['margin'] if r['margin'] > 0 else 0)})"
+    return first + lead_text(r["margin"])
+
+
 def lead_text(margin: float) -> str:
     """A cell's lead over the runner-up: ' +3.1%', ' tie' (equal times: the winner is the first ranked), ''."""
     if math.isnan(margin):
@@ -410,12 +431,15 @@ def lead_text(margin: float) -> str:
 
 def _pct(fraction: float) -> str:
     pct = fraction * 100
+    if 0 < pct < 1e-4:  # '6.5e-05%' reads as noise: say how small
+        return "<0.0001%"
     return f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
 
 
 # ---- the crossovers in words ------------------------------------------------------------------------------
 
 LEAD = "\x00"  # where a sentence's worker count goes
+TIED = "\x01"  # a segment of cells whose lead is under the tie band
 
 
 def crossovers(m: StrategyMap) -> list[str]:
@@ -432,24 +456,32 @@ def crossovers(m: StrategyMap) -> list[str]:
         row["_col"] = [_column_value(m, r) for _, r in row.iterrows()]
         row = row.sort_values("_col")
         values, winners, spreads = list(row["_col"]), list(row["winner"]), list(row["spread"])
-        segments = []  # (winner, first value, last value)
+        winners = [TIED if t else w for w, t in zip(winners, row["tie"])]  # a tie names no winner
+        segments = []  # (winner or TIED, first value, last value)
         for v, w in zip(values, winners):
             if segments and segments[-1][0] == w:
                 segments[-1][2] = v
             else:
                 segments.append([w, v, v])
         lead = LEAD
+        band = (f"no strategy leads by {_pct(m.tie)} (the model's uncertainty): a tie" if m.tie >= EXACT_TIE else
+                "the best two take equal times: a tie")
         if len(segments) == 1:
-            out.append(f"{lead}, {segments[0][0]} wins everywhere from {_fmt_column(m, values[0])} to "
-                       f"{_fmt_column(m, values[-1])}")
+            first, last = _fmt_column(m, values[0]), _fmt_column(m, values[-1])
+            out.append(f"{lead}, {band} everywhere from {first} to {last}" if segments[0][0] == TIED else
+                       f"{lead}, {segments[0][0]} wins everywhere from {first} to {last}")
         else:
             for (a, _, a_last), (b, b_first, _) in zip(segments, segments[1:]):
-                if m.axis == "size":
-                    out.append(f"{lead}, {a} beats {b} up to {_fmt_column(m, a_last)}, {b} wins from "
-                               f"{_fmt_column(m, b_first)} (the crossover lies between)")
+                upto, since = _fmt_column(m, a_last), _fmt_column(m, b_first)
+                if a == TIED:
+                    out.append(f"{lead}, {band} up to {upto}, {b} wins from {since} (the change lies between)")
+                elif b == TIED:
+                    out.append(f"{lead}, {a} wins up to {upto}, from {since} {band} (the change lies between)")
+                elif m.axis == "size":
+                    out.append(f"{lead}, {a} beats {b} up to {upto}, {b} wins from {since} (the crossover lies "
+                               f"between)")
                 else:
-                    out.append(f"{lead}, {a} wins up to {_fmt_column(m, a_last)}, {b} from "
-                               f"{_fmt_column(m, b_first)} (the crossover lies between)")
+                    out.append(f"{lead}, {a} wins up to {upto}, {b} from {since} (the crossover lies between)")
         # from which column on the best two are within `within` of each other, then all ranked strategies
         margins = list(row["margin"].fillna(0.0))
         limit = f"under {_pct(m.within)}"
@@ -457,7 +489,7 @@ def crossovers(m: StrategyMap) -> list[str]:
         if settled == len(values):
             out.append(f"{lead}, choosing between the best two still changes {what} by {_pct(m.within)} or more at "
                        f"the grid's largest value ({_fmt_column(m, values[-1])}: {row['runner_up'].iloc[-1]} takes "
-                       f"{_pct(margins[-1])} longer than {winners[-1]})")
+                       f"{_pct(margins[-1])} longer than {row['winner'].iloc[-1]})")
         elif settled == 0:
             out.append(f"{lead}, choosing between the best two changes {what} by {limit} everywhere on the grid")
         else:

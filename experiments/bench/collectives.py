@@ -27,6 +27,8 @@ from strategies.testing import StrategyCheckError, check_identical, check_traffi
 from strategies.transport.link import Network
 from strategies.transport.threads import run_threads
 
+TAIL = 1.5  # p99 / median above this: the table's median hides a heavy tail (said under the table)
+
 # dtypes `verify --dtype` accepts (numpy names)
 VERIFY_DTYPES = {name: getattr(np, name) for name in ("float16", "float32", "float64", "int8", "int32", "int64",
                                                       "uint8", "uint16", "uint32", "uint64", "bool")}
@@ -251,6 +253,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
                 capacity_for(address), f"bench --workers {workers} --sizes up to {max(sizes):,} bytes",
                 oversubscribe)
     results: dict = {}
+    tails: dict = {}  # (p99, max) of the per-iteration times
     with ray_session(address, num_cpus=max(_cores(), workers + 1)):
         for world, _ in _groups(names, workers):
             placement.check(world, network)
@@ -261,6 +264,7 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
                 # each iteration takes as long as its slowest rank; report the median over iterations
                 per_iter = [max(rank[key][i] for rank in per_rank) for i in range(len(per_rank[0][key]))]
                 results[key] = statistics.median(per_iter)
+                tails[key] = (nearest_rank(per_iter, 99), max(per_iter))
     rows = []
     factor = 2 * (workers - 1) / workers
     for nbytes in sizes:
@@ -268,7 +272,9 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
         for name in names:
             t = results[(name, nbytes)]
             algbw = nbytes / t / 1e9
-            rows.append({"size": nbytes, "strategy": name, "time_ms": t * 1e3, "algbw_GBps": algbw,
+            p99, slowest = tails[(name, nbytes)]
+            rows.append({"size": nbytes, "strategy": name, "time_ms": t * 1e3, "p99_ms": p99 * 1e3,
+                         "max_ms": slowest * 1e3, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * factor, "vs_native": (native / t) if native else math.nan,
                          "model_ms": _predicted(name, workers, nbytes, network) * 1e3})
     out(format_bench(rows, workers, link, p2p))
@@ -419,6 +425,20 @@ def _predicted(name: str, workers: int, nbytes: int, network: Network | None) ->
     return comm_time(rounds, path_bytes, network.default.bandwidth, network.default.latency)
 
 
+def nearest_rank(times, p: float) -> float:
+    """The nearest-rank p-th percentile: the smallest time with at least p% of them at or under it (the report's
+    per-step distributions use the same rule, reports/distributions.py)."""
+    values = sorted(times)
+    return values[max(math.ceil(p / 100 * len(values)), 1) - 1]
+
+
+def tail_lines(rows: list[dict]) -> list[str]:
+    """A line under the table for each row whose p99 is over TAIL x its median: the median hides its tail."""
+    return [f"# heavy tail: {r['size']} bytes, {r['strategy']}: p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms "
+            f"= {r['p99_ms'] / r['time_ms']:.2f}x the median (over {TAIL:g}x)"
+            for r in rows if "p99_ms" in r and r["time_ms"] > 0 and r["p99_ms"] / r["time_ms"] > TAIL]
+
+
 def format_bench(rows: list[dict], workers: int, link: dict | None, p2p: str = "gloo") -> str:
     kernel = bool(link) and link.get("emulation") == "kernel"
     net = f"emulated links {link['bandwidth']} / {link.get('latency', '0s')} (native is not emulated)" if link \
@@ -440,7 +460,7 @@ def format_bench(rows: list[dict], workers: int, link: dict | None, p2p: str = "
         if link:
             line += f" {r['model_ms']:10.3f} {r['time_ms'] / r['model_ms']:10.3f}"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(lines + tail_lines(rows))
 
 
 def _cores() -> int:

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
                                              "(default unlimited)")
     p.add_argument("--target-efficiency", type=float, default=0.9)
+    p.add_argument("--nccl-reference", action="store_true",
+                   help="also print NCCL's own model of an allreduce (ring, tree) beside syncbench's ring and tree")
     p.add_argument("--strategy", action="append",
                    help="limit to these strategies (repeatable), each a name or name:key=value,..., e.g. "
                         "parameter_server:servers=4,placement=colocated")
@@ -98,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.cli.explain import add_arguments as _explain_arguments
     _explain_arguments(sub.add_parser("explain", help="one sync of a strategy's real code on thread ranks, drawn "
                                                       "round by round from its messages: a table, SVG or HTML"))
+
+    p = sub.add_parser("break-even", help="the NIC bandwidth below which each compression (or local SGD) shortens "
+                                          "the step, and time to target given a steps-to-target ratio")
+    from experiments.break_even_cli import add_arguments as _break_even_arguments
+    _break_even_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -411,6 +419,8 @@ def _model(args) -> int:
     from strategies.transport.link import parse_bandwidth, parse_latency
 
     model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
+    if args.nccl_reference and (args.ranks_per_node or 1) != 1:
+        raise ValueError("--nccl-reference compares one GPU per node: accepted without --ranks-per-node")
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
     _check_link("--intra-bandwidth", args.intra_bandwidth, "--intra-latency", None)
     profile, model, step_time = None, args.model, args.step_time
@@ -453,6 +463,12 @@ def _model(args) -> int:
         table[["efficiency", "step_s", "bandwidth_needed"]] = math.nan
         table.attrs["step_time"] = math.nan
     print(format_model_table(table))
+    if args.nccl_reference:  # NCCL's own model beside syncbench's ring and tree (reports/nccl_model.py)
+        from reports.nccl_model import format_reference
+
+        cells = [(n, 4 * int(table.attrs["numel"]), parse_bandwidth(args.bandwidth), parse_latency(args.latency))
+                 for n in _workers_list(args.workers) if n > 1]
+        print("\n" + "\n".join(format_reference(cells)))
     return 0
 
 
@@ -718,6 +734,12 @@ def _explain(args) -> int:
     return run(args)
 
 
+def _break_even(args) -> int:
+    from experiments.break_even_cli import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -727,4 +749,5 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate, "map": _map, "explain": _explain}
+            "simulate": _simulate, "validate": _validate, "map": _map, "explain": _explain,
+            "break-even": _break_even}

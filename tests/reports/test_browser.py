@@ -14,7 +14,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--enable-logging=stderr", "--v=0", "--window-size=1400,4000", "--virtual-time-budget=5000"]
-EXPECTED_PLOTS = 12  # with the teaching question's model figure
+EXPECTED_PLOTS = 13  # with the teaching question's model figure and the strategy map
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "

@@ -92,7 +92,7 @@ def test_sections_in_order_the_absent_ones_listed_once_and_plotly_embedded_once(
     assert page.count(plotly_js) == 1
     rest = page.replace(plotly_js, "")  # the bundle itself mentions its CDN; nothing else may load from one
     assert "<script src" not in rest and "cdn.plot.ly" not in rest and "https://" not in rest
-    assert page.count('class="plotly-graph-div"') == 12  # with the teaching question's model figure
+    assert page.count('class="plotly-graph-div"') == 13  # with the teaching question's model figure and the map
     assert "MODEL, not a measurement" in page
 
 
@@ -135,7 +135,7 @@ def test_without_steps_or_sweep_file(tmp_path, fake_results):
     (tmp_path / "sweep.toml").unlink()
     page = build(tmp_path).read_text()
     assert "no steps.parquet" in page
-    assert page.count('class="plotly-graph-div"') == 8  # with the teaching question's model figure
+    assert page.count('class="plotly-graph-div"') == 9  # with the teaching question's model figure and the map
 
 
 def test_all_runs_failed(tmp_path, fake_results):

@@ -71,7 +71,7 @@ def test_runs_that_bypassed_the_emulated_link_are_drawn_apart(results_dir):
 
 def test_every_facet_has_a_labelled_or_shared_y_axis_with_units(built_report):
     figs = page_figures(built_report.read_text())
-    assert len(figs) == 12  # with the teaching question's model figure
+    assert len(figs) == 13  # with the teaching question's model figure and the strategy map
     for fig in figs:
         axes = {name: axis for name, axis in fig["layout"].items() if name.startswith("yaxis")}
         title = fig["layout"]["title"]["text"]
