@@ -15,6 +15,7 @@ import torch
 
 from strategies.transport.concurrency import THREADS
 from strategies.transport.link import LinkClock, Network, sleep_until
+from strategies.transport.recorder import Direction, MessageRecorder
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -78,6 +79,7 @@ class Communicator(ABC):
 
     transport = "abstract"
     concurrency = THREADS  # loops side by side and their clock (strategies/transport/concurrency.py)
+    recorder: MessageRecorder | None = None  # set per rank: every message recorded (strategies/transport/recorder.py)
 
     def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT_S,
                  network: Network | None = None):
@@ -135,6 +137,8 @@ class Communicator(ABC):
         if nbytes == 0:
             return DONE
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+        record = (self.recorder.start(self.rank, dst, Direction.SEND, nbytes, self.concurrency.clock)
+                  if self.recorder is not None else None)
         stamp = self._clock.transmit(nbytes, dst) if self._clock else None
         raw = self._guard(lambda: self._raw_isend(tensor, dst, stamp), "send to", dst)
         peer = self._peer(dst)
@@ -145,6 +149,8 @@ class Communicator(ABC):
             self._guard(lambda: raw(self.timeout), "send to", dst)
             if stamp:
                 sleep_until(stamp[1])
+            if record is not None:
+                record()
 
         return Handle(finish)
 
@@ -156,6 +162,8 @@ class Communicator(ABC):
             return DONE
         if not tensor.is_contiguous():
             raise CommError(f"rank {self.rank}: recv from rank {src} needs a contiguous buffer")
+        record = (self.recorder.start(self.rank, src, Direction.RECV, nbytes, self.concurrency.clock)
+                  if self.recorder is not None else None)
         raw = self._guard(lambda: self._raw_irecv(tensor, src, self._clock is not None), "recv from", src)
 
         def finish():
@@ -165,6 +173,8 @@ class Communicator(ABC):
             peer.msgs_recv += 1
             if self._clock:
                 sleep_until(self._clock.receive(nbytes, *stamp, src))
+            if record is not None:
+                record()
 
         return Handle(finish)
 
