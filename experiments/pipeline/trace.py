@@ -105,3 +105,16 @@ def worker_phases(trace: StepTrace, t: dict, exposed: float, role: str, straggle
     trace.phase(between, t["fb_end"], t["compute_end"])
     trace.phase("sync", t["comm_start"], t["comm_end"])
     trace.phase("apply" if role != "gradients" else "optimizer", t["apply_start"], t["apply_end"])
+
+
+def run_events(run_id: str, results: list[dict] | None) -> list[dict]:
+    """Every rank's events of a finished run as rows of the events table (experiments/results/schema.py EVENTS):
+    times counted from the run's first recorded event. [] when the run failed or traced nothing."""
+    rows = [dict(e, run_id=run_id) for result in (results or []) for e in result.get("events", ())]
+    if not rows:
+        return []
+    origin = min(r["start_s"] for r in rows)
+    for r in rows:
+        r["start_s"] -= origin
+        r["end_s"] -= origin
+    return rows

@@ -189,6 +189,25 @@ STEPS: tuple[Column, ...] = (
                                 "(NaN: not evaluated)"),
 )
 
+# The traced steps (trace_steps after warm-up): one row per event of a rank, on one clock per run
+# (experiments/pipeline/trace.py records them, experiments/results/events.py reads them).
+EVENTS: tuple[Column, ...] = (
+    Column("run_id", STR, "the run"),
+    Column("step", INT, "step index, warm-up included"),
+    Column("rank", INT, "the rank that recorded the event"),
+    Column("kind", STR, "'phase' (a compute or exposed-communication phase), 'bucket_ready' (a bucket's last "
+                        "gradient ready), 'bucket_sync' (a bucket's sync, started to done) or 'message'"),
+    Column("name", STR, "phase: forward, backward, forward+backward, straggle, after backward, optimizer, apply "
+                        "(compute), sync in backward, sync (exposed communication); message: send or recv"),
+    Column("thread", STR, "'main' (the training loop) or 'comm' (the communication thread of an overlapped run)"),
+    Column("bucket", INT, "the gradient bucket (-1: none)"),
+    Column("peer", INT, "a message's other rank (-1: none)"),
+    Column("nbytes", INT, "a message's payload bytes (0 otherwise)"),
+    Column("seq", INT, "a message's place in its rank's posting order (-1 otherwise)"),
+    Column("start_s", FLOAT, "seconds since the run's first recorded event (a message: when it was posted)"),
+    Column("end_s", FLOAT, "seconds since the run's first recorded event (a message: when its wait completed)"),
+)
+
 # Not stored: display labels built on read from the typed columns (results written before the typed schema
 # stored them; those stored labels are kept).
 DERIVED: tuple[Column, ...] = (
@@ -198,7 +217,7 @@ DERIVED: tuple[Column, ...] = (
     Column("sim_platform", STR, "the simulated platform, for display (from the sim_* and link_* columns)"),
 )
 
-TABLES = {"runs": RUNS, "steps": STEPS}
+TABLES = {"runs": RUNS, "steps": STEPS, "events": EVENTS}
 
 
 def names(table: tuple[Column, ...]) -> list[str]:
@@ -533,7 +552,8 @@ def describe() -> str:
            "# read through experiments.results it is '' (text), 0 (counts), NaN (measures), False, () or NaT.",
            ""]
     for title, table in TABLES.items():
-        out.append(f"# {title}: one row per {'run' if title == 'runs' else 'step and rank'}")
+        per = {"runs": "run", "steps": "step and rank"}.get(title, "event of a traced step")
+        out.append(f"# {title}: one row per {per}")
         out += [line(c.name, c.type, c.meaning) for c in table]
         out.append("")
     out.append("# runs: strategy parameters (null for runs of strategies without that parameter)")
