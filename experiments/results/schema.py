@@ -86,6 +86,8 @@ RUNS: tuple[Column, ...] = (
     Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
                               "flat bucket)"),
     Column("overlap", BOOL, "buckets synchronized while backward runs"),
+    Column("trace_steps", INT, "steps after warm-up whose every phase and message is in the events table (0: none, "
+                               "and in results written before tracing)"),
     # compression and local SGD (strategies/compression.py, strategies/local_sgd.py): run settings
     Column("compression", STR, "'none', 'fp16', 'bf16', 'powersgd' or 'topk': what the gradients travel as"),
     Column("powersgd_rank", INT, "PowerSGD: rank of the low-rank approximation"),
