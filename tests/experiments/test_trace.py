@@ -309,3 +309,12 @@ def test_the_report_draws_each_compared_configuration_with_its_critical_path(tra
     assert section.count("<svg") >= 2  # the fastest and the runner-up of the 4-worker comparison
     assert "Critical path: " in section and 'stroke="#d00"' in section
     assert "<title>rank 0 forward (compute):" in section
+
+
+def test_the_events_columns_keep_their_types():
+    from experiments.results import schema
+
+    assert [(c.name, str(c.type)) for c in schema.EVENTS] == [
+        ("run_id", "string"), ("step", "int64"), ("rank", "int64"), ("kind", "string"), ("name", "string"),
+        ("thread", "string"), ("bucket", "int64"), ("peer", "int64"), ("nbytes", "int64"), ("seq", "int64"),
+        ("start_s", "double"), ("end_s", "double")]
