@@ -384,7 +384,7 @@ class SimulatedCompute:
     def forward_backward(self) -> tuple[float, int, float]:
         """(loss, samples, seconds of inline syncs that outlasted the backward)."""
         self.comm.compute(self.timeline.forward_s * self.scale)
-        start = self.comm.now()
+        start = self.forward_end = self.comm.now()  # (forward_end: the traced steps' phases)
         end = start + self.timeline.backward_s * self.scale
         if self.on_ready is None:
             self.comm.compute(end - start)

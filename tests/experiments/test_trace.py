@@ -245,7 +245,8 @@ def test_chrome_trace_reads_back_with_nested_tracks_flows_and_the_steps_totals(t
         sender = next(e for e in messages if e["pid"] == start["pid"] and e["ts"] == start["ts"])
         assert sender["name"] == f"send to r{end['pid']}" and end["ts"] >= start["ts"]
     steps = read_steps(traced)
-    steps = steps[(steps["run_id"] == run_id) & (steps["role"] == "worker") & steps["step"].isin(trace["otherData"]["steps"])]
+    steps = steps[(steps["run_id"] == run_id) & (steps["role"] == "worker")
+                  & steps["step"].isin(trace["otherData"]["steps"])]
     for category, column in ((COMPUTE, "compute_s"), (COMM, "comm_s")):
         traced_total = sum(e["dur"] for e in slices if e["cat"] == category and e["pid"] < 4) / 1e6
         assert traced_total == pytest.approx(steps[column].sum(), rel=0.01)
@@ -318,3 +319,47 @@ def test_the_events_columns_keep_their_types():
         ("run_id", "string"), ("step", "int64"), ("rank", "int64"), ("kind", "string"), ("name", "string"),
         ("thread", "string"), ("bucket", "int64"), ("peer", "int64"), ("nbytes", "int64"), ("seq", "int64"),
         ("start_s", "double"), ("end_s", "double")]
+
+
+def test_a_simulated_run_traces_on_the_simulated_clock(tmp_path):
+    """SimGrid: the phases are the timeline's simulated seconds (forward 10 ms, backward 20 ms, optimizer 1 ms),
+    the totals equal the steps table's, and the path of a straggler's ring starts with its compute."""
+    from experiments.simulate.substrate import simulate_sweep
+    from strategies.transport.simgrid import simgrid_available
+
+    if simgrid_available():
+        pytest.skip(simgrid_available())
+    sweep = tmp_path / "sim.toml"
+    sweep.write_text("""
+name = "sim"
+[defaults]
+workload = "tiny"
+steps = 3
+warmup_steps = 1
+trace_steps = 1
+link = { bandwidth = "1Gbit", latency = "50us" }
+straggler = { ranks = [1], slowdown = 3 }
+[grid]
+strategy = ["ring"]
+workers = [4]
+[simulate]
+forward_s = 0.01
+backward_s = 0.02
+optimizer_s = 0.001
+""")
+    out = tmp_path / "out"
+    runs = simulate_sweep(sweep, out, log=open("/dev/null", "w"))
+    assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    events, steps = read_events(out), read_steps(out)
+    step = timeline.one_step(events, runs["run_id"].iloc[0])
+    assert set(step["step"]) == {1}
+    phases = step[(step["kind"] == "phase") & (step["rank"] == 0)].set_index("name")
+    assert phases.at["forward", "end_s"] - phases.at["forward", "start_s"] == pytest.approx(0.01)
+    assert phases.at["backward", "end_s"] - phases.at["backward", "start_s"] == pytest.approx(0.02)
+    assert phases.at["optimizer", "end_s"] - phases.at["optimizer", "start_s"] == pytest.approx(0.001)
+    totals = timeline.totals(step).set_index("rank")
+    rows = steps[steps["step"] == 1].set_index("rank")
+    assert totals["compute_s"].to_numpy() == pytest.approx(rows["compute_s"].to_numpy(), rel=0.01)
+    assert totals["comm_s"].to_numpy() == pytest.approx(rows["comm_s"].to_numpy(), rel=0.01, abs=1e-9)
+    path = timeline.critical_path(step)
+    assert [(link.rank, link.what) for link in path[:2]] == [(1, "forward"), (1, "backward")]
