@@ -67,6 +67,8 @@ def _num(x: float) -> str:
 
 
 MAX_TRACE_STEPS = 16  # traced steps per run: each records every rank's phases and messages (bounded events table)
+MAX_TRACED_RANKS = 64  # ranks of a traced run (workers + servers); larger runs trace nothing unless refused
+DEFAULT_TRACE_STEPS = 3  # trace_steps not given: this many, in runs of at most MAX_TRACED_RANKS ranks (else none)
 
 # Every numeric setting and its range, checked before Ray starts (README: "Settings and their ranges").
 # A new numeric setting gets a row here; tests/experiments/test_hostile_input.py checks that none is missing.
@@ -159,8 +161,9 @@ class RunSpec:
     ranks_per_node: int = 1
     # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
     repeat: int = 0
-    # the first trace_steps steps after warm-up record every rank's phases and messages (experiments/pipeline/trace.py)
-    trace_steps: int = 3
+    # the first trace_steps steps after warm-up record every rank's phases and messages (experiments/pipeline/trace.py);
+    # None: DEFAULT_TRACE_STEPS in a run of at most MAX_TRACED_RANKS ranks, none in a larger one
+    trace_steps: int | None = None
     # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
     # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
     # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
@@ -227,7 +230,7 @@ RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "re
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
-                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0, "trace_steps": 3,
+                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0, "trace_steps": None,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -531,6 +534,9 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     except ValueError as e:  # a setting that does not fit this many workers (colocated servers, backups)
         errors.append(f"strategy_params.{strategy}: {e}")
         return None
+    if point.get("trace_steps") and world > MAX_TRACED_RANKS:
+        errors.append(f"trace_steps = {point['trace_steps']} with {world:,} ranks: runs of at most "
+                      f"{MAX_TRACED_RANKS} ranks are traced (the events table stays bounded); set trace_steps = 0")
     if world > MAX_RANKS:
         servers = f" + {world - workers} server(s)" if world > workers else ""
         errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")

@@ -28,13 +28,23 @@ PHASES = {"forward": COMPUTE, "backward": COMPUTE, "forward+backward": COMPUTE, 
 MAX_MESSAGES = 200_000  # messages one rank may record over a run's traced steps (the recorder's limit)
 
 
+def traced_steps(spec) -> int:
+    """The run's traced steps: trace_steps, or when the sweep left it unset DEFAULT_TRACE_STEPS in a run of at most
+    MAX_TRACED_RANKS ranks and none in a larger one (a simulation of thousands of ranks records nothing)."""
+    from experiments.config.sweep import DEFAULT_TRACE_STEPS, MAX_TRACED_RANKS
+
+    if spec.trace_steps is not None:
+        return spec.trace_steps
+    return DEFAULT_TRACE_STEPS if spec.world_size() <= MAX_TRACED_RANKS else 0
+
+
 class StepTrace:
     """One rank's events over the traced steps; `rows()` at the end of the run (plain dicts, cheap to ship)."""
 
     def __init__(self, spec, comm, clock):
         self.comm = comm
         self.first = spec.warmup_steps
-        self.stop = min(spec.steps, spec.warmup_steps + spec.trace_steps)
+        self.stop = min(spec.steps, spec.warmup_steps + traced_steps(spec))
         # wall-clock ranks on one epoch axis; a simulated clock is already one axis
         self.offset = time.time() - clock() if clock is time.perf_counter else 0.0
         self.recorder = MessageRecorder(MAX_MESSAGES) if self.stop > self.first else None

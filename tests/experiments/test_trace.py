@@ -16,7 +16,7 @@ from experiments.cli.main import main as cli
 from experiments.config.sweep import RunSpec, SweepError, parse
 from experiments.pipeline import runner
 from experiments.pipeline.substrate import ThreadSubstrate
-from experiments.pipeline.trace import COMM, COMPUTE, PHASES, StepTrace, run_events
+from experiments.pipeline.trace import COMM, COMPUTE, PHASES, StepTrace, run_events, traced_steps
 from experiments.results import dataset, timeline
 from experiments.results.dataset import read_events, read_runs, read_steps
 from strategies.transport.threads import run_threads
@@ -190,9 +190,16 @@ def test_trace_steps_is_capped_before_work():
         parse(tomllib.loads(text), source=text)
 
 
-def test_the_default_keeps_earlier_run_ids():
-    """trace_steps at its default is left out of the run id: results written before it resume as the same runs."""
-    assert RunSpec().run_id == RunSpec(trace_steps=3).run_id != RunSpec(trace_steps=0).run_id
+def test_the_default_keeps_earlier_run_ids_and_traces_small_runs_only():
+    """trace_steps left unset is left out of the run id (results written before it resume as the same runs): 3
+    steps in a run of at most 64 ranks, none in a larger one; set, more than 64 ranks are refused before work."""
+    assert RunSpec().run_id != RunSpec(trace_steps=3).run_id != RunSpec(trace_steps=0).run_id
+    assert RunSpec().run_id == RunSpec(trace_steps=None).run_id
+    assert [traced_steps(RunSpec(workers=n)) for n in (4, 64, 65)] == [3, 3, 0]
+    assert traced_steps(RunSpec(workers=4, trace_steps=0)) == 0
+    text = _text("trace_steps = 1").replace("workers = [4]", "workers = [65]")
+    with pytest.raises(SweepError, match=r"trace_steps = 1 with 66 ranks: runs of at most 64 ranks are traced"):
+        parse(tomllib.loads(text), source=text)
 
 
 def test_a_merged_batch_keeps_the_events_of_the_latest_attempts(tmp_path, monkeypatch):
@@ -363,3 +370,21 @@ optimizer_s = 0.001
     assert totals["comm_s"].to_numpy() == pytest.approx(rows["comm_s"].to_numpy(), rel=0.01, abs=1e-9)
     path = timeline.critical_path(step)
     assert [(link.rank, link.what) for link in path[:2]] == [(1, "forward"), (1, "backward")]
+
+
+def test_ray_actors_trace_on_one_clock(ray_session, tmp_path):
+    """Ranks in separate actor processes: their events land on one axis (a receive never completes before its
+    send was posted), and the totals equal the steps table's."""
+    text = _text(strategies='["ring"]').replace("workers = [4]", "workers = [2]")
+    out = tmp_path / "ray"
+    runs = runner.run_sweep(parse(tomllib.loads(text), source=text), out, log=open("/dev/null", "w"))
+    assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    events, steps = read_events(out), read_steps(out)
+    assert set(events["rank"]) == {0, 1} and sorted(events["step"].unique()) == [1, 2]
+    for run_id, step in timeline.traced(events):
+        one = timeline.one_step(events, run_id, step)
+        for recv, send in timeline.matches(one).items():
+            assert one.at[recv, "end_s"] >= one.at[send, "start_s"] - 1e-4
+        totals = timeline.totals(one).set_index("rank")
+        rows = steps[(steps["step"] == step)].set_index("rank")
+        assert totals["compute_s"].to_numpy() == pytest.approx(rows["compute_s"].to_numpy(), rel=0.01)
