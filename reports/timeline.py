@@ -69,12 +69,25 @@ def section(r) -> dict:
 
 
 def describe_path(path: list[timeline.Link]) -> str:
-    """The critical path in words: runs of links on one rank, joined by the rank changes."""
+    """The critical path in words: its phases by rank, and each run of messages between them as the ranks it
+    crossed ('7 messages through r1 -> r2 -> r3')."""
     parts: list[str] = []
+    hops: list[int] = []
+
+    def close() -> None:
+        if hops:
+            ranks = [r for i, r in enumerate(hops) if i == 0 or hops[i - 1] != r]
+            shown = " -> ".join(f"r{r}" for r in ranks[:12]) + (" -> ..." if len(ranks) > 12 else "")
+            parts.append(f"{len(hops)} message{'s' * (len(hops) > 1)} through {shown}")
+            hops.clear()
+
     for link in path:
-        text = f"r{link.rank} {link.what}"
-        if not parts or parts[-1] != text:
-            parts.append(text)
+        if link.what.startswith(("recv", "send")):
+            hops.append(link.rank)
+            continue
+        close()
+        parts.append(f"r{link.rank} {link.what}")
+    close()
     return " -> ".join(parts)
 
 
