@@ -112,9 +112,9 @@ def test_a_planted_straggler_is_on_the_critical_path(slow_rank, expected):
 
 
 def test_the_straggler_of_a_ring_run_carries_its_critical_path(tmp_path):
-    """A real ring step on thread ranks, rank 2 computing 30x longer: every compute phase on the path before the
+    """A real ring step on thread ranks, rank 2 computing 8x longer: every compute phase on the path before the
     first message is rank 2's, and its straggle is one of them."""
-    out = _sweep(tmp_path, extra="straggler = { ranks = [2], slowdown = 30 }", link="", strategies='["ring"]')
+    out = _sweep(tmp_path, extra="straggler = { ranks = [2], slowdown = 8 }", link="", strategies='["ring"]')
     runs = read_runs(out).set_index("strategy")
     events = read_events(out, runs.loc["ring", "run_id"])
     for step_index in sorted(events["step"].unique()):
