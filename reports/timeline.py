@@ -19,6 +19,7 @@ from experiments.pipeline.trace import COMM, PHASES
 from experiments.results import timeline
 
 MAX_GROUPS = 3  # verdict groups drawn (each: its best two configurations)
+MAX_MESSAGES = 20_000  # messages drawn per step; a step with more draws its phases and buckets only (page size)
 WIDTH, LEFT, RIGHT = 960, 70, 20  # pixels: the drawing, the rank labels' margin, the right margin
 LANE, GAP = 14, 8  # pixels: one lane, the space between ranks
 COLOURS = {"forward": "#4c78a8", "backward": "#72b7b2", "forward+backward": "#4c78a8", "straggle": "#b279a2",
@@ -59,8 +60,12 @@ def section(r) -> dict:
         step = timeline.one_step(events, run["run_id"])
         path = timeline.critical_path(step)
         totals = timeline.totals(step)
+        messages = int((step["kind"] == "message").sum())
+        shown = step if messages <= MAX_MESSAGES else step[step["kind"] != "message"]
         drawn.append({"title": title, "run_id": run["run_id"], "step": int(step["step"].iloc[0]),
-                      "svg": gantt(step, path), "path": describe_path(path),
+                      "svg": gantt(shown, [link for link in path if link.index in shown.index]),
+                      "path": describe_path(path),
+                      "messages_left_out": messages if messages > MAX_MESSAGES else 0,
                       "hidden_ms": 1e3 * float(totals["hidden_s"].sum()),
                       "exposed_ms": 1e3 * float(totals["comm_s"].sum())})
     if not drawn:

@@ -388,3 +388,16 @@ def test_ray_actors_trace_on_one_clock(ray_session, tmp_path):
         totals = timeline.totals(one).set_index("rank")
         rows = steps[(steps["step"] == step)].set_index("rank")
         assert totals["compute_s"].to_numpy() == pytest.approx(rows["compute_s"].to_numpy(), rel=0.01)
+
+
+def test_a_step_of_too_many_messages_is_drawn_without_them(traced, monkeypatch):
+    from reports import timeline as report_timeline
+    from reports.load import load_runs
+    from reports.sections import Results
+
+    runs = load_runs(traced)
+    r = Results(runs=runs, ok=runs[runs["ok"]], steps=None, sweep_text=None, links=[], events=read_events(traced))
+    monkeypatch.setattr(report_timeline, "MAX_MESSAGES", 1)
+    drawn = report_timeline.section(r)["drawn"]
+    assert drawn and all(d["messages_left_out"] > 1 for d in drawn)
+    assert all("send to rank" not in d["svg"] and "bucket 0 sync" in d["svg"] for d in drawn)
