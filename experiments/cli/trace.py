@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     directory = Path(args.dir)
     events = load(directory, args.run_id, args.step)
+    if not args.out and (directory / "trace").is_symlink():  # the default writes inside DIR, never through a link
+        raise ValueError(f"{str(directory / 'trace')!r} is a symbolic link: syncbench writes inside the results "
+                         f"directory only, never through a link; remove it or give --out")
     if args.format == "chrome":
         out = Path(args.out) if args.out else directory / "trace" / f"{args.run_id}.json"
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -304,6 +304,13 @@ def test_trace_refuses_an_unknown_run_and_a_run_without_events(traced, tmp_path,
     assert "recorded no events" in capsys.readouterr().err
     assert cli(["trace", str(traced), _run_id(traced, "ring"), "--format", "chrome", "--step", "0"]) == 2
     assert "traced steps 1, 2" in capsys.readouterr().err
+    link = traced / "trace"
+    link.symlink_to(tmp_path)  # the default output folder a link out of the results directory: refused
+    try:
+        assert cli(["trace", str(traced), _run_id(traced, "ring"), "--format", "chrome"]) == 2
+        assert "is a symbolic link" in capsys.readouterr().err and not any(tmp_path.glob("*.json"))
+    finally:
+        link.unlink()
 
 
 # -- the report -----------------------------------------------------------------------------------------------
