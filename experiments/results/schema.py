@@ -548,7 +548,8 @@ def describe() -> str:
     def line(name, type_, meaning):
         return f"{name:32s} {type_name(type_):24s} {meaning}"
 
-    out = ["# Parquet under a results directory DIR: a file per run (DIR/runs/<n>.parquet, DIR/steps/<n>.parquet),",
+    out = ["# Parquet under a results directory DIR: a file per run (DIR/runs/<n>.parquet, DIR/steps/<n>.parquet,",
+           "# DIR/events/<n>.parquet for its traced steps),",
            "# merged per 100 runs (<first>-<last>.parquet); DIR/runs.parquet and DIR/steps.parquet from before.",
            "# Units are in the names (_s seconds, _bytes bytes, bandwidth bytes/s). A value not given is null on disk;",
            "# read through experiments.results it is '' (text), 0 (counts), NaN (measures), False, () or NaT.",
