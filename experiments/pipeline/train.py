@@ -156,8 +156,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
                 readings = {"step_start": step_start, "forward_end": getattr(compute, "forward_end", math.nan),
                             "fb_end": fb_end, "compute_end": compute_end, "comm_start": comm_start,
                             "comm_end": comm_end, "apply_start": apply_start, "apply_end": apply_end}
-                worker_phases(trace, readings, exposed_in_backward, config.role,
-                              getattr(compute, "slowdown", 1.0) > 1)
+                straggles = getattr(compute, "slowdown", 1.0) > 1 and getattr(compute, "replay", None) is None
+                worker_phases(trace, readings, exposed_in_backward, config.role, straggles)
                 trace.end(syncer)
             counters = comm.counters()
             loss_value = compute.loss_value(loss)
@@ -296,7 +296,7 @@ def serve_steps(comm, spec, config, buckets, update) -> dict:
         trace.begin(step)
         start, update.busy_s = clock(), 0.0
         for bucket in buckets:
-            served = clock()
+            served = clock() if trace.wants(step) else 0.0
             runtimes[bucket.index].serve(bucket.numel, update.dtype, "mean",
                                          lambda reduced, where, bucket=bucket: update(bucket, reduced, where),
                                          device=update.device)
