@@ -15,7 +15,19 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, reconcile, tables, teaching, timeline, tta, verdicts
+from reports import (
+    calibration,
+    explain_section,
+    figures,
+    levels,
+    ps,
+    reconcile,
+    tables,
+    teaching,
+    timeline,
+    tta,
+    verdicts,
+)
 
 
 @dataclass(frozen=True)
@@ -379,6 +391,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("cost-model", "Cost model (alpha-beta)", cost_model),
     Section("teaching", "Bytes and time against n: naive ring, ring, parameter server, reduce + broadcast",
             teaching_question),
+    Section("explain", "Each strategy drawn round by round", explain_section.section),
     Section("overlap", "Overlap: exposed vs hidden communication", overlap),
     Section("emulations", "Python-emulated vs kernel-shaped links", emulations),
     Section("substrates", "Simulated, measured and modelled", substrates),

@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.map_cli import add_arguments as _map_arguments
     _map_arguments(p)
 
+    from experiments.cli.explain import add_arguments as _explain_arguments
+    _explain_arguments(sub.add_parser("explain", help="one sync of a strategy's real code on thread ranks, drawn "
+                                                      "round by round from its messages: a table, SVG or HTML"))
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -713,6 +716,12 @@ def _map(args) -> int:
     return run(args)
 
 
+def _explain(args) -> int:
+    from experiments.cli.explain import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -722,7 +731,8 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate, "map": _map, "trace": lambda args: _trace_run(args)}
+            "simulate": _simulate, "validate": _validate, "map": _map, "explain": _explain,
+            "trace": lambda args: _trace_run(args)}
 
 
 def _trace_run(args) -> int:
