@@ -16,7 +16,7 @@ import jinja2
 import plotly.offline
 from markupsafe import Markup
 
-from experiments.results.dataset import check_contained, write_text_atomic
+from experiments.results.dataset import check_contained, read_events, write_text_atomic
 from reports.load import link_order, load_runs, load_steps, with_step_intervals
 from reports.sections import SECTIONS, Absent, Results
 
@@ -53,7 +53,8 @@ def build(results_dir: str | os.PathLike) -> Path:
     sweep_path = results_dir / "sweep.toml"
     results = Results(runs=runs, ok=runs[runs["ok"]], steps=steps,
                       sweep_text=sweep_path.read_text(encoding="utf-8", errors="replace")
-                      if sweep_path.exists() else None, links=link_order(runs), skipped=_skipped(results_dir))
+                      if sweep_path.exists() else None, links=link_order(runs), skipped=_skipped(results_dir),
+                      events=read_events(results_dir))
     # replaced whole or not at all; a full or read-only disk: StoreError in one line, no report.html.tmp left
     return write_text_atomic(results_dir / "report.html", render(results))
 

@@ -15,7 +15,19 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, explain_section, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
+from reports import (
+    calibration,
+    explain_section,
+    figures,
+    levels,
+    ps,
+    reconcile,
+    tables,
+    teaching,
+    timeline,
+    tta,
+    verdicts,
+)
 from reports.distributions import section as distributions_section
 from reports.map_section import section as strategy_map_section
 
@@ -30,6 +42,7 @@ class Results:
     sweep_text: str | None
     links: list[str]
     skipped: tuple[tuple[str, str], ...] = ()  # grid points `--skip-invalid` left out: (point, why)
+    events: pd.DataFrame | None = None  # the traced steps' events (experiments/results/schema.py EVENTS)
 
 
 @dataclass(frozen=True)
@@ -391,5 +404,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
+    Section("timeline", "One step, rank by rank: timeline and critical path", timeline.section),
     Section("runs", "All runs", all_runs, needs_runs=False),
 )

@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="directory to write runs.<format> and steps.<format> into")
     p.add_argument("--format", default="parquet", choices=("parquet", "csv"), help="file format (default parquet)")
 
+    from experiments.cli import trace as _trace  # syncbench trace: a run's traced steps for Perfetto or ASTRA-sim
+
+    _trace.add_arguments(sub.add_parser("trace", help="a run's traced steps as Chrome trace JSON or Chakra ETs"))
+
     p = sub.add_parser("model", help="the analytic model: communication time, efficiency, bandwidth needed")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
@@ -740,6 +744,12 @@ def _break_even(args) -> int:
     return run(args)
 
 
+def _trace_run(args) -> int:
+    from experiments.cli.trace import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -750,4 +760,4 @@ COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, 
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
             "simulate": _simulate, "validate": _validate, "map": _map, "explain": _explain,
-            "break-even": _break_even}
+            "break-even": _break_even, "trace": _trace_run}

@@ -66,6 +66,10 @@ def _num(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
+MAX_TRACE_STEPS = 16  # traced steps per run: each records every rank's phases and messages (bounded events table)
+MAX_TRACED_RANKS = 64  # ranks of a traced run (workers + servers); larger runs trace nothing unless refused
+DEFAULT_TRACE_STEPS = 3  # trace_steps not given: this many, in runs of at most MAX_TRACED_RANKS ranks (else none)
+
 # Every numeric setting and its range, checked before Ray starts (README: "Settings and their ranges").
 # A new numeric setting gets a row here; tests/experiments/test_hostile_input.py checks that none is missing.
 RANGES: dict[str, Range] = {
@@ -94,6 +98,7 @@ RANGES: dict[str, Range] = {
     "eval_every": Range(1, 1_000_000),  # steps between held-out evaluations (a run with a target)
     "ranks_per_node": Range(1, 1024),  # ranks sharing one node's NIC
     "repeats": Range(1, 1000),  # each run repeated with seeds seed, seed + 1, ...
+    "trace_steps": Range(0, MAX_TRACE_STEPS),  # steps after warm-up whose events are recorded (0: none)
 }
 TARGET_METRICS = ("accuracy", "loss")  # target = { metric = "accuracy", value = 0.95 }: held-out top-1 or mean loss
 MAX_RANKS = 16_384  # workers + servers of one run
@@ -156,6 +161,9 @@ class RunSpec:
     ranks_per_node: int = 1
     # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
     repeat: int = 0
+    # the first trace_steps steps after warm-up record every rank's phases and messages (experiments/pipeline/trace.py);
+    # None: DEFAULT_TRACE_STEPS in a run of at most MAX_TRACED_RANKS ranks, none in a larger one
+    trace_steps: int | None = None
     # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
     # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
     # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
@@ -222,7 +230,7 @@ RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "re
 # Settings added after results existed: at these values they stay out of the run id, so earlier results resume
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
-                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0,
+                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0, "trace_steps": None,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -425,7 +433,8 @@ _TYPES = {"workload": str, "dataset": str, "device": str, "strategy": str, "imag
           "bucket_mb": float, "overlap": bool, "compute": str, "profile": str, "p2p": str,
           "compression": str, "powersgd_rank": int, "powersgd_start": int, "powersgd_warm_start": bool,
           "topk_ratio": float, "error_feedback": bool, "sync_every": int, "outer_optimizer": str, "outer_lr": float,
-          "outer_momentum": float, "eval_every": int, "ranks_per_node": int, "repeats": int}
+          "outer_momentum": float, "eval_every": int, "ranks_per_node": int, "repeats": int,
+          "trace_steps": int}
 
 
 def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[str],
@@ -525,6 +534,9 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
     except ValueError as e:  # a setting that does not fit this many workers (colocated servers, backups)
         errors.append(f"strategy_params.{strategy}: {e}")
         return None
+    if point.get("trace_steps") and world > MAX_TRACED_RANKS:
+        errors.append(f"trace_steps = {point['trace_steps']} with {world:,} ranks: runs of at most "
+                      f"{MAX_TRACED_RANKS} ranks are traced (the events table stays bounded); set trace_steps = 0")
     if world > MAX_RANKS:
         servers = f" + {world - workers} server(s)" if world > workers else ""
         errors.append(f"{strategy} with workers = {workers}{servers} needs {world:,} ranks: at most {MAX_RANKS:,}")

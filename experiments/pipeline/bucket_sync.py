@@ -60,7 +60,10 @@ class BucketSync:
         self.owner = {i: b.index for b in buckets for i in b.params}
         self.pending = [len(b.params) for b in buckets]
         self.busy_s = 0.0
-        self._in_flight: list[tuple[float, object]] = []  # (start, handle) of buckets started, not yet waited
+        self.threaded = threaded
+        self.ready_at: dict[int, float] | None = None  # a traced step (experiments/pipeline/trace.py): bucket -> ready
+        self.bucket_spans: list[tuple[int, float, float]] = []  # this step's (bucket, start, done)
+        self._in_flight: list[tuple[float, object, int]] = []  # (start, handle, bucket) started, not yet waited
         self._spans: list[tuple[float, float]] = []  # this step's (start, done) per bucket
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -75,13 +78,15 @@ class BucketSync:
         self.pending = [len(b.params) for b in self.buckets]
         self.busy_s = 0.0
         self._following = 0
-        self._in_flight, self._spans = [], []
+        self._in_flight, self._spans, self.bucket_spans = [], [], []
         self._done.clear()
 
     def grad_ready(self, param: int) -> None:
         """Parameter `param`'s gradient is accumulated; hand its bucket over once it is complete."""
         bucket = self.owner[param]
         self.pending[bucket] -= 1
+        if self.pending[bucket] == 0 and self.ready_at is not None:
+            self.ready_at[bucket] = self.clock()
         if self.pending[bucket] == 0 and self.overlap and self._thread is None:
             self._start_ready()
         elif self.pending[bucket] == 0 and self.overlap:
@@ -131,15 +136,17 @@ class BucketSync:
         handle = runtime.isync(self.buffer[bucket.lo:bucket.hi], self.op)
         if handle is DONE:  # synced inside isync()
             self._spans.append((start, self.clock()))
+            self.bucket_spans.append((bucket.index, *self._spans[-1]))
         else:
-            self._in_flight.append((start, handle))
+            self._in_flight.append((start, handle, bucket.index))
 
     def _wait_all(self) -> None:
         """Wait for every started bucket, in bucket order; then this step's busy time."""
         try:
-            for start, handle in self._in_flight:
+            for start, handle, index in self._in_flight:
                 handle.wait()
                 self._spans.append((start, self.clock()))
+                self.bucket_spans.append((index, *self._spans[-1]))
         finally:
             self._in_flight = []  # after a failure the rest is abandoned with the step: never waited again
         self.busy_s = _union(self._spans)
@@ -147,7 +154,7 @@ class BucketSync:
     def _send_one(self) -> bool:
         """While no bucket is ready: wait for the sends of the oldest started bucket with any left (its replies
         stay posted); False if there were none."""
-        return any(handle.wait_sent() for _, handle in self._in_flight if isinstance(handle, Pending))
+        return any(handle.wait_sent() for _, handle, _ in self._in_flight if isinstance(handle, Pending))
 
     def _start_ready(self) -> None:
         """Overlap: start, in bucket order, every bucket whose gradients are all in."""

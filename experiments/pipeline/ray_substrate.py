@@ -26,6 +26,7 @@ from experiments.pipeline.profiles import install_profile
 from experiments.pipeline.store import RAY_LOG
 from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
+from experiments.pipeline.trace import run_events
 from experiments.pipeline.train import train
 
 
@@ -145,7 +146,8 @@ def _run_one(group: WorkerGroup, spec, train_fn, log=None) -> tuple[dict, list[d
     transport = spec.p2p if spec.p2p != "gloo" and spec.strategy_config().counted else group.backend
     meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": transport,
             "gpu": group.gpu_name or "", "cores": group.cores, "host": group.host or platform.node()}
-    return summarize(spec, results, error, meta)
+    row, steps = summarize(spec, results, error, meta)
+    return row, steps, run_events(row["run_id"], results)
 
 
 def run_deadline(spec) -> float:

@@ -115,9 +115,9 @@ def _run_all(sweep: Sweep, runs: list[Run], substrate, store: Store, resume: boo
                 eta = _eta(started, i - 1, len(todo))
                 print(f"[{substrate.verb} {i}/{len(todo)}] {progress_line(substrate, run, varying)}  (ETA sweep "
                       f"{eta})", file=log, flush=True)
-                run_row, step_rows = execute(run)
+                run_row, step_rows, *events = execute(run)  # a substrate that traces adds the events
                 with _signals_held():
-                    store.append(run_row, step_rows)
+                    store.append(run_row, step_rows, events[0] if events else ())
                 print(f"           -> {substrate.outcome(run_row)}", file=log, flush=True)
         finally:
             for sig, handler in previous.items():

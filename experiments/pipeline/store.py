@@ -139,6 +139,9 @@ class Store:
     def steps(self) -> pd.DataFrame:
         return dataset.read_steps(self.dir)
 
+    def events(self, run_id: str | None = None) -> pd.DataFrame:
+        return dataset.read_events(self.dir, run_id)
+
     def done(self) -> set[str]:
         """Run ids that finished successfully (resume skips them; failed runs are tried again)."""
         runs = self.runs()
@@ -146,12 +149,12 @@ class Store:
             return set()
         return set(runs.loc[runs["status"] == "ok", "run_id"])
 
-    def append(self, run_row: dict, step_rows: list[dict]) -> None:
-        """Add one run (two new files, whatever is stored already); a later attempt of the same run id, a
+    def append(self, run_row: dict, step_rows: list[dict], event_rows=()) -> None:
+        """Add one run (a new file per table, whatever is stored already); a later attempt of the same run id, a
         failed one retried on resume, supersedes the earlier one."""
         if self._seq is None:
             self._seq = dataset.next_seq(self.dir)
-        dataset.write_run(self.dir, self._seq, run_row, step_rows)
+        dataset.write_run(self.dir, self._seq, run_row, step_rows, event_rows)
         self._seq += 1
         if self._lock_fd is not None:  # only the directory's one writer merges (a batch per BATCH runs)
             dataset.merge(self.dir)

@@ -152,6 +152,7 @@ class ThreadSubstrate(Substrate):
         from types import SimpleNamespace
 
         from experiments.pipeline.summary import summarize
+        from experiments.pipeline.trace import run_events
         from strategies.transport.threads import run_threads
 
         spec = run.spec
@@ -169,4 +170,5 @@ class ThreadSubstrate(Substrate):
             results, error = None, f"{type(e).__name__}: {e}"
         meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": "threads",
                 "gpu": "", "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"}
-        return summarize(spec, results, error, meta)
+        row, steps = summarize(spec, results, error, meta)
+        return row, steps, run_events(row["run_id"], results)

@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from experiments.config.sweep import RunSpec
+from experiments.pipeline.trace import traced_steps
 from experiments.results.schema import RUNS
 from experiments.results.schema import row as schema_row
 
@@ -50,7 +51,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
            "straggler_ranks": tuple(straggler.get("ranks", ())),
            "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
            "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,
-           "overlap": bool(spec.overlap), "profile_id": "", "profile_device": "",
+           "overlap": bool(spec.overlap), "trace_steps": traced_steps(spec), "profile_id": "", "profile_device": "",
            "status": "failed" if results is None else "ok", "error": error,
            "cores_oversubscribed": spec.workers + servers > meta["cores"],
            # GPU ranks sharing a GPU fall back from NCCL to gloo: their compute and transfers contend

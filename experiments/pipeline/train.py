@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.pipeline.bucket_sync import BucketSync
+from experiments.pipeline.trace import StepTrace, worker_phases
 from strategies.base import GRADIENTS, PARAMETERS, ROLES, SERVER
 from workloads.buckets import make_buckets
 from workloads.data import make_dataset
@@ -119,32 +120,45 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     if spec.target and not hasattr(compute, "evaluate"):
         raise ValueError(f"target = {spec.target!r}: {type(compute).__name__} does not train a model to evaluate "
                          f"(accepted: a measured run with compute = \"real\")")
+    trace = StepTrace(spec, comm, clock)  # the traced steps' events (trace_steps; none: nothing recorded)
     run_start = clock()
     try:
         for step in range(spec.steps):
             comm.check_deadline()  # the run's whole-time bound, where the substrate sets one
             comm.reset_counters()
+            trace.begin(step, syncer)
             step_start = clock()
             # -- compute: forward, backward (with overlap, buckets sync meanwhile) ------------------------------
             compute.begin_step()
             if syncer is not None:
                 syncer.begin_step()
             loss, samples, exposed_in_backward = compute.forward_backward()  # exposed: comm outlasting backward
-            backward_end = clock() - exposed_in_backward
+            fb_end = clock()
+            backward_end = fb_end - exposed_in_backward
             role.before_sync(compute)
             compute.synchronize()
             compute.straggle(clock() - step_start - exposed_in_backward)
-            compute_s = clock() - step_start - exposed_in_backward
+            compute_end = clock()
+            compute_s = compute_end - step_start - exposed_in_backward
             # -- communication: what is left of the buckets' syncs (everything, without overlap) ----------------
             comm_start = clock()
             role.sync(syncer)
             compute.synchronize()
-            comm_s = clock() - comm_start + exposed_in_backward
+            comm_end = clock()
+            comm_s = comm_end - comm_start + exposed_in_backward
             # -- apply ----------------------------------------------------------------------------------------
             apply_start = clock()
             role.apply(compute)
             compute.synchronize()
-            compute_s += clock() - apply_start
+            apply_end = clock()
+            compute_s += apply_end - apply_start
+            if trace.wants(step):  # the phases from the readings above: they sum to compute_s and comm_s
+                readings = {"step_start": step_start, "forward_end": getattr(compute, "forward_end", math.nan),
+                            "fb_end": fb_end, "compute_end": compute_end, "comm_start": comm_start,
+                            "comm_end": comm_end, "apply_start": apply_start, "apply_end": apply_end}
+                straggles = getattr(compute, "slowdown", 1.0) > 1 and getattr(compute, "replay", None) is None
+                worker_phases(trace, readings, exposed_in_backward, config.role, straggles)
+                trace.end(syncer)
             counters = comm.counters()
             loss_value = compute.loss_value(loss)
             if compute.trains and not math.isfinite(loss_value):  # diverged: fail, never record a NaN as ok
@@ -174,7 +188,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
              "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
              "trained": compute.trains,
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
-    return {"steps": rows, "final": final}
+    return {"steps": rows, "final": final, "events": trace.events}
 
 
 def params_digest(params: torch.Tensor) -> str:
@@ -274,21 +288,28 @@ def serve_steps(comm, spec, config, buckets, update) -> dict:
     clock = update.clock
     runtimes = [config.bind(comm, spec.workers) for _ in buckets]
     rows = []
+    trace = StepTrace(spec, comm, clock)  # the traced steps: each bucket served, and the messages
     run_start = clock()
     for step in range(spec.steps):
         comm.check_deadline()
         comm.reset_counters()
+        trace.begin(step)
         start, update.busy_s = clock(), 0.0
         for bucket in buckets:
+            served = clock() if trace.wants(step) else 0.0
             runtimes[bucket.index].serve(bucket.numel, update.dtype, "mean",
                                          lambda reduced, where, bucket=bucket: update(bucket, reduced, where),
                                          device=update.device)
+            if trace.wants(step):
+                trace.serve(bucket.index, served, clock())
         total = clock() - start
+        trace.end()
         rows.append(_row(spec, step, comm.rank, "server", update.busy_s, total - update.busy_s, comm.counters(),
                          clock() - run_start, comm_busy_s=total))
     return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
                                      "consensus_distance": math.nan, "buckets": len(buckets),
-                                     "bucket_numels": [b.numel for b in buckets], "trained": False}}
+                                     "bucket_numels": [b.numel for b in buckets], "trained": False},
+            "events": trace.events}
 
 
 WORKER_ROLES = {GRADIENTS: GradientAveraging, PARAMETERS: ParameterAveraging, SERVER: PushPull}
@@ -415,6 +436,7 @@ class MeasuredCompute:
         else:
             x, y = self.data.next_batch()
             loss, samples = F.cross_entropy(self.net(x), y), int(y.shape[0])
+        self.forward_end = time.perf_counter()  # where forward ended (the traced steps' phases)
         loss.backward()
         if self.replay is not None:
             self.replay.finish_backward()

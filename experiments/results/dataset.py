@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 
 from experiments.results import schema
 
-TABLES = ("runs", "steps")
+TABLES = ("runs", "steps", "events")  # events: the traced steps' phases and messages (schema.EVENTS)
 LEGACY = {"runs": "runs.parquet", "steps": "steps.parquet"}  # one rewritten file per table, before the dataset
 # the columns the store itself reads: a Parquet file without them is not one of ours (another tool's file, say)
-REQUIRED = {"runs": ("run_id", "status"), "steps": ("run_id",)}
+REQUIRED = {"runs": ("run_id", "status"), "steps": ("run_id",), "events": ("run_id",)}
 SEQ, ORDER = "_file", "_order"  # while reading: the file a row came from, and that file's rank
 
 
@@ -91,13 +91,16 @@ def has_results(directory: Path) -> bool:
     return (directory / LEGACY["runs"]).exists() or bool(parts(directory, "runs"))
 
 
-def write_run(directory: Path, seq: int, run_row: dict, step_rows: list[dict]) -> None:
-    """Store one run as part `seq`: its steps, then its row (the run counts as stored once its row is there).
-    A failed write (full disk, read-only file system) leaves no temporary file and raises StoreError."""
+def write_run(directory: Path, seq: int, run_row: dict, step_rows: list[dict], event_rows=()) -> None:
+    """Store one run as part `seq`: its steps and events, then its row (the run counts as stored once its row is
+    there). A failed write (full disk, read-only file system) leaves no temporary file and raises StoreError."""
     steps = schema.to_arrow(step_rows, schema.STEPS) if step_rows else None
+    events = schema.to_arrow(list(event_rows), schema.EVENTS) if event_rows else None
     runs = schema.to_arrow([run_row], schema.RUNS)
     if steps is not None:
         _write_atomic(steps, directory / "steps" / f"{seq:08d}.parquet")
+    if events is not None:
+        _write_atomic(events, directory / "events" / f"{seq:08d}.parquet")
     _write_atomic(runs, directory / "runs" / f"{seq:08d}.parquet")
 
 
@@ -196,17 +199,19 @@ def merge(directory: Path) -> None:
         keep = pd.Series(range(len(seqs)), index=runs.column("run_id").to_pylist()).groupby(level=0).last()
         winners = {(run_id, seqs[i]) for run_id, i in keep.items()}
         runs = runs.take(sorted(keep.tolist()))
-        steps_loose = [(a, path) for a, b, path in parts(directory, "steps") if a == b and first <= a <= last]
-        steps = None
-        if steps_loose:
-            tables = [_read_arrow(path) for _, path in steps_loose]
-            mask = [(run_id, seq) in winners for (seq, _), t in zip(steps_loose, tables)
-                    for run_id in t.column("run_id").to_pylist()]
-            steps = pa.concat_tables(tables, promote_options="permissive").filter(pa.array(mask, pa.bool_()))
+        merged = {}  # steps and events: the rows of the winning attempts
+        for table in TABLES[1:]:
+            loose_parts = [(a, path) for a, b, path in parts(directory, table) if a == b and first <= a <= last]
+            if loose_parts:
+                tables = [_read_arrow(path) for _, path in loose_parts]
+                mask = [(run_id, seq) in winners for (seq, _), t in zip(loose_parts, tables)
+                        for run_id in t.column("run_id").to_pylist()]
+                merged[table] = pa.concat_tables(tables, promote_options="permissive").filter(
+                    pa.array(mask, pa.bool_()))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # a column whose type changed
         return
-    if steps is not None:
-        _write_atomic(steps, directory / "steps" / name)
+    for table, rows in merged.items():
+        _write_atomic(rows, directory / table / name)
     _write_atomic(runs, directory / "runs" / name)
     for table in TABLES:
         for a, b, path in parts(directory, table):
@@ -218,7 +223,8 @@ def remove_all(directory: Path) -> None:
     """--overwrite: every stored run and step, in both layouts (never through a link: check_contained)."""
     check_contained(directory)
     for table in TABLES:
-        (directory / LEGACY[table]).unlink(missing_ok=True)
+        if table in LEGACY:
+            (directory / LEGACY[table]).unlink(missing_ok=True)
         for _, _, path in parts(directory, table):
             path.unlink()
 
@@ -232,14 +238,23 @@ def read_runs(directory: str | Path) -> pd.DataFrame:
 
 def read_steps(directory: str | Path) -> pd.DataFrame:
     """The steps of every run's latest attempt, in the schema's types (empty when none were stored)."""
-    directory = Path(directory)
+    return _read_of_latest(Path(directory), "steps")
+
+
+def read_events(directory: str | Path, run_id: str | None = None) -> pd.DataFrame:
+    """The traced steps' events of every run's latest attempt (or of `run_id`), in the schema's types."""
+    events = _read_of_latest(Path(directory), "events")
+    return events if run_id is None else events[events["run_id"] == run_id].reset_index(drop=True)
+
+
+def _read_of_latest(directory: Path, table: str) -> pd.DataFrame:
     runs = _latest_runs(directory)
     winners = set(zip(runs["run_id"], runs[SEQ]))
-    steps = _read_table(directory, "steps")
-    if steps.empty:
-        return schema.conform(pd.DataFrame(), schema.STEPS)
-    keep = [(r, s) in winners for r, s in zip(steps["run_id"], steps[SEQ])]
-    return schema.conform(steps[keep].drop(columns=[SEQ, ORDER]).reset_index(drop=True), schema.STEPS)
+    rows = _read_table(directory, table)
+    if rows.empty:
+        return schema.conform(pd.DataFrame(), schema.TABLES[table])
+    keep = [(r, s) in winners for r, s in zip(rows["run_id"], rows[SEQ])]
+    return schema.conform(rows[keep].drop(columns=[SEQ, ORDER]).reset_index(drop=True), schema.TABLES[table])
 
 
 def _latest_runs(directory: Path) -> pd.DataFrame:
@@ -255,8 +270,8 @@ def _read_table(directory: Path, table: str) -> pd.DataFrame:
     """Both layouts of one table as one frame with SEQ (the file's name: a run's steps are in the file of the same
     name) and ORDER (later files supersede earlier ones; -1: the single file written before the dataset)."""
     frames = []
-    legacy = directory / LEGACY[table]
-    if legacy.exists():
+    legacy = directory / LEGACY.get(table, "")
+    if table in LEGACY and legacy.exists():
         frame = _checked(_read_file(legacy), legacy, table)
         if table == "runs":
             frame = _legacy_params(frame)

@@ -86,6 +86,8 @@ RUNS: tuple[Column, ...] = (
     Column("bucket_mb", FLOAT, "gradient bucket size in MiB = 2^20 bytes, as DDP's bucket_cap_mb (NaN: one "
                               "flat bucket)"),
     Column("overlap", BOOL, "buckets synchronized while backward runs"),
+    Column("trace_steps", INT, "steps after warm-up whose every phase and message is in the events table (0: none, "
+                               "and in results written before tracing)"),
     # compression and local SGD (strategies/compression.py, strategies/local_sgd.py): run settings
     Column("compression", STR, "'none', 'fp16', 'bf16', 'powersgd' or 'topk': what the gradients travel as"),
     Column("powersgd_rank", INT, "PowerSGD: rank of the low-rank approximation"),
@@ -189,6 +191,25 @@ STEPS: tuple[Column, ...] = (
                                 "(NaN: not evaluated)"),
 )
 
+# The traced steps (trace_steps after warm-up): one row per event of a rank, on one clock per run
+# (experiments/pipeline/trace.py records them, experiments/results/events.py reads them).
+EVENTS: tuple[Column, ...] = (
+    Column("run_id", STR, "the run"),
+    Column("step", INT, "step index, warm-up included"),
+    Column("rank", INT, "the rank that recorded the event"),
+    Column("kind", STR, "'phase' (a compute or exposed-communication phase), 'bucket_ready' (a bucket's last "
+                        "gradient ready), 'bucket_sync' (a bucket's sync, started to done) or 'message'"),
+    Column("name", STR, "phase: forward, backward, forward+backward, straggle, after backward, optimizer, apply "
+                        "(compute), sync in backward, sync (exposed communication); message: send or recv"),
+    Column("thread", STR, "'main' (the training loop) or 'comm' (the communication thread of an overlapped run)"),
+    Column("bucket", INT, "the gradient bucket (-1: none)"),
+    Column("peer", INT, "a message's other rank (-1: none)"),
+    Column("nbytes", INT, "a message's payload bytes (0 otherwise)"),
+    Column("seq", INT, "a message's place in its rank's posting order (-1 otherwise)"),
+    Column("start_s", FLOAT, "seconds since the run's first recorded event (a message: when it was posted)"),
+    Column("end_s", FLOAT, "seconds since the run's first recorded event (a message: when its wait completed)"),
+)
+
 # Not stored: display labels built on read from the typed columns (results written before the typed schema
 # stored them; those stored labels are kept).
 DERIVED: tuple[Column, ...] = (
@@ -198,7 +219,7 @@ DERIVED: tuple[Column, ...] = (
     Column("sim_platform", STR, "the simulated platform, for display (from the sim_* and link_* columns)"),
 )
 
-TABLES = {"runs": RUNS, "steps": STEPS}
+TABLES = {"runs": RUNS, "steps": STEPS, "events": EVENTS}
 
 
 def names(table: tuple[Column, ...]) -> list[str]:
@@ -528,13 +549,15 @@ def describe() -> str:
     def line(name, type_, meaning):
         return f"{name:32s} {type_name(type_):24s} {meaning}"
 
-    out = ["# Parquet under a results directory DIR: a file per run (DIR/runs/<n>.parquet, DIR/steps/<n>.parquet),",
+    out = ["# Parquet under a results directory DIR: a file per run (DIR/runs/<n>.parquet, DIR/steps/<n>.parquet,",
+           "# DIR/events/<n>.parquet for its traced steps),",
            "# merged per 100 runs (<first>-<last>.parquet); DIR/runs.parquet and DIR/steps.parquet from before.",
            "# Units are in the names (_s seconds, _bytes bytes, bandwidth bytes/s). A value not given is null on disk;",
            "# read through experiments.results it is '' (text), 0 (counts), NaN (measures), False, () or NaT.",
            ""]
     for title, table in TABLES.items():
-        out.append(f"# {title}: one row per {'run' if title == 'runs' else 'step and rank'}")
+        per = {"runs": "run", "steps": "step and rank"}.get(title, "event of a traced step")
+        out.append(f"# {title}: one row per {per}")
         out += [line(c.name, c.type, c.meaning) for c in table]
         out.append("")
     out.append("# runs: strategy parameters (null for runs of strategies without that parameter)")

@@ -50,6 +50,7 @@ from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
+from experiments.pipeline.trace import run_events
 from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
 from experiments.simulate.platform import Platform
 from strategies import cost
@@ -197,7 +198,8 @@ class SimGridSubstrate(Substrate):
     def _execute(self, run: Run) -> tuple[dict, list[dict]]:
         started_at = now_utc()
         results, error, wall = simulate_in_child(run.spec, run.settings)
-        return summarize_simulated(run.spec, run.settings, results, error, wall, started_at, run.run_id)
+        row, steps = summarize_simulated(run.spec, run.settings, results, error, wall, started_at, run.run_id)
+        return row, steps, run_events(row["run_id"], results)
 
     def describe(self, run: Run) -> str:
         spec, sim = run.spec, run.settings
@@ -382,7 +384,7 @@ class SimulatedCompute:
     def forward_backward(self) -> tuple[float, int, float]:
         """(loss, samples, seconds of inline syncs that outlasted the backward)."""
         self.comm.compute(self.timeline.forward_s * self.scale)
-        start = self.comm.now()
+        start = self.forward_end = self.comm.now()  # (forward_end: the traced steps' phases)
         end = start + self.timeline.backward_s * self.scale
         if self.on_ready is None:
             self.comm.compute(end - start)

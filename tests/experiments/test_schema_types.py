@@ -49,6 +49,7 @@ profile_synthetic bool
 profile_step_s double
 bucket_mb double
 overlap bool
+trace_steps int64
 compression string
 powersgd_rank int64
 powersgd_start int64
