@@ -8,6 +8,9 @@ $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# Chakra's schema and reader for the trace tests, without its analysis stack (HolisticTraceAnalysis, jupyter:
+	# 100 packages the reader does not import); `pip install syncbench[trace]` takes it whole
+	$(PY) -m pip install -q --no-deps mlc-chakra
 	touch $(VENV_STAMP)
 
 install: $(VENV_STAMP)
