@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.pipeline.bucket_sync import BucketSync
+from experiments.pipeline.compute import Compute
 from strategies.base import GRADIENTS, PARAMETERS, ROLES, SERVER
 from workloads.buckets import make_buckets
 from workloads.data import make_dataset
@@ -109,14 +110,12 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
         if config.role == SERVER and config.num_servers(spec.workers) == 0:
             role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
         for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
-            if hasattr(runtime, "start"):  # DiLoCo's anchor: the parameters before the first local step
-                runtime.start(syncer.buffer[bucket.lo:bucket.hi])
-            if hasattr(runtime, "layout"):  # PowerSGD: each parameter of the bucket a matrix of its own shape
-                runtime.layout(_bucket_shapes(compute.flat, bucket))
-    hook = getattr(compute, "hook_state", None)  # ddp through a strategy: DDP's buckets on a communication thread
+            runtime.start(syncer.buffer[bucket.lo:bucket.hi])  # DiLoCo's anchor: the parameters before step 0
+            runtime.set_shapes(_bucket_shapes(compute.flat, bucket))  # PowerSGD: one matrix per parameter's shape
+    hook = compute.hook_state  # ddp through a strategy: DDP's buckets on a communication thread
     rows = []
     loss_value = math.nan
-    if spec.target and not hasattr(compute, "evaluate"):
+    if spec.target and not compute.evaluates:
         raise ValueError(f"target = {spec.target!r}: {type(compute).__name__} does not train a model to evaluate "
                          f"(accepted: a measured run with compute = \"real\")")
     run_start = clock()
@@ -167,8 +166,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             syncer.close()
         if hook is not None:
             hook.close()
-        if close := getattr(compute, "close", None):
-            close()
+        compute.close()
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
     final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
              "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
@@ -259,10 +257,7 @@ class PushPull(GradientAveraging):
     def serve_beside(self, syncer, compute) -> None:
         """Colocated servers (a parameter server's placement = "colocated"): this worker's runtime of each bucket
         also serves a shard of it and steps that shard's parameters with the server's optimizer."""
-        if not hasattr(compute, "server_update"):
-            raise ValueError(f"{type(compute).__name__} cannot run servers beside its workers (colocated "
-                             f"update mode): use placement = \"dedicated\" or mode = \"summation\" here")
-        update = compute.server_update()
+        update = compute.server_update()  # Compute's default refuses: no servers beside these workers
         for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
             runtime.update = lambda reduced, where, bucket=bucket: update(bucket, reduced, where)
 
@@ -337,19 +332,20 @@ def server_loop(config):
     """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, or the
     one without a global barrier (a parameter server with staleness s, "async" or backups); both serve update
     and summation servers alike (a summation server ignores `update`)."""
-    return serve_without_barrier if getattr(config, "asynchronous", False) else serve_steps
+    return serve_without_barrier if config.asynchronous else serve_steps
 
 
 # -- measured compute: the model, or a profile's timeline, on the wall clock ----------------------------------
 
 
-class MeasuredCompute:
+class MeasuredCompute(Compute):
     """What a measured worker computes per step: the model (`real`) or a replayed profile (`profile`), on the
     wall clock; with ddp the wrapped model also synchronizes the gradients inside backward."""
 
     clock = staticmethod(time.perf_counter)
     threaded = True  # overlap syncs buckets from a communication thread
     trains = True  # the loss is real: a non-finite one fails the run
+    evaluates = True  # a trained model: evaluate() scores it on the held-out split
 
     def __init__(self, ctx, spec, config, model, flat, profile, device):
         self.spec, self.model, self.flat, self.profile, self.device = spec, model, flat, profile, device

@@ -48,6 +48,7 @@ import torch
 
 from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import RunSpec
+from experiments.pipeline.compute import Compute
 from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
@@ -351,7 +352,7 @@ def _parameter_shapes(shapes: tuple[tuple[int, ...], ...]) -> tuple:
                  for shape in shapes)
 
 
-class SimulatedCompute:
+class SimulatedCompute(Compute):
     """A simulated worker's step: the timeline's forward, backward and optimizer spent on the simulated clock
     (x the rank's straggler slowdown), gradients ready at their times; buffers are meta tensors of the real
     size. With overlap, a bucket is synced (inline, by the step loop's hook) once its last gradient is ready."""
