@@ -125,15 +125,18 @@ def test_a_probe_of_an_undeclared_or_declared_strategy_member_is_named():
     assert "does not declare" in found[0] and "declared: call it" in found[1] and "declare it" in found[2]
 
 
-def test_the_fast_tier_is_chosen_by_marker_and_leaves_out_the_issues_five():
-    """A new test is fast unless marked slow, ray, netns, simgrid or timing (gpu too): make test-fast's marker
-    expression says so, and every one of those markers is registered (pytest -m on an unknown one selects none)."""
+def test_the_fast_tier_is_chosen_by_marker():
+    """A new test is fast unless marked slow, ray, netns, simgrid or gpu: make test-fast's marker expression says
+    so, and every one of those markers is registered (pytest -m on an unknown one selects none). `timing` is
+    registered and stays in the fast tier: three timing tests are its only catch of three of tests/mutations.py's
+    bugs (measured: left out, pool-counters-carry-over, async-push-not-scaled-by-n and ssp-bound-one-step-loose
+    got through make test-fast)."""
     import re
     import tomllib
 
     fast = re.search(r"^FAST_MARKERS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert {m.removeprefix("not ").strip() for m in fast.split(" and ")} == \
-        {"ray", "netns", "gpu", "slow", "simgrid", "timing"}, fast
+        {"ray", "netns", "gpu", "slow", "simgrid"}, fast
     registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     assert {"ray", "netns", "gpu", "slow", "simgrid", "timing"} <= {m.split(":")[0] for m in registered}
 
