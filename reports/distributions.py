@@ -98,7 +98,7 @@ def flags(frame: pd.DataFrame) -> list[str]:
 
 
 def section(r):
-    from reports.sections import Absent, Table  # sections imports this module
+    from reports.section_parts import Absent, Table
 
     frame = distributions_frame(r.ok, r.steps)
     if frame.empty:

@@ -24,7 +24,7 @@ def drawn_workers(ran: list[int]) -> int:
 
 def section(r) -> dict:
     """Absent when no strategy of the sweep can be drawn (see strategies.explain.check)."""
-    from reports.sections import Absent
+    from reports.section_parts import Absent
     from strategies.explain import record
 
     configs: dict = {}  # (strategy, its parameters) -> (a run of it, the worker counts it ran at)

@@ -16,6 +16,7 @@ import math
 import pandas as pd
 
 import strategies
+from reports.section_parts import Absent, Table
 from strategies.cost import node_cost
 
 KEYS = ["sweep", "workload", "link", "workers", "ranks_per_node", "label"]  # one row per configuration
@@ -106,8 +107,6 @@ def level_verdicts(frame: pd.DataFrame) -> list[str]:
 
 
 def section(r):
-    from reports.sections import Absent, Table  # sections imports this module
-
     frame = levels_frame(r.ok)
     if frame.empty:
         return Absent("no run placed its ranks in nodes sharing a NIC (ranks_per_node > 1 on an emulated link)")

@@ -56,7 +56,7 @@ def measured_marks(runs: pd.DataFrame) -> dict:
 
 
 def section(r):
-    from reports.sections import Absent, figure  # sections imports this module
+    from reports.section_parts import Absent, figure
 
     runs = figures.shaped(r.ok)
     net = network(runs)

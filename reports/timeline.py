@@ -50,7 +50,7 @@ def chosen_runs(ok: pd.DataFrame, events: pd.DataFrame) -> list[tuple[str, pd.Se
 
 def section(r) -> dict:
     """The section's context: one Gantt per chosen run, or Absent saying why there is none."""
-    from reports.sections import Absent
+    from reports.section_parts import Absent
 
     events = getattr(r, "events", None)
     if events is None or events.empty:

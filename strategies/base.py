@@ -100,6 +100,16 @@ class StrategyConfig:
       variants        parameter settings the generic tests cover (each a dict of this class's fields)
       wraps_model     training wraps the model (wrap(), e.g. DistributedDataParallel) instead of calling
                       sync() on gradient buckets; it then needs ranks joined by torch.distributed
+      step_dependent  its traffic changes from step to step (step_traffic(): compression's warm-up, local SGD's
+                      steps between syncs); the run's bytes are then checked step by step
+
+    The members the pipeline and the cost model call, each with a default that does nothing special (override
+    what applies; the pipeline never probes a strategy for a member this class does not declare):
+      asynchronous    servers without a global barrier (a parameter server's staleness or backups)
+      step_traffic()  the traffic of one given step (default: traffic())
+      pipeline_fill() the part of a sync's critical path the next bucket's sync overlaps (default: none)
+      unwrapped()     the registered strategy under a wrapper (compression, local SGD); itself by default
+    The runtime's (Strategy) are listed in its docstring.
     """
 
     name: ClassVar[str] = ""
@@ -111,6 +121,7 @@ class StrategyConfig:
     counted: ClassVar[bool] = True
     variants: ClassVar[tuple[dict, ...]] = ({},)
     wraps_model: ClassVar[bool] = False
+    step_dependent: ClassVar[bool] = False
     runtime: ClassVar[type[Strategy]]
 
     def __post_init__(self):
@@ -127,6 +138,27 @@ class StrategyConfig:
 
     def traffic(self, workers: int, numel: int, itemsize: int = 4) -> Traffic:
         raise NotImplementedError(f"strategy {self.name!r} does not state its analytic traffic")
+
+    def step_traffic(self, workers: int, numel: int, itemsize: int = 4, step: int = 0,
+                     shapes=None) -> Traffic:
+        """Step `step`'s traffic for one buffer (`shapes`: the tensors it holds, where the bytes depend on them);
+        a step_dependent strategy overrides it, any other moves traffic()'s bytes on every step."""
+        return self.traffic(workers, numel, itemsize)
+
+    @property
+    def asynchronous(self) -> bool:
+        """True for servers without a global barrier (stale-synchronous, asynchronous, backup workers): the
+        workers do not step together, and a server rank serves the whole run at once (serve_run)."""
+        return False
+
+    def pipeline_fill(self, workers: int, numel: int, itemsize: int = 4) -> tuple[int, int]:
+        """(rounds, bytes) of traffic()'s critical path that the next bucket's sync overlaps, for a strategy that
+        keeps syncs in flight together (isync); (0, 0) for one that syncs one bucket after another."""
+        return 0, 0
+
+    def unwrapped(self) -> StrategyConfig:
+        """The registered strategy this config runs: itself, or the one a wrapper (compression, local SGD) holds."""
+        return self
 
     def messages(self, workers: int, numel: int, itemsize: int = 4) -> int:
         """How many messages a worker sends and receives in one synchronization of numel elements, counted without
@@ -173,7 +205,17 @@ class StrategyConfig:
 
 
 class Strategy:
-    """The runtime of a strategy on one rank."""
+    """The runtime of a strategy on one rank.
+
+    The members the pipeline calls, in the order a run calls them (defaults that do nothing special; a runtime
+    overrides what applies, and the pipeline probes for nothing else):
+      start(params)        once before the first step, with the bucket's parameters (DiLoCo's first anchor)
+      set_shapes(shapes)   once, the shapes of the tensors the bucket holds (PowerSGD: one matrix per tensor)
+      size_checked(numel)  whether the first sync's size check for numel is done (buckets in flight wait for it)
+      sync / isync         every step, worker ranks; serve (and serve_run without a barrier): server ranks
+      phase_s              seconds this rank spent in each named phase, summed over syncs (hierarchical's
+                           'intra' and 'nic'; empty where a strategy times no phases)
+    """
 
     def __init__(self, config: StrategyConfig, comm: Communicator, workers: int):
         self.config = config
@@ -181,7 +223,19 @@ class Strategy:
         self.workers = workers
         self.rank = comm.rank
         self.is_server = comm.rank >= workers
+        self.phase_s: dict[str, float] = {}
         self._checked_numel: int | None = None
+
+    def start(self, params: torch.Tensor) -> None:
+        """Before the first step: the parameters this bucket starts from (seeded, identical on every worker)."""
+
+    def set_shapes(self, shapes) -> None:
+        """The shapes of the tensors the synced buffer holds, in buffer order (training calls it once per bucket
+        with its parameters' shapes); a strategy whose payload depends on them (PowerSGD) keeps them."""
+
+    def size_checked(self, numel: int) -> bool:
+        """Whether this runtime's size check (its first sync of numel elements, on every rank) is done."""
+        return self._checked_numel == numel
 
     def sync(self, tensor: torch.Tensor, op: str = "mean") -> None:
         """Worker ranks: synchronize `tensor` in place (an allreduce, a neighbour average, a push-pull)."""

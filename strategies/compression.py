@@ -6,7 +6,7 @@ wrapped strategy's own algorithm carries the compressed payload, so the wire hol
 - fp16 / bf16: the gradient cast to 16 bits, averaged by the strategy in that dtype, cast back (Horovod's fp16
   allreduce); half the bytes.
 - powersgd (Vogels et al. 2019), as PyTorch's powerSGD_hook: each tensor of the bucket (its layout, declared by
-  `layout()`; training declares its parameters' shapes) is the matrix M of its own shape[0] x the rest, rank
+  `set_shapes()`; training declares its parameters' shapes) is the matrix M of its own shape[0] x the rest, rank
   r = min(powersgd_rank, rows, cols); a tensor PowerSGD would not shrink at least twofold ((rows + cols) r x 2 >=
   rows x cols: biases, every 1-d tensor) goes uncompressed, all such tensors in one collective. For the
   compressed ones, P = M Q of every tensor in one collective, each P orthogonalized, Q = M^T P in one more,
@@ -148,21 +148,21 @@ class CompressedSync(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
         self.settings = config.compression
-        self.inner: dict[str, Strategy] = {}  # one inner runtime per payload (P, Q, rest, full): one size check each
+        self.wrapped_runtimes: dict[str, Strategy] = {}  # per payload (P, Q, rest, full): one size check each
         self.step = 0
         self.shapes: tuple[tuple[int, ...], ...] | None = None
         self.residual: torch.Tensor | None = None
         self.qs: list[torch.Tensor] | None = None
 
-    def layout(self, shapes: Sequence[tuple[int, ...]]) -> None:
+    def set_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
         """The shapes of the tensors the synced buffer holds, in buffer order (training calls it once per bucket
         with its parameters' shapes): PowerSGD compresses each as a matrix of its own."""
         self.shapes = check_layout(shapes)
 
     def _inner(self, purpose: str) -> Strategy:
-        if purpose not in self.inner:
-            self.inner[purpose] = self.config.inner.bind(self.comm, self.workers)
-        return self.inner[purpose]
+        if purpose not in self.wrapped_runtimes:
+            self.wrapped_runtimes[purpose] = self.config.wrapped.bind(self.comm, self.workers)
+        return self.wrapped_runtimes[purpose]
 
     def sync(self, tensor: torch.Tensor, op: str = "mean") -> None:
         check_op(op, tensor.dtype, self.config.ops)
@@ -271,9 +271,9 @@ class CompressedConfig(WrapperConfig):
     runtime = CompressedSync
 
     def validate(self):
-        inner = self.inner
-        if inner is None or inner.role != GRADIENTS or inner.wraps_model:
-            name = getattr(inner, "name", None)
+        wrapped = self.wrapped
+        if wrapped is None or wrapped.role != GRADIENTS or wrapped.wraps_model:
+            name = getattr(wrapped, "name", None)
             raise ValueError(f"compression = {self.compression.compression!r} applies to strategies that average "
                              f"gradients through sync() (ring, halving_doubling, ...): strategy {name!r} does not "
                              f"(accepted: compression = 'none' for it)")
@@ -284,7 +284,7 @@ class CompressedConfig(WrapperConfig):
 
     def step_traffic(self, workers, numel, itemsize=4, step=0, shapes=None):
         """One bucket's traffic at `step`; `shapes`: the tensors it holds (PowerSGD's layout, None: one tensor)."""
-        s, inner = self.compression, self.inner
+        s, inner = self.compression, self.wrapped
         if s.compression in HALF:
             return inner.traffic(workers, numel, 2)
         if s.compression == "topk":
@@ -307,4 +307,4 @@ def compress(config: StrategyConfig, settings: Compression) -> StrategyConfig:
         return config
     if hasattr(config, "compressed"):  # a strategy with its own compression path (ddp: DDP's comm hooks)
         return config.compressed(settings)
-    return CompressedConfig(inner=config, compression=settings)
+    return CompressedConfig(wrapped=config, compression=settings)

@@ -217,10 +217,10 @@ def intra_path(layout: Layout, numel: int, itemsize: int) -> tuple[int, int]:
 class Hierarchical(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        # not `layout`: the training loop takes a runtime's layout() for PowerSGD's per-parameter shapes
+        # its Layout of nodes; Strategy.set_shapes() is the (PowerSGD) per-parameter shapes training declares
         self.node_layout = Layout(workers, config.ranks_per_node)
         self.node = next(node for node in self.node_layout.nodes() if comm.rank in node)
-        self.inner = config.inner_config()
+        self.within_node = config.inner_config()  # the config of the strategy named by `inner`
         self.scratch = Scratch()
         self._inner_runtimes: dict[tuple[int, ...], Strategy] = {}
         # seconds this rank spent in each phase, summed over syncs, on its communicator's clock (the wall clock,
@@ -231,7 +231,8 @@ class Hierarchical(Strategy):
     def _inner(self, group: list[int]) -> Strategy:
         key = tuple(group)
         if key not in self._inner_runtimes:
-            self._inner_runtimes[key] = self.inner.runtime(self.inner, GroupView(self.comm, group), len(group))
+            within = self.within_node
+            self._inner_runtimes[key] = within.runtime(within, GroupView(self.comm, group), len(group))
         return self._inner_runtimes[key]
 
     def _sync(self, flat, op):

@@ -59,11 +59,11 @@ class LocalSgd:
 
 
 class PeriodicAverage(Strategy):
-    """Average the parameters through the inner strategy on every H-th call; DiLoCo's outer step after it."""
+    """Average the parameters through the wrapped strategy on every H-th call; DiLoCo's outer step after it."""
 
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
-        self.inner = config.inner.bind(comm, workers)
+        self.wrapped = config.wrapped.bind(comm, workers)
         self.step = 0
         self.anchor: torch.nn.Parameter | None = None
         self.outer: torch.optim.Optimizer | None = None
@@ -88,7 +88,7 @@ class PeriodicAverage(Strategy):
         self.step += 1
         if self.step % settings.sync_every:
             return  # a local step: nothing moves
-        self.inner.sync(tensor, op)
+        self.wrapped.sync(tensor, op)
         if outer:
             self.anchor.grad = self.anchor.detach() - tensor  # the averaged pseudo-gradient (anchor - average)
             self.outer.step()
@@ -106,22 +106,22 @@ class LocalSgdConfig(WrapperConfig):
     runtime = PeriodicAverage
 
     def validate(self):
-        inner = self.inner
-        if inner is None or inner.role not in (GRADIENTS, PARAMETERS) or inner.wraps_model:
-            name = getattr(inner, "name", None)
+        wrapped = self.wrapped
+        if wrapped is None or wrapped.role not in (GRADIENTS, PARAMETERS) or wrapped.wraps_model:
+            name = getattr(wrapped, "name", None)
             raise ValueError(f"sync_every = {self.local.sync_every} applies to strategies that average through "
                              f"sync() (ring, halving_doubling, decentralized, ...): strategy {name!r} does not "
                              f"(accepted: sync_every = 1 for it)")
 
     def traffic(self, workers, numel, itemsize=4):
-        """A synchronizing step's traffic (the inner strategy's); steps between syncs move nothing."""
-        return self.inner.traffic(workers, numel, itemsize)
+        """A synchronizing step's traffic (the wrapped strategy's); steps between syncs move nothing."""
+        return self.wrapped.traffic(workers, numel, itemsize)
 
     def step_traffic(self, workers, numel, itemsize=4, step=0, shapes=None):
-        """Step `step`'s traffic: the inner strategy's on every H-th step, nothing between (shapes: unused)."""
+        """Step `step`'s traffic: the wrapped strategy's on every H-th step, nothing between (shapes: unused)."""
         if (step + 1) % self.local.sync_every == 0:
-            return self.inner.traffic(workers, numel, itemsize)
-        idle = self.inner.traffic(workers, 0, itemsize)
+            return self.wrapped.traffic(workers, numel, itemsize)
+        idle = self.wrapped.traffic(workers, 0, itemsize)
         return Traffic(tuple(RankTraffic(r.role, 0, 0, 0, 0) for r in idle.ranks), 0, 0, idle.counted)
 
 
@@ -129,4 +129,4 @@ def local_sgd(config: StrategyConfig, settings: LocalSgd) -> StrategyConfig:
     """The strategy synchronized every settings.sync_every steps: itself for sync_every = 1 (today's path)."""
     if settings.sync_every == 1:
         return config
-    return LocalSgdConfig(inner=config, local=settings)
+    return LocalSgdConfig(wrapped=config, local=settings)

@@ -34,7 +34,7 @@ import torch
 from strategies.base import GRADIENTS, MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds
 from strategies.hierarchical import Layout, intra_path, intra_traffic
 from strategies.ops import check_op, finish_reduction, reduce_into, wire_dtype
-from strategies.parameter_server import check_partition_mb, least_partition_mb, partition_count, partitions
+from strategies.partitions import check_partition_mb, least_partition_mb, partition_count, partitions
 from strategies.primitives import Scratch, ring_allgather, ring_reduce_scatter
 
 PLACEMENTS = ("colocated", "dedicated")

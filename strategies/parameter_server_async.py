@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from strategies.partitions import partitions
+
 ASYNC = "async"
 
 
@@ -55,8 +57,6 @@ class PushRecord:
 
 def unit_bounds(numel: int, servers: int, itemsize: int, partition_mb: float) -> list[list[tuple[int, int]]]:
     """Per server: its shard of a bucket of numel elements cut into partitions, (lo, hi) in the bucket."""
-    from strategies.parameter_server import partitions  # one cut for both servers
-
     return partitions(numel, servers, itemsize, partition_mb)
 
 

@@ -193,7 +193,7 @@ MUTATIONS = (
     Mutation("naive-ring-path-one-hop", "strategy", "strategies/naive_ring.py",
              "path_bytes=hops * nbytes)", "path_bytes=nbytes)", TABLES, "", DETAILS),
     # -- the parameter server's modes ------------------------------------------------------------------------------
-    Mutation("ps-partitions-rounded-down", "ps", "strategies/parameter_server.py",
+    Mutation("ps-partitions-rounded-down", "ps", "strategies/partitions.py",
              "count = math.ceil((hi - lo) / limit)", "count = max(1, (hi - lo) // limit) if hi > lo else 0",
              TABLES, "", (*PS_WIDE, *MATRIX)),
     Mutation("ps-mean-not-divided", "ps", "strategies/parameter_server.py",

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from experiments.cli.common import MAX_MESSAGE_BYTES, MAX_MODEL_BYTES, closing_report, size_arg
+
 # the transports' names, read from their one list without importing the strategies package (that imports torch)
 _TRANSPORT_NAMES = runpy.run_path(str(Path(__file__).resolve().parents[2] / "strategies" / "transport" / "names.py"))
 P2P_CHOICES = _TRANSPORT_NAMES["P2P"]
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                         "node's NIC (ranks_per_node > 1; no --address)")
 
     p = sub.add_parser("simulate", help="run a sweep on a simulated cluster (SimGrid), up to thousands of ranks")
-    from experiments.simulate.cli import add_arguments as _simulate_arguments
+    from experiments.cli.simulate import add_arguments as _simulate_arguments
 
     _simulate_arguments(p)
 
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("map", help="which strategy wins where: workers x bandwidth (or x message size), from the "
                                    "model, each strategy at its best knob; the crossovers in words")
-    from experiments.map_cli import add_arguments as _map_arguments
+    from experiments.cli.map import add_arguments as _map_arguments
     _map_arguments(p)
 
     from experiments.cli.explain import add_arguments as _explain_arguments
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("break-even", help="the NIC bandwidth below which each compression (or local SGD) shortens "
                                           "the step, and time to target given a steps-to-target ratio")
-    from experiments.break_even_cli import add_arguments as _break_even_arguments
+    from experiments.cli.break_even import add_arguments as _break_even_arguments
     _break_even_arguments(p)
 
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
@@ -325,22 +327,9 @@ def _run(args) -> int:
                      oversubscribe=args.oversubscribe, substrate=substrate)
     _print_runs(runs)
     if not args.no_report:
-        _closing_report(out)
+        closing_report(out)
     failed = int((runs["status"] != "ok").sum()) if not runs.empty else 0
     return 1 if failed else 0
-
-
-def _closing_report(out: Path) -> None:
-    """report.html after a sweep; one that cannot be written (a full or read-only disk) is said in one line and
-    does not fail the command: the runs are stored, and `syncbench report DIR` builds it later."""
-    from experiments.pipeline.store import StoreError
-    from reports.page import build
-
-    try:
-        print(f"report: {build(out)}")
-    except (StoreError, OSError) as e:
-        print(f"report: not written: {e} (the runs are stored: `syncbench report {out}` once it can be)",
-              file=sys.stderr)
 
 
 def _expansion_progress(done: int, total: int) -> None:
@@ -422,7 +411,7 @@ def _model(args) -> int:
     from reports.model import format_model_table, model_table
     from strategies.transport.link import parse_bandwidth, parse_latency
 
-    model_bytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
+    model_bytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     if args.nccl_reference and (args.ranks_per_node or 1) != 1:
         raise ValueError("--nccl-reference compares one GPU per node: accepted without --ranks-per-node")
     _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
@@ -616,7 +605,7 @@ def _bench(args) -> int:
         ensure_ray(args.address)
         print(format_table(transport_bench()))
         return 0
-    sizes = [_size("--sizes", s, MAX_MESSAGE_BYTES) for s in args.sizes.split(",") if s]
+    sizes = [size_arg("--sizes", s, MAX_MESSAGE_BYTES) for s in args.sizes.split(",") if s]
     if args.bandwidth:
         _check_link("--bandwidth", args.bandwidth, "--latency", args.latency)
     from experiments.bench.collectives import bench
@@ -680,26 +669,6 @@ def _node_links(args) -> list:
     return [Link(b, lat) for b, lat in zip(bandwidth, latency)]
 
 
-# Ranges of the command line's sizes (docs/settings.md); links take the sweep's link ranges.
-MAX_MESSAGE_BYTES = 2**34  # bench --sizes: 16 GiB per message (each rank holds 3; the memory check follows)
-MAX_MODEL_BYTES = 10**15  # model --model-bytes: 1 PB of gradients
-
-
-def _size(option: str, text: str, high: int) -> int:
-    """A size argument ('64M', '553.36MB') from 1 byte to `high`; one line naming the option otherwise."""
-    from strategies.transport.link import parse_size
-
-    shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
-    try:
-        value = parse_size(text)
-    except OverflowError:  # 400 digits: beyond any float
-        value = None
-    if value is None or not 1 <= value <= high:
-        raise ValueError(f"{option} {shown}: accepted are sizes from 1 byte to {high:,} bytes, e.g. 4K, 64M, "
-                         f"553.36MB")
-    return value
-
-
 def _check_link(bandwidth_option: str, bandwidth: str | None, latency_option: str, latency: str | None) -> None:
     """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever); None:
     not given."""
@@ -727,7 +696,7 @@ def _validate(args) -> int:
 
 
 def _map(args) -> int:
-    from experiments.map_cli import run
+    from experiments.cli.map import run
 
     return run(args)
 
@@ -739,7 +708,7 @@ def _explain(args) -> int:
 
 
 def _break_even(args) -> int:
-    from experiments.break_even_cli import run
+    from experiments.cli.break_even import run
 
     return run(args)
 
@@ -751,7 +720,7 @@ def _trace_run(args) -> int:
 
 
 def _simulate(args) -> int:
-    from experiments.simulate.cli import run
+    from experiments.cli.simulate import run
 
     return run(args)
 

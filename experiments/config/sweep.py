@@ -204,13 +204,20 @@ class RunSpec:
         network = Network.from_spec(self.link)
         return network.with_nodes(self.ranks_per_node) if network and self.ranks_per_node > 1 else network
 
-    def strategy_config(self):
+    @functools.cached_property
+    def config(self):
         """The strategy with the run's compression and local-SGD settings applied (a strategy's own table may
-        also set them: [strategy_params.ring] compression = "fp16")."""
+        also set them: [strategy_params.ring] compression = "fp16"): a frozen StrategyConfig made once per RunSpec,
+        on first use, and carried with it (a pickled RunSpec takes it to every actor; not a field: neither the run
+        id nor equality see it, and replace() makes a new one)."""
         # a node-aware strategy groups ranks by the run's nodes unless its own table says otherwise
         node_aware = "ranks_per_node" in strategies.get(self.strategy).parameters()
         nodes = {"ranks_per_node": self.ranks_per_node} if node_aware else {}
         return strategies.make(self.strategy, **{**self.wrapper_settings(), **nodes, **self.strategy_params})
+
+    def strategy_config(self):
+        """The run's strategy config (RunSpec.config), made once."""
+        return self.config
 
     def wrapper_settings(self) -> dict:
         """The compression and local-SGD settings the run applies (the strategy's table wins over the run's)."""

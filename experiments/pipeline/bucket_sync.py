@@ -127,7 +127,7 @@ class BucketSync:
 
     def _start(self, bucket: Bucket) -> None:
         runtime = self.runtimes[bucket.index]
-        if self._in_flight and getattr(runtime, "_checked_numel", bucket.numel) != bucket.numel:
+        if self._in_flight and not runtime.size_checked(bucket.numel):
             # a runtime's first sync checks its size with every rank on the control plane: finish the buckets in
             # flight first, or a server still sending this rank an earlier bucket's reply (over the sockets, bytes
             # move only inside a wait) never reaches the check, and both wait out the timeout. First step only.

@@ -55,7 +55,7 @@ class RaySubstrate(Substrate):
                          f"bandwidth = ..., emulation = \"kernel\" }} on a cluster of `syncbench cluster up "
                          f"--node-cpus {spec.ranks_per_node}` ({spec.ranks_per_node} ranks per namespace), or "
                          f"--substrate threads")
-        if getattr(config, "asynchronous", False) and spec.p2p == "sockets":
+        if config.asynchronous and spec.p2p == "sockets":
             # its server receives from every worker at once, from a thread per worker; the sockets transport
             # drives all of a rank's transfers from one thread at a time (measured: "concurrent poll() invocation")
             found.append(f"run {spec.strategy} x {spec.workers} workers: staleness={config.staleness!r}, backups="

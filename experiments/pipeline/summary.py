@@ -25,7 +25,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     `meta`: what the substrate knows of the run (started_at, duration_s, transport, gpu, cores, host; a
     substrate other than Ray adds `substrate` and its own columns); it overrides the row's defaults."""
     config = spec.strategy_config()
-    strategy = _innermost(config)  # the registered strategy under compression and local SGD
+    strategy = config.unwrapped()  # the registered strategy under compression and local SGD
     servers = config.num_servers(spec.workers)
     network = spec.network()
     straggler = spec.straggler or {}
@@ -85,7 +85,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         seen = finals[0]["step_bucket_numels"]
         per_step = {s: analytic_traffic(config, spec.workers, seen[min(s, len(seen) - 1)])
                     for s in sorted(set(steps["step"]))}
-    elif hasattr(config, "step_traffic"):  # compression's warm-up, local SGD's local steps: traffic depends on the step
+    elif config.step_dependent:  # compression's warm-up, local SGD's local steps: traffic depends on the step
         shapes = finals[0].get("bucket_shapes")  # PowerSGD compresses each parameter of a bucket on its own
         per_step = {s: analytic_traffic(config, spec.workers, numels, s, shapes) for s in sorted(set(steps["step"]))}
         traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
@@ -124,7 +124,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
                      if "accuracy" in finals[0] else math.nan),
     })
     row.update(_overlap_columns(slowest, finals[0]))
-    barrier_free = bool(getattr(strategy, "asynchronous", False))  # a parameter server's SSP, async or backups
+    barrier_free = bool(strategy.asynchronous)  # a parameter server's SSP, async or backups
     paces = workers.groupby("rank")["total_s"].mean()  # each worker's own seconds per step
     if barrier_free:
         row["fast_step_s"] = float(paces.min())
@@ -140,7 +140,7 @@ def ranks_disagree(config, spec, finals: list[dict]) -> str:
     leaves a worker's parameters different from rank 0's, else ''. Only where the declaration promises equal
     parameters at the end: synchronous (no staleness, no backups), averaging every step (sync_every = 1)."""
     digests = [f.get("params_digest") for f in finals]
-    if not (config.exact and config.identical) or getattr(config, "asynchronous", False) \
+    if not (config.exact and config.identical) or config.asynchronous \
             or getattr(spec, "sync_every", 1) != 1 or not all(digests):
         return ""
     for rank, digest in enumerate(digests):
@@ -203,13 +203,6 @@ def time_to_target(spec: RunSpec, steps: pd.DataFrame, step_time_s: float,
         reached = int(met.index[0]) + 1
         out.update(target_reached=True, steps_to_target=float(reached), time_to_target_s=reached * step_time_s)
     return out
-
-
-def _innermost(config):
-    """The registered strategy a compression or local-SGD wrapper holds (itself when unwrapped)."""
-    while not isinstance(getattr(config, "inner", None), (str, type(None))):  # hierarchical's inner is a name
-        config = config.inner
-    return config
 
 
 def _mean_traffic(per_step: list[dict], fallback: dict) -> dict:

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.pipeline.bucket_sync import BucketSync
+from experiments.pipeline.compute import Compute
 from experiments.pipeline.trace import StepTrace, worker_phases
 from strategies.base import GRADIENTS, PARAMETERS, ROLES, SERVER
 from workloads.buckets import make_buckets
@@ -110,14 +111,12 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
         if config.role == SERVER and config.num_servers(spec.workers) == 0:
             role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
         for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
-            if hasattr(runtime, "start"):  # DiLoCo's anchor: the parameters before the first local step
-                runtime.start(syncer.buffer[bucket.lo:bucket.hi])
-            if hasattr(runtime, "layout"):  # PowerSGD: each parameter of the bucket a matrix of its own shape
-                runtime.layout(_bucket_shapes(compute.flat, bucket))
-    hook = getattr(compute, "hook_state", None)  # ddp through a strategy: DDP's buckets on a communication thread
+            runtime.start(syncer.buffer[bucket.lo:bucket.hi])  # DiLoCo's anchor: the parameters before step 0
+            runtime.set_shapes(_bucket_shapes(compute.flat, bucket))  # PowerSGD: one matrix per parameter's shape
+    hook = compute.hook_state  # ddp through a strategy: DDP's buckets on a communication thread
     rows = []
     loss_value = math.nan
-    if spec.target and not hasattr(compute, "evaluate"):
+    if spec.target and not compute.evaluates:
         raise ValueError(f"target = {spec.target!r}: {type(compute).__name__} does not train a model to evaluate "
                          f"(accepted: a measured run with compute = \"real\")")
     trace = StepTrace(spec, comm, clock)  # the traced steps' events (trace_steps; none: nothing recorded)
@@ -153,11 +152,10 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             apply_end = clock()
             compute_s += apply_end - apply_start
             if trace.wants(step):  # the phases from the readings above: they sum to compute_s and comm_s
-                readings = {"step_start": step_start, "forward_end": getattr(compute, "forward_end", math.nan),
+                readings = {"step_start": step_start, "forward_end": compute.forward_end,
                             "fb_end": fb_end, "compute_end": compute_end, "comm_start": comm_start,
                             "comm_end": comm_end, "apply_start": apply_start, "apply_end": apply_end}
-                straggles = getattr(compute, "slowdown", 1.0) > 1 and getattr(compute, "replay", None) is None
-                worker_phases(trace, readings, exposed_in_backward, config.role, straggles)
+                worker_phases(trace, readings, exposed_in_backward, config.role, compute.straggles)
                 trace.end(syncer)
             counters = comm.counters()
             loss_value = compute.loss_value(loss)
@@ -181,8 +179,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             syncer.close()
         if hook is not None:
             hook.close()
-        if close := getattr(compute, "close", None):
-            close()
+        compute.close()
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
     final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
              "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
@@ -273,10 +270,7 @@ class PushPull(GradientAveraging):
     def serve_beside(self, syncer, compute) -> None:
         """Colocated servers (a parameter server's placement = "colocated"): this worker's runtime of each bucket
         also serves a shard of it and steps that shard's parameters with the server's optimizer."""
-        if not hasattr(compute, "server_update"):
-            raise ValueError(f"{type(compute).__name__} cannot run servers beside its workers (colocated "
-                             f"update mode): use placement = \"dedicated\" or mode = \"summation\" here")
-        update = compute.server_update()
+        update = compute.server_update()  # Compute's default refuses: no servers beside these workers
         for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
             runtime.update = lambda reduced, where, bucket=bucket: update(bucket, reduced, where)
 
@@ -358,19 +352,20 @@ def server_loop(config):
     """A server rank's loop (ranks workers..world_size-1 of a strategy with servers): the synchronous one, or the
     one without a global barrier (a parameter server with staleness s, "async" or backups); both serve update
     and summation servers alike (a summation server ignores `update`)."""
-    return serve_without_barrier if getattr(config, "asynchronous", False) else serve_steps
+    return serve_without_barrier if config.asynchronous else serve_steps
 
 
 # -- measured compute: the model, or a profile's timeline, on the wall clock ----------------------------------
 
 
-class MeasuredCompute:
+class MeasuredCompute(Compute):
     """What a measured worker computes per step: the model (`real`) or a replayed profile (`profile`), on the
     wall clock; with ddp the wrapped model also synchronizes the gradients inside backward."""
 
     clock = staticmethod(time.perf_counter)
     threaded = True  # overlap syncs buckets from a communication thread
     trains = True  # the loss is real: a non-finite one fails the run
+    evaluates = True  # a trained model: evaluate() scores it on the held-out split
 
     def __init__(self, ctx, spec, config, model, flat, profile, device):
         self.spec, self.model, self.flat, self.profile, self.device = spec, model, flat, profile, device
@@ -460,6 +455,11 @@ class MeasuredCompute:
     def server_update(self):
         """The optimizer of the servers colocated with this worker (see PushPull.serve_beside)."""
         return ShardUpdate(self.spec, self.flat)
+
+    @property
+    def straggles(self) -> bool:
+        """A straggler in real mode sleeps its extra time (the replay stretches itself)."""
+        return self.slowdown > 1 and self.replay is None
 
     def straggle(self, compute_s: float) -> None:
         """A straggler in real mode: stretch this step's compute by the slowdown (the replay stretches itself)."""

@@ -271,7 +271,7 @@ def bench_nodes(n: int, k: int, names: list[str] | None = None, log=None, networ
             start = comm.now()
             for flat in buffers:
                 runtime.sync(flat, "mean")
-            phases = getattr(runtime, "phase_s", {})
+            phases = runtime.phase_s
             return comm.now() - start, phases.get("nic", math.nan), comm.counters().bytes_sent
 
         print(f"[bench-nodes] {name} n={n} k={k} buckets={len(numels)} messages={messages:,} ...", file=log,

@@ -1,6 +1,6 @@
 """How much memory a simulation will take, before it starts: refused when it would not fit, never killed.
 
-A simulation runs in a process forked from this one (substrate.run_child): it starts with this process's anonymous
+A simulation runs in a process forked from this one (child.run_child): it starts with this process's anonymous
 resident memory (a fork copies those page tables; file-backed pages such as torch's libraries count only once the
 child touches them: about 100 MB of them do) and grows by what every simulated rank holds (a SimGrid actor and its
 OS thread, the rank's communicator, strategy and step rows) plus what every message of a step keeps alive (ring

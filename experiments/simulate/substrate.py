@@ -26,32 +26,24 @@ simulating took). Each simulation runs in a forked process: SimGrid's engine is 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
 import math
-import multiprocessing
-import os
 import platform as platform_mod
-import signal
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-
-import torch
 
 from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import RunSpec
 from experiments.pipeline.substrate import Run, Substrate, now_utc
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.trace import run_events
-from experiments.pipeline.train import run_steps, server_loop, straggler_slowdown, worker_role
+from experiments.pipeline.train import run_steps, server_loop, worker_role
+from experiments.simulate.child import ChildRun, run_child, run_in_child, run_in_child_timed  # noqa: F401 - callers' path
+from experiments.simulate.compute import SimulatedCompute, SimulatedUpdate, Timeline, param_shapes_of  # noqa: F401
 from experiments.simulate.platform import Platform
 from strategies import cost
 
@@ -70,45 +62,6 @@ def simulated_actors(spec: RunSpec, config) -> int:
     workers from its one actor: strategies/parameter_server_async.py, ShardServer._run_interleaved; with several
     buckets one more per server checks their sizes beside it during the first step, not counted here.)"""
     return config.world_size(spec.workers)
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """One rank's compute for one step (seconds) and the gradient layout it implies.
-
-    ready_s[i]: when parameter i's gradient is ready, seconds after backward starts (registration order);
-    numels[i]: its element count. `source` says where the numbers came from (a profile's id, or 'fixed').
-    """
-
-    forward_s: float
-    backward_s: float
-    optimizer_s: float
-    numels: tuple[int, ...]
-    ready_s: tuple[float, ...]
-    source: str
-    profile_id: str = ""
-    profile_device: str = ""
-    profile_synthetic: bool = False  # described by a user (syncbench profile --synthetic), not measured
-
-    @property
-    def numel(self) -> int:
-        return sum(self.numels)
-
-    @classmethod
-    def from_profile(cls, profile) -> Timeline:
-        kind = "SYNTHETIC profile (described, not measured)" if profile.synthetic else "measured profile"
-        return cls(profile.forward_s, profile.backward_s, profile.optimizer_s, tuple(profile.numels),
-                   tuple(profile.ready_s), f"{kind} {profile.id} ({profile.device_name})", profile.id,
-                   profile.device, bool(profile.synthetic))
-
-    @classmethod
-    def fixed(cls, forward_s: float, backward_s: float, optimizer_s: float, numels: tuple[int, ...]) -> Timeline:
-        """No profile: backward produces gradients evenly, last registered parameter first."""
-        total, ready, done = sum(numels), [0.0] * len(numels), 0
-        for i in reversed(range(len(numels))):
-            done += numels[i]
-            ready[i] = backward_s * done / max(total, 1)
-        return cls(forward_s, backward_s, optimizer_s, tuple(numels), tuple(ready), "fixed")
 
 
 @dataclass(frozen=True)
@@ -345,107 +298,6 @@ def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
                        sim.platform.nic)
 
 
-@functools.lru_cache(maxsize=4)
-def _parameter_shapes(shapes: tuple[tuple[int, ...], ...]) -> tuple:
-    """One shape-only stand-in per parameter, shared by every simulated rank: 161 meta tensors per rank were
-    about 100 KB of tensor objects each, the largest per-rank cost at thousands of ranks."""
-    return tuple(SimpleNamespace(shape=torch.Size(shape), numel=functools.partial(int, math.prod(shape)))
-                 for shape in shapes)
-
-
-class SimulatedCompute:
-    """A simulated worker's step: the timeline's forward, backward and optimizer spent on the simulated clock
-    (x the rank's straggler slowdown), gradients ready at their times; buffers are meta tensors of the real
-    size. With overlap, a bucket is synced (inline, by the step loop's hook) once its last gradient is ready."""
-
-    threaded = False  # a SimGrid actor syncs inline; backward goes on in simulated time meanwhile
-    trains = False  # no values: no loss to check
-    wraps = False
-
-    def __init__(self, comm, spec: RunSpec, timeline: Timeline, buckets):
-        self.comm, self.clock, self.timeline = comm, comm.now, timeline
-        self.scale = straggler_slowdown(spec, comm.rank)
-        self.batch_size = spec.batch_size
-        self.numel = timeline.numel
-        # each parameter with the workload's shape where the timeline's sizes are the workload's (PowerSGD
-        # compresses per tensor: as the measured run and the model do), else one vector each (meta, no storage)
-        shapes = param_shapes_of(spec, timeline.numels) or tuple((n,) for n in timeline.numels)
-        self.flat = SimpleNamespace(params=torch.empty(self.numel, dtype=torch.float32, device="meta"),
-                                    grads=torch.empty(self.numel, dtype=torch.float32, device="meta"),
-                                    trainable=_parameter_shapes(shapes))
-        self.on_ready = None
-        # bucket by bucket in the order they complete: when the last of its gradients is ready
-        ready = [(max(timeline.ready_s[i] for i in b.params) if b.params else 0.0, b) for b in buckets]
-        self.completions = [(t, b.params) for t, b in sorted(ready, key=lambda tb: (tb[0], tb[1].index))]
-
-    def begin_step(self) -> None:
-        """Nothing to zero: meta buffers hold no values."""
-
-    def forward_backward(self) -> tuple[float, int, float]:
-        """(loss, samples, seconds of inline syncs that outlasted the backward)."""
-        self.comm.compute(self.timeline.forward_s * self.scale)
-        start = self.forward_end = self.comm.now()  # (forward_end: the traced steps' phases)
-        end = start + self.timeline.backward_s * self.scale
-        if self.on_ready is None:
-            self.comm.compute(end - start)
-            return math.nan, self.batch_size, 0.0
-        for ready_s, params in self.completions:
-            self._sleep_until(start + ready_s * self.scale)
-            for i in params:
-                self.on_ready(i)
-        self._sleep_until(end)  # the rest of backward
-        return math.nan, self.batch_size, max(0.0, self.comm.now() - end)
-
-    def _sleep_until(self, t: float) -> None:
-        if self.comm.now() < t:
-            self.comm.compute(t - self.comm.now())
-
-    def optimizer_step(self) -> None:
-        self.comm.compute(self.timeline.optimizer_s * self.scale)
-
-    def take_parameters(self) -> None:
-        """The servers' parameters arrived in the (meta) buffer: nothing to copy."""
-
-    def server_update(self):
-        """The optimizer time of servers colocated with this worker (PushPull.serve_beside)."""
-        return SimulatedUpdate(self.comm, self.timeline)
-
-    def straggle(self, compute_s: float) -> None:
-        """The timeline is already scaled by the slowdown."""
-
-    def synchronize(self) -> None:
-        """No device to wait for."""
-
-    def loss_value(self, loss) -> float:
-        return math.nan
-
-    def consensus_distance(self, comm) -> float:
-        return math.nan  # no values: the workers' parameters cannot drift apart
-
-    def final(self) -> dict:
-        t = self.timeline
-        return {"param_norm": math.nan, "profile_id": t.profile_id, "profile_device": t.profile_device,
-                "profile_synthetic": t.profile_synthetic,
-                "profile_step_s": t.forward_s + t.backward_s + t.optimizer_s if t.profile_id else math.nan}
-
-
-class SimulatedUpdate:
-    """A simulated server's update: the optimizer's share of the timeline for the shard it owns, no values."""
-
-    dtype, device = torch.float32, "meta"
-
-    def __init__(self, comm, timeline: Timeline):
-        self.comm, self.clock, self.timeline = comm, comm.now, timeline
-        self.numel = timeline.numel
-        self.busy_s = 0.0
-
-    def __call__(self, bucket, reduced: torch.Tensor, where: slice) -> torch.Tensor:
-        seconds = self.timeline.optimizer_s * (where.stop - where.start) / max(self.numel, 1)
-        self.comm.compute(seconds)
-        self.busy_s += seconds
-        return reduced
-
-
 def summarize_simulated(spec: RunSpec, sim: SimSpec, results: list[dict] | None, error: str, wall: float,
                         started_at: str, rid: str | None = None) -> tuple[dict, list[dict]]:
     """The run's row in the one summary (experiments/pipeline/summary.py), plus what names the simulation."""
@@ -476,17 +328,6 @@ def fabric_of(platform: Platform) -> cost.Fabric:
     return cost.Fabric(platform.bandwidth, platform.latency)
 
 
-def param_shapes_of(spec: RunSpec, numels) -> tuple | None:
-    """The workload's parameter shapes when their sizes are the timeline's (a profile of this workload), else None."""
-    from workloads.models import param_shapes
-
-    try:
-        shapes = param_shapes(spec.workload, spec.num_classes, spec.image_size)
-    except ValueError:
-        return None
-    return shapes if tuple(math.prod(s) for s in shapes) == tuple(numels) else None
-
-
 def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
     """The cost model's communication the same step waits for (strategies.cost.step_timeline, the one price): the
     run's buckets, ready when the timeline says, overlapped with backward or not as the run is; NaN where the
@@ -511,89 +352,6 @@ def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
 # -- the process a simulation runs in ------------------------------------------------------------------------
 
 
-def run_in_child(call: Callable[[], object]) -> tuple[object, str, float]:
-    """call() in a forked process (SimGrid's engine runs once per process): (result, error, wall seconds)."""
-    done = run_child(call)
-    return done.result, done.error, done.wall_s
-
-
-def run_in_child_timed(call: Callable[[], object]) -> tuple[object, str, float, float]:
-    """As run_in_child, with the CPU seconds of the process (on a loaded machine nearer what a quiet one's wall
-    time would be than the wall)."""
-    done = run_child(call)
-    return done.result, done.error, done.wall_s, done.cpu_s
-
-
-@dataclass(frozen=True)
-class ChildRun:
-    """What a forked simulation gave back: its result or error, wall and CPU seconds, and its peak resident
-    memory (the kernel's high-water mark, read while it ran: known even when the kernel killed it)."""
-
-    result: object
-    error: str
-    wall_s: float
-    cpu_s: float
-    peak_bytes: int
-
-
-def run_child(call: Callable[[], object]) -> ChildRun:
-    """call() in a forked process, its peak memory watched from here.
-
-    Fork, not spawn: milliseconds instead of seconds of imports, and `call` may be a closure. This process
-    must not have run SimGrid's engine itself (it never does: every simulation goes through here).
-    """
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    parent_pid = os.getpid()
-
-    def main():
-        _die_with_parent(parent_pid)
-        try:
-            start, cpu = time.perf_counter(), time.process_time()
-            result = call()
-            child.send(("ok", result, time.perf_counter() - start, time.process_time() - cpu))
-        except BaseException as e:  # noqa: BLE001 - sent to the parent, which reports it
-            child.send(("error", f"{type(e).__name__}: {e}", 0.0, 0.0))
-        finally:
-            child.close()
-
-    proc = ctx.Process(target=main, daemon=True)
-    proc.start()
-    child.close()
-    peak = 0
-    try:
-        while not parent.poll(0.5):  # the high-water mark is gone with the process: read it while it lives
-            peak = max(peak, _peak_resident(proc.pid))
-            if not proc.is_alive():
-                break
-        peak = max(peak, _peak_resident(proc.pid))
-        status, payload, wall, cpu = parent.recv()
-    except EOFError:
-        proc.join()
-        died = f"the simulation process died (exit code {proc.exitcode})"
-        if peak:
-            died += f" at {peak / 2**20:,.0f} MiB resident"
-            if proc.exitcode == -signal.SIGKILL:
-                died += " (killed: the kernel's out-of-memory killer, most likely; see --max-memory)"
-        status, payload, wall, cpu = "error", died, 0.0, 0.0
-    except BaseException:  # Ctrl-C, a test's timeout: the simulation must not outlive its reason to run
-        proc.kill()
-        raise
-    finally:
-        proc.join()
-        parent.close()
-    if status == "ok":
-        return ChildRun(payload, "", wall, cpu, peak)
-    return ChildRun(None, payload, wall, cpu, peak)
-
-
-def _peak_resident(pid: int) -> int:
-    """A live process's peak resident memory in bytes (VmHWM; 0 where /proc does not say)."""
-    from experiments.simulate.memory import proc_bytes
-
-    return proc_bytes(f"/proc/{pid}/status", "VmHWM") or 0
-
-
 def simulate_in_child(spec: RunSpec, sim: SimSpec) -> tuple[list[dict] | None, str, float]:
     """simulate() in a fresh process: (results or None, error, simulation wall seconds)."""
     done = simulate_child(spec, sim)
@@ -605,19 +363,3 @@ def simulate_child(spec: RunSpec, sim: SimSpec) -> ChildRun:
     this process then finds them cached instead of importing torchvision and building the model again."""
     param_shapes_of(spec, sim.timeline.numels)
     return run_child(lambda: simulate(spec, sim))
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel kill this (forked) process when its parent dies, even by SIGKILL, so that a killed
-    `syncbench simulate` or test run leaves no simulation running. Elsewhere a no-op. (The kernel watches the
-    thread that forked: run_in_child is called from the main thread.) A parent that died before the request
-    was made is caught by the check after it."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(1)

@@ -42,297 +42,54 @@ is then out of step, so the communicator refuses further traffic with that peer.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import os
 import select
-import selectors
 import socket
 import struct
-import tempfile
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.transport.link import Network
 from strategies.transport.names import socket_mode
+from strategies.transport.tcp.address import (
+    _Address,
+    _Handshakes,
+    _namespace,
+    _remove_unix_listener,
+    _unix_listener,
+)
+from strategies.transport.tcp.cma import _can_read, _read_peer_memory
+from strategies.transport.tcp.pair import (
+    _ACK,
+    _ACK_HEADER,
+    _DATA,
+    _DESCRIPTOR,
+    _HEADER,
+    _awaits,
+    _byte_view,
+    _Pair,
+    _Recv,
+    _Send,
+)
 from strategies.transport.wire import dtype_code, dtype_of, mismatch
 
-# payload bytes, dtype code, kind, sender's address (a descriptor), first byte on the wire, sender done (NaN: none)
-_HEADER = struct.Struct("<qiiQdd")
-_DATA, _DESCRIPTOR, _ACK = 0, 1, 2
-_ACK_HEADER = _HEADER.pack(0, 0, _ACK, 0, math.nan, math.nan)
 # a Unix pair moves larger payloads by descriptor + process_vm_readv (measured: README, "Transport")
 SINGLE_COPY_BYTES = 64 * 1024
-# each pair's receive buffer: headers and in-stream payloads are read through it, many per recv call
-_READ_BUFFER_BYTES = 1 << 20
 # kernel socket buffers of a Unix pair (the default 208 KiB cost a wake-up per 208 KiB of a large payload)
 _UNIX_SOCKET_BUFFER_BYTES = 1 << 20
 _CONNECT_RETRY_S = 0.01
 # how long an accepted connection has to say which rank it is; several run at once, so a silent one delays no rank
 _HANDSHAKE_S = 5.0
 _MAX_HANDSHAKES = 64  # in flight at once: past it the oldest is dropped, so a flood holds no more file descriptors
-_STRANGERS_NAMED = 8  # in an error message, the rest counted
 _BACKLOG_EXTRA = 64
-_UNIX_PATH_MAX = 100  # bytes of a Unix socket's path (the kernel's sun_path holds 108 with its NUL)
 _CLOSE_FLUSH_S = 2.0
 MODES = ("auto", "unix", "tcp")
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def _process_vm_readv():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
-    except (OSError, AttributeError):  # not Linux (or an old libc): no single copy
-        return None
-    fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                   ctypes.c_ulong]
-    return fn
-
-
-_VM_READV = _process_vm_readv()
-
-
-def _read_peer_memory(pid: int, address: int, into: int, nbytes: int) -> None:
-    """Copy `nbytes` at `address` in process `pid` to `into` in this one; OSError if the kernel refuses."""
-    done = 0
-    while done < nbytes:
-        local, remote = _IoVec(into + done, nbytes - done), _IoVec(address + done, nbytes - done)
-        got = _VM_READV(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got <= 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"process_vm_readv from pid {pid}: {os.strerror(errno)}")
-        done += got
-
-
-def _byte_view(tensor: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous host tensor's storage (no copy)."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
-
-
-def _namespace() -> tuple[str, int, int, int]:
-    """(boot id, network, mount and pid namespace inodes): ranks with equal ones share a kernel, can reach each
-    other's Unix socket files, and see each other's pids (SO_PEERCRED, process_vm_readv)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return (boot, *(os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "mnt", "pid")))
-    except OSError:  # not Linux: every pair takes TCP
-        return socket.gethostname(), -1, -1, -1
-
-
-@dataclass(frozen=True)
-class _Address:
-    """What a rank tells its peers over the control plane before they connect."""
-
-    where: tuple  # _namespace(): Unix pairs only between ranks where it is equal
-    unix: str | None  # the path of its Unix listener (in a 0700 directory), None: TCP only
-    tcp: tuple[str, int]
-    pid: int
-    probe: tuple[int, int]  # the address and value of an int64 a peer reads to learn if it may read this process
-    token: bytes  # rank 0's opens every connection of the group
-
-
-class _Handshakes:
-    """Connections accepted while ranks pair up, each with its own short deadline for its hello (token + rank),
-    all read side by side: a silent stranger delays no rank. Strangers (not a process of this group, a wrong
-    token, silent, closed) are dropped, counted and named for any error."""
-
-    def __init__(self, listeners: list[socket.socket], token: bytes, pids: set[int], handshake_s: float):
-        self.token, self.pids, self.handshake_s = token, pids, handshake_s
-        self.size = len(token) + 8
-        self.pending: dict[socket.socket, list] = {}  # socket -> [hello bytes so far, its deadline, who]
-        self.strangers: list[str] = []
-        self.selector = selectors.DefaultSelector()
-        for listener in listeners:
-            listener.setblocking(False)
-            self.selector.register(listener, selectors.EVENT_READ, None)
-
-    def poll(self, until: float) -> list[tuple[int, socket.socket, str]]:
-        """Accept and read until `until` or the next handshake deadline; (rank, socket, who) of each whole hello
-        with the group's token (the caller checks the rank)."""
-        now = time.monotonic()
-        for sock, (got, deadline, who) in list(self.pending.items()):
-            if now >= deadline:
-                self.drop(sock, who, f"silent ({len(got)} of {self.size} hello bytes within {self.handshake_s:g} s)")
-        wake = min([until] + [entry[1] for entry in self.pending.values()])
-        hellos = []
-        for key, _ in self.selector.select(max(wake - now, 0)):
-            if key.data is None:
-                self._accept(key.fileobj, now)
-            elif (hello := self._read(key.fileobj)) is not None:
-                hellos.append(hello)
-        return hellos
-
-    def _accept(self, listener: socket.socket, now: float) -> None:
-        try:
-            sock, addr = listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
-        who = _who(sock, addr)
-        if sock.family == socket.AF_UNIX and _peer_credentials(sock)[0] not in self.pids:
-            self.drop(sock, who, "not a process of this group")
-            return
-        if len(self.pending) >= _MAX_HANDSHAKES:  # a flood: the oldest silent one makes room (ranks say hello at once)
-            oldest = min(self.pending, key=lambda s: self.pending[s][1])
-            self.drop(oldest, self.pending[oldest][2], f"silent while {_MAX_HANDSHAKES} more handshakes waited")
-        sock.setblocking(False)
-        self.pending[sock] = [b"", now + self.handshake_s, who]
-        self.selector.register(sock, selectors.EVENT_READ, who)
-
-    def _read(self, sock: socket.socket) -> tuple[int, socket.socket, str] | None:
-        got, _, who = entry = self.pending[sock]
-        try:
-            chunk = sock.recv(self.size - len(got))
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as e:
-            self.drop(sock, who, f"failed during its hello: {e}")
-            return None
-        if not chunk:
-            self.drop(sock, who, f"closed after {len(got)} of {self.size} hello bytes")
-            return None
-        entry[0] = got = got + chunk
-        if len(got) < self.size:
-            return None
-        if got[:len(self.token)] != self.token:
-            self.drop(sock, who, "wrong token")
-            return None
-        self._forget(sock)
-        return struct.unpack("<q", got[len(self.token):])[0], sock, who
-
-    def _forget(self, sock: socket.socket) -> None:
-        if self.pending.pop(sock, None) is not None:
-            self.selector.unregister(sock)
-
-    def drop(self, sock: socket.socket, who: str, why: str) -> None:
-        self._forget(sock)
-        sock.close()
-        self.strangers.append(f"{who}: {why}")
-
-    def close(self) -> None:
-        for sock in list(self.pending):
-            self._forget(sock)
-            sock.close()
-        self.selector.close()
-
-    def described(self) -> str:
-        """'' or '; N stranger(s) connected meanwhile (who: why; ...)', for an error message: those dropped and
-        those still silent."""
-        named = self.strangers + [f"{who}: still silent" for _, _, who in self.pending.values()]
-        if not named:
-            return ""
-        more = len(named) - _STRANGERS_NAMED
-        shown = "; ".join(named[:_STRANGERS_NAMED]) + (f"; ... and {more} more" if more > 0 else "")
-        return f"; {len(named)} stranger(s) connected meanwhile and were dropped ({shown})"
-
-
-def _who(sock: socket.socket, addr) -> str:
-    """A connection's origin for an error: ip:port over TCP, the process (pid, uid) over Unix."""
-    if sock.family != socket.AF_UNIX:
-        return f"{addr[0]}:{addr[1]}"
-    pid, uid = _peer_credentials(sock)
-    return f"unix peer pid {pid} uid {uid}" if pid else "unix peer (credentials unknown)"
-
-
-def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED; (0, -1) where unknown)."""
-    try:
-        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        return pid, uid
-    except (OSError, AttributeError):
-        return 0, -1
-
-
-def _unix_listener(backlog: int) -> tuple[socket.socket, str]:
-    """A Unix listener in a fresh 0700 directory (only this user can connect to it); returns it and its path."""
-    base = None
-    if len(os.path.join(tempfile.gettempdir(), "syncbench-xxxxxxxx", "s")) > _UNIX_PATH_MAX:
-        base = "/tmp"  # sun_path holds 108 bytes: a long TMPDIR would not fit
-    directory = tempfile.mkdtemp(prefix="syncbench-", dir=base)
-    path = os.path.join(directory, "s")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        _remove_unix_listener(path)
-        raise
-    return sock, path
-
-
-def _remove_unix_listener(path: str) -> None:
-    for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
-        try:
-            remove(target)
-        except OSError:
-            pass
-
-
-class _Send:
-    """A posted send: its header and (in-stream) payload still to write; a descriptor waits for its ack."""
-
-    __slots__ = ("data", "total", "written", "done", "keep", "descriptor")
-
-    def __init__(self, header: bytes, payload: memoryview | None, keep, descriptor: bool = False):
-        self.data = [memoryview(header)] + ([payload] if payload is not None else [])
-        self.total = sum(len(d) for d in self.data)
-        self.written = 0
-        self.done = False
-        self.keep = keep  # the tensor whose bytes are being sent or read by the peer
-        self.descriptor = descriptor  # written, it is done only when the peer acknowledges its copy
-
-    def remaining(self) -> list[memoryview]:
-        off = self.written
-        head = len(self.data[0])
-        if off < head:
-            return [self.data[0][off:]] + self.data[1:]
-        return [self.data[1][off - head:]]
-
-
-class _Recv:
-    """A posted receive into a host tensor (a CUDA target gets the bytes after they arrive)."""
-
-    __slots__ = ("tensor", "payload", "got", "done", "stamp", "target")
-
-    def __init__(self, tensor: torch.Tensor, target: torch.Tensor | None):
-        self.tensor, self.target = tensor, target
-        self.payload = _byte_view(tensor)
-        self.got = 0
-        self.done = False
-        self.stamp = None
-
-
-class _Pair:
-    """The socket to one peer: queues of sends to write, descriptors awaiting acks, posted receives, messages
-    that arrived before their receive, and the buffer the stream is read through."""
-
-    __slots__ = ("peer", "sock", "fd", "pid", "single_copy", "sends", "unacked", "recvs", "arrived", "filling",
-                 "rbuf", "rview", "lo", "hi", "error")
-
-    def __init__(self, peer: int, sock: socket.socket):
-        self.peer, self.sock, self.fd = peer, sock, sock.fileno()
-        self.pid = 0  # the peer's pid, when this rank may read its memory
-        self.single_copy = False  # whether the peer may read this rank's memory (then large sends go by descriptor)
-        self.sends: deque[_Send] = deque()
-        self.unacked: deque[_Send] = deque()
-        self.recvs: deque[_Recv] = deque()
-        self.arrived: deque[tuple[tuple, bytes | None]] = deque()
-        self.filling: _Recv | None = None  # matched, its in-stream payload read straight into its tensor
-        self.rbuf = bytearray(_READ_BUFFER_BYTES)
-        self.rview = memoryview(self.rbuf)
-        self.lo = self.hi = 0
-        self.error: str | None = None
 
 
 class SocketCommunicator(Communicator):
@@ -399,7 +156,8 @@ class SocketCommunicator(Communicator):
                     sock = self._dial(socket.AF_INET, other.tcp, peer, deadline)
                 sock.sendall(token + struct.pack("<q", self.rank))
                 self._add(peer, sock)
-            hellos = _Handshakes(listeners, token, {a.pid for a in everyone}, min(_HANDSHAKE_S, self.timeout))
+            hellos = _Handshakes(listeners, token, {a.pid for a in everyone}, min(_HANDSHAKE_S, self.timeout),
+                                 _MAX_HANDSHAKES)
             try:
                 self._accept_ranks(hellos, deadline)
             finally:
@@ -712,23 +470,6 @@ class SocketCommunicator(Communicator):
         self._pairs, self._by_fd, self._polled = {}, {}, {}
         self._poll = select.poll()
         self.control.close()
-
-
-def _awaits(pair: _Pair) -> bool:
-    """Whether this rank expects bytes from the pair's peer: a posted receive, a payload being read, an ack."""
-    return bool(pair.recvs or pair.unacked or pair.filling is not None)
-
-
-def _can_read(pid: int, address: int, value: int) -> bool:
-    """Whether this process may read process `pid`'s memory: read its probe and compare."""
-    if _VM_READV is None:
-        return False
-    out = torch.zeros(1, dtype=torch.int64)
-    try:
-        _read_peer_memory(pid, address, out.data_ptr(), 8)
-    except OSError:
-        return False
-    return int(out) == value
 
 
 def build(name: str, control: Communicator, *, timeout: float, network: Network | None, address: str):

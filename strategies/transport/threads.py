@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from strategies.ops import finish_reduction, reduce_into
 from strategies.transport import factory
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator, RankAborted, completed
 from strategies.transport.link import Network
+from strategies.transport.ops import finish_reduction, reduce_into
 from strategies.transport.ranks import Board, RankRun
 from strategies.transport.wire import check_received
 

@@ -23,10 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from strategies.ops import LOGICAL, check_op, finish_reduction
 from strategies.transport import factory
 from strategies.transport.communicator import DEFAULT_TIMEOUT_S, CommError, Communicator
 from strategies.transport.link import Network
+from strategies.transport.ops import LOGICAL, check_op, finish_reduction
 from strategies.transport.wire import check_received, dtype_code, dtype_of
 
 _HEADER = 4  # float64: payload bytes, dtype code, first byte on the wire, sender done (NaN: no emulation)

@@ -208,7 +208,7 @@ R50 = 25_557_032  # ResNet-50, 1,000 classes: the sync `syncbench validate` simu
 
 
 def test_spot_checks_mark_agreement_disagreement_and_refusal():
-    from reports import map_check
+    from experiments import map_check
 
     m = sm.strategy_map(sm.Workload(R50), (2, 4, 8, 72), (GBIT, 100 * GBIT), 2e-5, tie=0.0)
     calls = []
@@ -240,7 +240,7 @@ def test_spot_checks_mark_agreement_disagreement_and_refusal():
 
 
 def test_a_model_tie_is_checked_as_a_tie_not_an_agreement():
-    from reports import map_check
+    from experiments import map_check
 
     # 2 workers: ring and the double binary tree each send the other half the array and receive the other half
     m = sm.strategy_map(sm.Workload(R50), (2,), (GBIT,), 2e-5, strategies=["ring", "double_binary_tree"])
@@ -261,7 +261,7 @@ def test_spot_checks_refused_before_any_pricing_for_a_map_simgrid_cannot_check(m
 
 @pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
 def test_one_real_simgrid_spot_check_agrees():
-    from reports import map_check
+    from experiments import map_check
 
     m = sm.strategy_map(sm.Workload(R50), (4,), (10 * GBIT,), 2e-5, tie=0.0)  # the model's first, however close
     map_check.spot_check(m, 1)

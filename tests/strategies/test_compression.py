@@ -194,7 +194,7 @@ def _run_layout(name, per_step_inputs, shapes, **settings):
 
     def body(comm):
         runtime = config.bind(comm, workers)
-        runtime.layout(shapes)
+        runtime.set_shapes(shapes)
         out = []
         for inputs in per_step_inputs:
             comm.reset_counters()

@@ -101,9 +101,9 @@ def run(args) -> int:
     print(format_runs(runs))
     print(f"results: {out}")
     if not args.no_report and not runs.empty:
-        from experiments.cli.main import _closing_report
+        from experiments.cli.common import closing_report
 
-        _closing_report(Path(out))
+        closing_report(Path(out))
     return 1 if (runs["status"] != "ok").any() else 0
 
 

@@ -127,15 +127,15 @@ def run(args) -> int:
         workload = Workload(numel=numel, compute_s=args.step_time,
                             shapes=workload_shapes(args.model, numel, args.num_classes), label=args.model)
     else:
-        from experiments.cli.main import MAX_MODEL_BYTES, _size
+        from experiments.cli.common import MAX_MODEL_BYTES, size_arg
 
-        nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
+        nbytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
         workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
     if args.nccl_reference and (args.ranks_per_node != 1 or workload.measure != "sync"):
         raise ValueError("--nccl-reference prices one allreduce on one NIC per rank: accepted without "
                          "--ranks-per-node, --step-time or --profile")
     if args.check:
-        from reports.map_check import request_problem
+        from experiments.map_check import request_problem
 
         why = request_problem(args.check, "size" if args.collective else "bandwidth", workload.measure,
                               workload.numel, args.ranks_per_node, workers)
@@ -148,7 +148,7 @@ def run(args) -> int:
     print(format_table(m))
     print(f"\n# {len(m.cells)} cells in {priced:.1f} s")
     if args.check:
-        from reports.map_check import check_lines, spot_check
+        from experiments.map_check import check_lines, spot_check
 
         started = time.perf_counter()
         spot_check(m, args.check)
