@@ -366,25 +366,33 @@ def svg(x: Explained) -> str:
                        f'fill="{colour}" '
                        f'font-size="11">{html.escape(label)}</text></g>')
         if x.holds is not None:
-            for rank in range(n_ranks):
-                for s, contributors in enumerate(x.holds[rnd][rank]):
-                    sx, sy = x0 + col_w - 8 - 16 * (segs - s), lane_y(rank) - 6
-                    share = len(contributors) / max(len(everyone), 1)
-                    colour = PALETTE[s % len(PALETTE)]
-                    tip = (f"rank {rank} after round {rnd}: c{s} [{x.segments[s][0]},{x.segments[s][1]}) holds "
-                           f"{_who(contributors, everyone)}")
-                    out.append(f'<g><title>{html.escape(tip)}</title><rect x="{sx}" y="{sy}" width="13" '
-                               f'height="13" fill="white" stroke="{colour}"/>'
-                               f'<rect x="{sx}" y="{sy + 13 * (1 - share):.1f}" '
-                               f'width="13" height="{13 * share:.1f}" fill="{colour}"/>'
-                               + (f'<text x="{sx + 6.5}" y="{sy + 24}" text-anchor="middle" font-size="9">'
-                                  f'c{s}</text>' if rank == n_ranks - 1 else "") + '</g>')
+            out += _svg_holdings(x, rnd, x0 + col_w - 8, everyone, lane_y)
     note = ("squares: chunks, filled by the share of the workers' contributions the rank holds after the round"
             if x.holds is not None else "chunks unknown: arrows labelled with bytes")
     out.append(f'<text x="10" y="{height - 12}" fill="#555">{html.escape(note)}; total {x.total_bytes:,} bytes'
                f'</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _svg_holdings(x: Explained, rnd: int, right: float, everyone: frozenset, lane_y) -> list[str]:
+    """Each rank's chunks after round `rnd`, squares ending at `right`, each as full as the share of the workers'
+    contributions the rank holds."""
+    out, segs, n_ranks = [], len(x.segments), len(x.roles)
+    for rank in range(n_ranks):
+        for s, contributors in enumerate(x.holds[rnd][rank]):
+            sx, sy = right - 16 * (segs - s), lane_y(rank) - 6
+            share = len(contributors) / max(len(everyone), 1)
+            colour = PALETTE[s % len(PALETTE)]
+            tip = (f"rank {rank} after round {rnd}: c{s} [{x.segments[s][0]},{x.segments[s][1]}) holds "
+                   f"{_who(contributors, everyone)}")
+            out.append(f'<g><title>{html.escape(tip)}</title><rect x="{sx}" y="{sy}" width="13" '
+                       f'height="13" fill="white" stroke="{colour}"/>'
+                       f'<rect x="{sx}" y="{sy + 13 * (1 - share):.1f}" '
+                       f'width="13" height="{13 * share:.1f}" fill="{colour}"/>'
+                       + (f'<text x="{sx + 6.5}" y="{sy + 24}" text-anchor="middle" font-size="9">'
+                          f'c{s}</text>' if rank == n_ranks - 1 else "") + '</g>')
+    return out
 
 
 def _colour(x: Explained, chunk: Range | None) -> str:

@@ -15,8 +15,8 @@ import html
 import pandas as pd
 from markupsafe import Markup
 
-from experiments.pipeline.trace import COMM, PHASES
 from experiments.results import timeline
+from experiments.results.timeline import COMM, PHASES
 
 MAX_GROUPS = 3  # verdict groups drawn (each: its best two configurations)
 MAX_MESSAGES = 20_000  # messages drawn per step; a step with more draws its phases and buckets only (page size)

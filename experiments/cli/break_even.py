@@ -68,9 +68,9 @@ def run(args) -> int:
         numel = model_numel(args.model, args.num_classes)
         shapes, label = workload_shapes(args.model, numel, args.num_classes), args.model
     else:
-        from experiments.cli.main import MAX_MODEL_BYTES, _size
+        from experiments.cli.common import MAX_MODEL_BYTES, size_arg
 
-        nbytes = _size("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
+        nbytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
         numel, shapes, label = round(nbytes / 4), None, f"{nbytes:,} bytes"
     # every value checked (break_even refuses a bad one) before any codec is timed
     from reports.break_even import break_even

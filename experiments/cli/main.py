@@ -491,7 +491,7 @@ def _strategies(args) -> int:
 
 
 def _schema(args) -> int:
-    from experiments.results.schema import describe
+    from experiments.results.describe import describe
 
     print(describe())
     return 0

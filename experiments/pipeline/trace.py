@@ -17,14 +17,9 @@ from __future__ import annotations
 import math
 import time
 
+from experiments.results.timeline import COMM, COMPUTE, PHASES  # noqa: F401 - the phases' vocabulary, read back there
 from strategies.transport.recorder import MessageRecorder
 
-# Every phase a rank records, and whether it is compute or (exposed) communication: the steps table's compute_s and
-# comm_s are the sums of these, per rank and step.
-COMPUTE, COMM = "compute", "comm"
-PHASES = {"forward": COMPUTE, "backward": COMPUTE, "forward+backward": COMPUTE, "straggle": COMPUTE,
-          "after backward": COMPUTE, "optimizer": COMPUTE, "apply": COMPUTE, "sync in backward": COMM,
-          "sync": COMM}
 MAX_MESSAGES = 200_000  # messages one rank may record over a run's traced steps (the recorder's limit)
 
 

@@ -102,17 +102,7 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     """The step loop of a worker rank on any substrate; `compute` holds the clock and what a step computes."""
     clock = compute.clock
     role = worker_role(config)
-    syncer = None
-    if compute.flat is not None and comm.world_size > 1 and not compute.wraps:
-        syncer = BucketSync(config, comm, spec.workers, role.buffer(compute.flat), buckets,
-                            overlap=spec.overlap and role.overlaps, threaded=compute.threaded, clock=clock)
-        if syncer.overlap:
-            compute.on_ready = syncer.grad_ready  # backward hands each gradient over as it becomes ready
-        if config.role == SERVER and config.num_servers(spec.workers) == 0:
-            role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
-        for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
-            runtime.start(syncer.buffer[bucket.lo:bucket.hi])  # DiLoCo's anchor: the parameters before step 0
-            runtime.set_shapes(_bucket_shapes(compute.flat, bucket))  # PowerSGD: one matrix per parameter's shape
+    syncer = _bucket_sync(comm, spec, config, compute, buckets, role)
     hook = compute.hook_state  # ddp through a strategy: DDP's buckets on a communication thread
     rows = []
     loss_value = math.nan
@@ -186,6 +176,22 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
              "trained": compute.trains,
              "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
     return {"steps": rows, "final": final, "events": trace.events}
+
+
+def _bucket_sync(comm, spec, config, compute, buckets, role) -> BucketSync | None:
+    """The buckets' syncs of a worker rank (None: nothing to sync, or ddp's own hook syncs), started."""
+    if compute.flat is None or comm.world_size == 1 or compute.wraps:
+        return None
+    syncer = BucketSync(config, comm, spec.workers, role.buffer(compute.flat), buckets,
+                        overlap=spec.overlap and role.overlaps, threaded=compute.threaded, clock=compute.clock)
+    if syncer.overlap:
+        compute.on_ready = syncer.grad_ready  # backward hands each gradient over as it becomes ready
+    if config.role == SERVER and config.num_servers(spec.workers) == 0:
+        role.serve_beside(syncer, compute)  # servers without ranks of their own run inside these workers
+    for bucket, runtime in zip(syncer.buckets, syncer.runtimes):
+        runtime.start(syncer.buffer[bucket.lo:bucket.hi])  # DiLoCo's anchor: the parameters before step 0
+        runtime.set_shapes(_bucket_shapes(compute.flat, bucket))  # PowerSGD: one matrix per parameter's shape
+    return syncer
 
 
 def params_digest(params: torch.Tensor) -> str:

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from experiments.pipeline.trace import COMM, COMPUTE, PHASES
+# Every phase a rank records (experiments/pipeline/trace.py), and whether it is compute or (exposed)
+# communication: the steps table's compute_s and comm_s are the sums of these, per rank and step.
+COMPUTE, COMM = "compute", "comm"
+PHASES = {"forward": COMPUTE, "backward": COMPUTE, "forward+backward": COMPUTE, "straggle": COMPUTE,
+          "after backward": COMPUTE, "optimizer": COMPUTE, "apply": COMPUTE, "sync in backward": COMM,
+          "sync": COMM}
 
 EPS = 1e-9  # seconds: ends this close count as the same instant
 

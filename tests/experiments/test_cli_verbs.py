@@ -54,7 +54,7 @@ def test_strategies_lists_every_registered_strategy_with_its_role_and_parameters
 
 
 def test_schema_lists_every_column_of_both_tables(capsys):
-    from experiments.results import schema
+    from experiments.results import describe
 
     status, out, _ = _run(capsys, "schema")
     assert status == 0
@@ -63,7 +63,7 @@ def test_schema_lists_every_column_of_both_tables(capsys):
     for column in ("run_id", "strategy", "workers", "throughput", "step_time_s", "compute_s", "comm_s",
                    "bytes_sent_per_worker", "step", "rank", "bytes_sent", "timed"):
         assert column in listed, column
-    assert set(schema.describe().split()) <= set(out.split())
+    assert set(describe.describe().split()) <= set(out.split())
 
 
 # -- model ----------------------------------------------------------------------------------------------------
