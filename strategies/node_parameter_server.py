@@ -151,10 +151,17 @@ class NodeParameterServer(Strategy):
         like = torch.empty(0, dtype=wire_dtype(dtype), device=device)  # as the workers send it (Strategy.sync)
         if numel == 0:
             return
+        # partition r of every chunk before partition r + 1 of any: the chunks' owners push at once (one per rank
+        # of a node, sharing its NIC), so partition r of every chunk arrives about together; served chunk by chunk,
+        # the replies of chunks 1.. would wait for chunk 0's last push, which comes with everyone's (the pushes
+        # all in, then the replies: twice the NIC time). A worker's own partitions stay in its push order.
+        mine = [(group, parts[self.server]) for group, parts in self.plan.steps(numel, like.element_size())]
+        order = sorted(((r, c) for c, (_, part) in enumerate(mine) for r in range(len(part))))
         replies = []
-        for group, parts in self.plan.steps(numel, like.element_size()):
-            for lo, hi in parts[self.server]:  # each reply a fresh tensor: earlier sends may still be in flight
-                replies += self._serve_partition(like.new_empty(hi - lo), group, op)
+        for r, c in order:  # each reply a fresh tensor: earlier sends may still be in flight
+            group, part = mine[c]
+            lo, hi = part[r]
+            replies += self._serve_partition(like.new_empty(hi - lo), group, op)
         for handle in replies:
             handle.wait()
 
