@@ -43,7 +43,7 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
             ("hierarchical ring", (8,), (3,)),
             ("double_binary_tree on nodes", (8,), (4,)),
             ("node_ps colocated", (8,), (4,)),
-            ("node_ps colocated", (5,), (3,)),
+            ("node_ps colocated", (5, 16), (3,)),
             ("node_ps dedicated k=2", (8,), (4,))):
         for n in ns:
             for k in nodes:
@@ -91,6 +91,27 @@ def test_dedicated_node_servers_reply_while_the_pushes_stream_in():
     hand = ring + nic + fill
     assert hand == pytest.approx(0.11451, abs=1e-5)
     row = run_cell(Cell(BY_LABEL["node_ps dedicated k=2"], 4, "10Gbit", "0us", 4))
+    assert row["status"] == "agree", row
+    assert row["sim_s"] == pytest.approx(hand, rel=0.002), row  # + 2 us per message between the nodes
+    assert row["model_s"] == pytest.approx(hand, rel=0.002), row
+
+
+@needs_simgrid
+def test_a_short_nodes_rank_pushes_all_its_chunks_at_once():
+    """8 workers in nodes of 3 (the last node of 2), one colocated server per chunk in node 0, 10 Gbit/s and 0 us
+    between nodes (100 Gbit/s, 2 us inside), ResNet-50's 25,557,032 floats in 3 chunks of 8,519,011, worked by
+    hand: the 3-rank nodes' ring reduce-scatter and all-gather (2 + 2 rounds of a chunk at 100 Gbit/s + 2 us; the
+    short node's single round of two chunks takes as long); node 0 hosts every chunk, so its NIC takes the two other
+    nodes' pushes of the whole array (2 S in) while it sends the replies (2 S out); after the last push it still
+    answers the last 4 MiB partition (946,556 floats, of 9) of each chunk to the two other owners. Chunk by chunk,
+    rank 7 (owner of chunks 0 and 1) pushed chunk 1 only once node 0 had answered chunk 0: 1.13x."""
+    gbit10, gbit100 = 10e9 / 8, 100e9 / 8
+    rings = 4 * (2e-6 + 8_519_011 * 4 / gbit100)
+    nic = 2 * 25_557_032 * 4 / gbit10
+    fill = 3 * 2 * 946_556 * 4 / gbit10
+    hand = rings + nic + fill
+    assert hand == pytest.approx(0.19265, abs=1e-5)
+    row = run_cell(Cell(BY_LABEL["node_ps colocated"], 8, "10Gbit", "0us", 3))
     assert row["status"] == "agree", row
     assert row["sim_s"] == pytest.approx(hand, rel=0.002), row  # + 2 us per message between the nodes
     assert row["model_s"] == pytest.approx(hand, rel=0.002), row
