@@ -10,7 +10,7 @@ import math
 import pytest
 
 import strategies
-from experiments.validate import VARIANTS, Cell, run_cell
+from experiments.validate import VARIANTS, Cell, format_sizing, ps_sizing, run_cell
 from reports.model import model_table
 from strategies.transport.simgrid import simgrid_available
 
@@ -130,6 +130,19 @@ def test_double_binary_tree_at_3_ranks_worked_by_hand():
     assert row["model_s"] == pytest.approx(15 * c, rel=1e-6), row
     assert row["sim_s"] == pytest.approx(16 * c, rel=1e-4), row
     assert row["status"] == "DIFF", row
+
+
+@needs_simgrid
+def test_model_and_simgrid_agree_on_how_many_dedicated_servers_tie_ring():
+    """8 workers at 25 Gbit/s, ResNet-50: the model's fewest dedicated servers no slower than ring is k = 6 (BytePS's
+    bound n^2 / (2 (n - 1)) = 4.6 plus the last 4 MiB partition's fan-out and the latency of the pushes), and SimGrid
+    alpha_beta puts the tie at the same k: slower than ring with 5, faster with 6."""
+    sizing = ps_sizing(8, "25Gbit", "5us")
+    assert sizing.model_k == 6, sizing
+    assert sizing.sim_ratio[5] > 1 >= sizing.sim_ratio[6], sizing
+    assert sizing.agree and "SimGrid ties at the same k" in format_sizing(sizing)
+    for k, ratio in sizing.sim_ratio.items():
+        assert ratio == pytest.approx(sizing.model_ratio[k], rel=0.02), (k, sizing)
 
 
 @needs_simgrid
