@@ -10,7 +10,7 @@ import math
 import pytest
 
 import strategies
-from experiments.validate import VARIANTS, Cell, format_sizing, ps_sizing, run_cell
+from experiments.validate import VARIANTS, Cell, Variant, format_sizing, ps_sizing, run_cell
 from reports.model import model_table
 from strategies.transport.simgrid import simgrid_available
 
@@ -143,6 +143,23 @@ def test_model_and_simgrid_agree_on_how_many_dedicated_servers_tie_ring():
     assert sizing.agree and "SimGrid ties at the same k" in format_sizing(sizing)
     for k, ratio in sizing.sim_ratio.items():
         assert ratio == pytest.approx(sizing.model_ratio[k], rel=0.02), (k, sizing)
+
+
+@needs_simgrid
+def test_a_message_between_nodes_crosses_the_ranks_ports_too():
+    """double_binary_tree, 1 chunk, 4 ranks in nodes of 2, NICs as fast as the ports (100 Gbit/s), worked by hand:
+    tree 0 is 0 <- 1, 0 <- 2 <- 3 (rank 2 heads node 1), tree 1 is 3 <- 2, 3 <- 1 <- 0; each message is a half,
+    h = 12,778,516 floats. Slot 0: 3 -> 2 and 0 -> 1 inside the nodes (h on a port); slot 1: 1 -> 0 and 2 -> 3 inside,
+    2 -> 0 and 1 -> 3 between the nodes, which also cross ranks 0-3's ports (2h on each); slot 2 the broadcast's
+    mirror (2h); slot 3 h. 6 h / 100 Gbit/s; with the levels apart (a message between nodes on the NICs only) the
+    model said 4 h, 0.67x what SimGrid's route (port, NIC, switch, NIC, port) takes."""
+    config = strategies.make("double_binary_tree", chunks=1, ranks_per_node=2)
+    assert config.slot_levels(4, 1000, 4, 2) == [(0, 2000), (2000, 4000), (2000, 4000), (0, 2000)]
+    hand = 6 * 12_778_516 * 4 / (100e9 / 8)
+    row = run_cell(Cell(Variant("dbt 1 chunk", "double_binary_tree", (("chunks", 1),), nodes=(2,)), 4, "100Gbit",
+                        "0us", 2))
+    assert row["sim_s"] == pytest.approx(hand, rel=0.001), row  # + 2 us per slot inside the nodes
+    assert row["model_s"] == pytest.approx(hand, rel=0.001), row
 
 
 @needs_simgrid
