@@ -442,11 +442,14 @@ def run(args) -> int:
     if missing:
         print(f"syncbench validate: error: {missing}", file=sys.stderr)
         return 2
-    if args.ps_sizing:
+    if args.ps_sizing is not None:
         counts = [w.strip() for w in args.ps_sizing.split(",") if w.strip()]
         if not counts or not all(w.isdigit() and int(w) >= 2 for w in counts):
             raise ValueError(f"validate --ps-sizing {args.ps_sizing!r}: accepted are worker counts >= 2, e.g. 16,32")
-        bandwidth, latency = args.links.split(",")[0].split("/", 1)
+        link = args.links.split(",")[0].split("/", 1)
+        if len(link) != 2:
+            raise ValueError(f"validate --links {args.links!r}: accepted are BANDWIDTH/LATENCY pairs, e.g. 25Gbit/5us")
+        bandwidth, latency = link
         results = []
         for w in counts:
             results.append(ps_sizing(int(w), bandwidth, latency))

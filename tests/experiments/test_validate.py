@@ -205,3 +205,43 @@ def test_bandwidth_for_a_target_efficiency_gives_it_back(case):
         assert again["efficiency"].iloc[0] == pytest.approx(0.9, abs=1e-6), (case, row.strategy, s)
         checked += 1
     assert checked >= (5 if nodes else 11), (case, checked)
+
+
+# -- the committed matrix's table goes between its markers, nowhere else ------------------------------------
+
+
+def test_the_docs_table_is_written_between_the_markers_and_the_prose_kept(tmp_path):
+    from experiments.validate import BEGIN, END, check_docs, docs_grid, write_docs
+
+    doc = tmp_path / "validation.md"
+    doc.write_text(f"# prose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
+    write_docs(doc, "syncbench validate --docs --jobs 2", "# header\nrow 1")
+    assert doc.read_text() == (f"# prose before\n\n{BEGIN}\n```\n$ syncbench validate --docs --jobs 2\n"
+                               f"# header\nrow 1\n```\n{END}\n\nprose after\n")
+    write_docs(doc, "again", "row 2")  # a second run replaces the table, keeps the prose
+    assert "row 1" not in doc.read_text() and "row 2" in doc.read_text() and "prose after" in doc.read_text()
+    for bad in ("no markers at all\n", f"{END}\n{BEGIN}\n", f"{BEGIN}\n{BEGIN}\n{END}\n"):
+        doc.write_text(bad)
+        with pytest.raises(ValueError, match="where the table goes"):
+            check_docs(doc)
+    with pytest.raises(ValueError, match="no such file"):
+        check_docs(tmp_path / "missing.md")
+    grid = docs_grid()  # every variant at n = 2..64 on three links, and the overlap, scale and tcp parts
+    assert {c.workers for c in grid} == {2, 3, 4, 8, 16, 64, 256, 1024}
+    assert {c.overlap for c in grid} == {False, True} and {c.network_model for c in grid} == {"alpha_beta", "tcp"}
+    assert {(c.bandwidth, c.latency) for c in grid} == {("1Gbit", "50us"), ("10Gbit", "5us"), ("100Gbit", "0us")}
+    assert {c.variant.label for c in grid if c.workers == 1024} == {"halving_doubling", "reduce_broadcast tree",
+                                                                  "double_binary_tree"}
+
+
+@needs_simgrid
+@pytest.mark.parametrize("value", ["1", "x", "", "8,-2"])
+def test_ps_sizing_refuses_a_worker_count_it_cannot_size(value):
+    import argparse
+
+    from experiments.validate import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match="accepted are worker counts >= 2"):
+        run(parser.parse_args(["--ps-sizing", value]))
