@@ -163,6 +163,39 @@ def test_a_message_between_nodes_crosses_the_ranks_ports_too():
 
 
 @needs_simgrid
+def test_update_servers_answer_each_partition_after_its_update():
+    """One dedicated server in update mode, 2 workers, 10 Gbit/s, the ResNet-50 profile with overlap: the step waits
+    for the last bucket (2,431,040 floats, ready 0.2 ms before backward ends), 3 partitions of 810,347 floats, worked
+    by hand: each partition's two pushes take 2 x 3.24 MB / 1.25 GB/s = 5.19 ms into the server, its update the
+    profile's 0.2007 s optimizer x 810,347 / 25,557,032 = 6.36 ms, its two answers 5.19 ms out: the updates run
+    back to back from 5.19 ms (6.36 ms > 5.19 ms), the last answer leaves at 5.19 + 3 x 6.36 + 5.19 = 29.5 ms. The
+    model priced the bytes only (20.8 ms: 1.42x short); summation servers (the workers step) are unchanged."""
+    from strategies import cost
+
+    part, u = 810_347 * 4 * 2 / (10e9 / 8), 0.2006790190000629 * 810_347 / 25_557_032
+    hand = part + 3 * u + part
+    assert hand == pytest.approx(0.02946, abs=1e-5)
+    config, fabric = strategies.make("parameter_server"), cost.Fabric(10e9 / 8, 5e-6)
+    comm, fill = cost.sync_seconds(config, 2, 2_431_040, fabric), cost.fill_seconds(config, 2, 2_431_040, fabric)
+    assert comm == pytest.approx(2 * 2_431_040 * 4 / (10e9 / 8) + part, rel=0.01)  # the bytes: pushes, last answer
+    priced = cost.server_update_seconds(comm, fill, config.server_updates(2, 2_431_040), u / 810_347)
+    assert priced == pytest.approx(hand, rel=0.002)  # + the rounds' 5 us
+    assert strategies.make("parameter_server", mode="summation").server_updates(2, 2_431_040) == []
+    row = run_cell(Cell(BY_LABEL["ps dedicated k=1"], 2, "10Gbit", "5us", overlap=True))
+    assert row["status"] == "agree", row
+    from experiments.validate import BUCKET_MB, _timeline
+    from workloads.buckets import make_buckets
+
+    timeline = _timeline(True)
+    last = make_buckets(timeline.numels, BUCKET_MB)[-1]
+    assert last.numel == 2_431_040
+    early = timeline.backward_s - max(timeline.ready_s[i] for i in last.params)  # ready before backward's end
+    assert 0 < early < 0.001
+    assert row["sim_s"] == pytest.approx(hand - early, rel=0.005), row
+    assert row["model_s"] == pytest.approx(row["sim_s"], rel=0.002), row
+
+
+@needs_simgrid
 def test_a_cell_a_substrate_cannot_run_is_not_run_with_the_reason():
     native = run_cell(Cell(BY_LABEL["native"], 4, "10Gbit", "5us"))
     assert native["status"].startswith("not run: simulator:") and "counted = False" in native["status"]
