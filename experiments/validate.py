@@ -126,6 +126,27 @@ def cells(variants=VARIANTS, workers=DEFAULT_WORKERS, links=DEFAULT_LINKS, overl
     return out
 
 
+# The committed matrix (docs/validation.md, `syncbench validate --docs`): every variant at n = 2..64 on the three
+# links without compute; overlap with the profile on the middle link; n = 256 for the strategies that simulate in
+# seconds there and n = 1,024 for the O(n log n)-message ones (ring's 2,046 rounds x 1,024 ranks take over 10 CPU
+# minutes); SimGrid tcp beside alpha_beta on the middle link.
+SCALE_256 = ("ring", "halving_doubling", "reduce_broadcast tree", "ps dedicated k=n", "double_binary_tree",
+             "ring + local SGD H=4", "ring on nodes", "double_binary_tree on nodes")
+SCALE_1024 = ("halving_doubling", "reduce_broadcast tree", "double_binary_tree")
+MIDDLE = (("10Gbit", "5us"),)
+
+
+def docs_grid() -> list[Cell]:
+    """The matrix docs/validation.md shows, one command: `syncbench validate --docs`."""
+    by = {v.label: v for v in VARIANTS}
+    grid = cells(VARIANTS, DEFAULT_WORKERS, DEFAULT_LINKS)
+    grid += cells(VARIANTS, (2, 3, 4, 8, 16), MIDDLE, overlap=(True,))
+    grid += cells(tuple(by[label] for label in SCALE_256), (256,), MIDDLE)
+    grid += cells(tuple(by[label] for label in SCALE_1024), (1024,), MIDDLE)
+    grid += cells(VARIANTS, (2, 4, 8, 16), MIDDLE, network_models=("tcp",))
+    return grid
+
+
 # -- one cell ----------------------------------------------------------------------------------------------
 
 
@@ -238,6 +259,58 @@ def run_cell(cell: Cell) -> dict:
                   "wall_s": sim["wall_s"], "cpu_s": sim["cpu_s"]}
 
 
+# -- PS sizing: how many dedicated servers tie ring ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The fewest dedicated servers k at which the parameter server's sync is no slower than ring's, by the model,
+    and SimGrid's alpha_beta times at k - 1, k and k + 1 over its ring's (the model's ratios beside them)."""
+
+    workers: int
+    bandwidth: str
+    latency: str
+    model_k: int | None  # None: no k up to n ties ring in the model
+    model_ratio: dict[int, float]  # k -> PS time / ring time, model
+    sim_ratio: dict[int, float]    # k -> PS time / ring time, SimGrid alpha_beta (k - 1, k, k + 1)
+
+    @property
+    def agree(self) -> bool:
+        """SimGrid ties at the model's k too: slower than ring at k - 1 (or k = 1), no slower at k; or, where the
+        model finds no k up to n, SimGrid's PS is slower than ring at k = n too."""
+        k = self.model_k
+        if k is None:
+            return self.sim_ratio[self.workers] > 1
+        return self.sim_ratio[k] <= 1 and (k == 1 or self.sim_ratio[k - 1] > 1)
+
+
+def _ps(k: int) -> Variant:
+    return Variant(f"ps dedicated k={k}", "parameter_server", (("servers", k),))
+
+
+def ps_sizing(workers: int, bandwidth: str = "25Gbit", latency: str = "5us") -> Sizing:
+    """The model's k (every k from 1 to n priced, the smallest with PS <= ring), then SimGrid around it."""
+    ring = Variant("ring", "ring")
+    ring_model, why = model_cell(Cell(ring, workers, bandwidth, latency))
+    if why:
+        raise ValueError(f"ps_sizing: ring has no price at {workers} workers: {why}")
+    model = {k: model_cell(Cell(_ps(k), workers, bandwidth, latency))[0] / ring_model for k in range(1, workers + 1)}
+    tie = next((k for k, r in model.items() if r <= 1), None)
+    ring_sim = run_cell(Cell(ring, workers, bandwidth, latency))["sim_s"]
+    sim = {k: run_cell(Cell(_ps(k), workers, bandwidth, latency))["sim_s"] / ring_sim
+           for k in ((tie - 1, tie, tie + 1) if tie else (workers,)) if 1 <= k <= workers}
+    return Sizing(workers, bandwidth, latency, tie, model, sim)
+
+
+def format_sizing(sizing: Sizing) -> str:
+    s = sizing
+    around = ", ".join(f"k = {k}: model {s.model_ratio[k]:.3f}, SimGrid {r:.3f}" for k, r in s.sim_ratio.items())
+    found = (f"the model's fewest dedicated servers tying ring k = {s.model_k} ({s.model_k / s.workers:.2f} n)"
+             if s.model_k else f"no k up to n = {s.workers} ties ring in the model")
+    return (f"{s.workers} workers, {s.bandwidth} {s.latency}, ResNet-50's 102 MB: {found}; PS / ring {around}: "
+            f"{('SimGrid ties at the same k' if s.model_k else 'SimGrid agrees') if s.agree else 'SimGrid DIFFERS'}")
+
+
 # -- the matrix -------------------------------------------------------------------------------------------
 
 
@@ -255,6 +328,7 @@ def validate(grid: list[Cell], jobs: int = 1, log=None) -> pd.DataFrame:
                   f"{r['bandwidth']} {r['latency']} overlap={r['overlap']} {r['network_model']}: "
                   f"{r['status'][:120]} ({r['sim_over_model']:.3f})", file=log, flush=True)
     frame = pd.DataFrame(rows)
+    frame["tcp_over_alpha_beta"] = math.nan
     if (frame["network_model"] == "tcp").any():  # tcp against alpha_beta, cell by cell
         keys = ["strategy", "workers", "bandwidth", "latency", "ranks_per_node", "overlap"]
         ab = frame[frame["network_model"] == "alpha_beta"].set_index(keys)["sim_s"]
@@ -270,7 +344,8 @@ def format_table(frame: pd.DataFrame, wall_s: float) -> str:
     lines = [f"# syncbench validate: model (strategies.cost) vs SimGrid, ResNet-50 ({PROFILE.name}: one flat bucket, "
              f"no compute; overlap: its profile in {BUCKET_MB:g} MiB buckets); nodes: 100 Gbit/s, 2 us inside",
              f"# host {platform_mod.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, wall {wall_s:.0f} s for {len(frame)} cells",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, wall {wall_s:.0f} s for {len(frame)} cells, "
+             f"simulations' CPU {frame['cpu_s'].sum():.0f} s",
              f"# alpha_beta cells: {len(ab)}, priced and simulated {len(priced)}, agree within {TOLERANCE:.0%} "
              f"{int((priced['status'] == 'agree').sum())}, DIFF {int((priced['status'] == 'DIFF').sum())}, "
              f"not run {int(ab['status'].str.startswith('not run').sum())}, "
@@ -278,6 +353,19 @@ def format_table(frame: pd.DataFrame, wall_s: float) -> str:
     if len(priced):
         lines.append(f"# sim / model over the priced alpha_beta cells: min {priced['sim_over_model'].min():.3f}, "
                      f"max {priced['sim_over_model'].max():.3f}")
+    for overlap in (False, True):
+        part = priced[priced["overlap"] == overlap]
+        if len(part) and frame["overlap"].nunique() > 1:
+            lines.append(f"# overlap {'on' if overlap else 'off'}: {len(part)} priced, "
+                         f"{int((part['status'] == 'agree').sum())} agree, {int((part['status'] == 'DIFF').sum())} "
+                         f"DIFF")
+    tcp = frame[frame["network_model"] == "tcp"]
+    if len(tcp):
+        far = tcp[(tcp["tcp_over_alpha_beta"] - 1).abs() > TCP_NOTE]
+        lines.append(f"# tcp cells: {len(tcp)}, tcp / alpha_beta min {tcp['tcp_over_alpha_beta'].min():.3f}, max "
+                     f"{tcp['tcp_over_alpha_beta'].max():.3f}, farther than {TCP_NOTE:.0%}: {len(far)}"
+                     + "".join(f"\n#   {r.strategy} n={r.workers} k={r.ranks_per_node} {r.bandwidth} {r.latency}: "
+                               f"{r.tcp_over_alpha_beta:.3f}" for r in far.itertuples()))
     head = (f"{'strategy':>30s} {'n':>4s} {'k':>2s} {'link':>14s} {'ovl':>3s} {'network':>10s} {'model s':>9s} "
             f"{'sim s':>9s} {'sim/model':>9s}  status")
     lines.append(head)
@@ -295,6 +383,28 @@ def write(frame: pd.DataFrame, table: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "validation.csv", index=False)
     (out / "validation.txt").write_text(table + "\n")
+
+
+BEGIN, END = "<!-- syncbench validate --docs: begin -->", "<!-- syncbench validate --docs: end -->"
+
+
+def check_docs(path: Path) -> str:
+    """The text of `path` if it has the markers write_docs needs; ValueError naming them otherwise."""
+    if not path.is_file():
+        raise ValueError(f"validate --docs {str(path)!r}: no such file (accepted: a file with the table's markers)")
+    text = path.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{path}: expected one {BEGIN!r} line before one {END!r} line, where the table goes")
+    return text
+
+
+def write_docs(path: Path, command: str, table: str) -> None:
+    """Put the command and its table between the BEGIN and END markers of `path` (docs/validation.md); the prose
+    around them is kept. A file without both markers is refused, so nothing is half-written."""
+    text = check_docs(path)
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    path.write_text(f"{head}{BEGIN}\n```\n$ {command}\n{table}\n```\n{END}{tail}")
 
 
 # -- the command line --------------------------------------------------------------------------------------
@@ -315,6 +425,14 @@ def add_arguments(p) -> None:
                    help="SimGrid network models, comma-separated: alpha_beta (the model's physics) and/or tcp")
     p.add_argument("--strategies", help="only the variants whose label starts with one of these, comma-separated")
     p.add_argument("--jobs", type=int, default=1, help="simulations at a time (default 1)")
+    p.add_argument("--ps-sizing", metavar="N[,N...]",
+                   help="instead of the matrix: for each worker count, the fewest dedicated parameter servers that "
+                        "tie ring by the model, checked on SimGrid alpha_beta at that k and its neighbours "
+                        "(the link: the first of --links)")
+    p.add_argument("--docs", nargs="?", const="docs/validation.md", metavar="FILE",
+                   help="the committed matrix (every variant at n = 2..64 on three links; overlap, n = 256 and 1,024 "
+                        "and tcp on 10Gbit/5us) instead of the grid options, its table written into FILE between "
+                        "its markers (default docs/validation.md)")
 
 
 def run(args) -> int:
@@ -324,6 +442,23 @@ def run(args) -> int:
     if missing:
         print(f"syncbench validate: error: {missing}", file=sys.stderr)
         return 2
+    if args.ps_sizing is not None:
+        counts = [w.strip() for w in args.ps_sizing.split(",") if w.strip()]
+        if not counts or not all(w.isdigit() and int(w) >= 2 for w in counts):
+            raise ValueError(f"validate --ps-sizing {args.ps_sizing!r}: accepted are worker counts >= 2, e.g. 16,32")
+        link = args.links.split(",")[0].split("/", 1)
+        if len(link) != 2:
+            raise ValueError(f"validate --links {args.links!r}: accepted are BANDWIDTH/LATENCY pairs, e.g. 25Gbit/5us")
+        bandwidth, latency = link
+        results = []
+        for w in counts:
+            results.append(ps_sizing(int(w), bandwidth, latency))
+            print(format_sizing(results[-1]), flush=True)
+        return 0 if all(s.agree for s in results) else 1
+    if args.docs:
+        docs = Path(args.docs)
+        check_docs(docs)  # before any work
+        return _finish(docs_grid(), args, docs)
     workers = tuple(int(w) for w in args.workers.split(",") if w.strip())
     bad = [w for w in workers if w < 1]
     if bad:
@@ -347,11 +482,16 @@ def run(args) -> int:
             raise ValueError(f"validate --strategies {args.strategies!r}: no variant's label starts with any of them; "
                              f"labels: {', '.join(v.label for v in VARIANTS)}")
     overlap = {"off": (False,), "on": (True,), "both": (False, True)}[args.overlap]
-    grid = cells(variants, workers, links, overlap, models)
+    return _finish(cells(variants, workers, links, overlap, models), args)
+
+
+def _finish(grid: list[Cell], args, docs: Path | None = None) -> int:
     start = time.perf_counter()
     frame = validate(grid, args.jobs)
     table = format_table(frame, time.perf_counter() - start)
     write(frame, table, Path(args.out))
+    if docs is not None:
+        write_docs(docs, f"syncbench validate --docs --jobs {args.jobs}", table)
     print(table)
     print(f"results: {args.out}")
     alpha_beta = frame[frame["network_model"] == "alpha_beta"]

@@ -296,8 +296,29 @@ def step_timeline(config, workers: int, buckets: list[tuple[float, int]], fabric
     timed = [(ready, sync_seconds(config, workers, numel, fabric, itemsize, shape),
               fill_seconds(config, workers, numel, fabric, itemsize))
              for (ready, numel), shape in zip(buckets, shapes)]
+    updates = getattr(config, "server_updates", None)
+    total = sum(numel for _, numel in buckets)
+    if updates is not None and optimizer_s > 0 and total and workers > 1 and fabric.ranks_per_node == 1:
+        timed = [(ready, server_update_seconds(comm, fill, updates(workers, numel, itemsize), optimizer_s / total),
+                  fill) for (ready, comm, fill), (_, numel) in zip(timed, buckets)]
     return overlap_timeline(forward_s, backward_s, optimizer_s, timed, overlap=overlap and not after_step,
                             after_step=after_step)
+
+
+def server_update_seconds(comm_s: float, fill_s: float, parts: list[int], seconds_per_element: float) -> float:
+    """A bucket's sync when its servers apply the optimizer to each partition before answering it (a parameter
+    server in update mode; SimGrid charges the profile's optimizer time per element, as compute on the server):
+    partition r's pushes are in at r / R of the streaming part (comm_s - fill_s), its update starts then or when
+    the update before it ends, and its answer (fill_s, the fan-out of a partition) leaves when its update has
+    ended and the answer before it has left. Without updates, the last answer leaves at comm_s."""
+    if not parts:
+        return comm_s
+    stream, count = comm_s - fill_s, len(parts)
+    updated = answered = 0.0
+    for r, numel in enumerate(parts, 1):
+        updated = max(stream * r / count, updated) + numel * seconds_per_element
+        answered = max(updated, answered) + fill_s
+    return max(answered, comm_s)
 
 
 def bandwidth_for(efficiency_at, target: float) -> float:

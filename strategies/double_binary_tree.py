@@ -231,7 +231,8 @@ class DoubleBinaryTreeConfig(StrategyConfig):
     def slot_levels(self, workers: int, numel: int, itemsize: int = 4,
                     ranks_per_node: int | None = None) -> list[tuple[int, int]]:
         """Per slot of the pipeline (the slot a message is sent in, see schedule), the busiest node NIC's bytes
-        (sent or received, the node's ranks summed) and the busiest rank's intra-node bytes, in nodes of
+        (sent or received, the node's ranks summed) and the busiest rank port's bytes (its intra-node messages and
+        its messages between nodes, which cross its port too), in nodes of
         `ranks_per_node` (default: the strategy's own). A slot's sends leave when the slot before's have, so
         the slots follow one another: the pipeline's fill and drain are the slots with less than the full load."""
         k, n = ranks_per_node or self.ranks_per_node, workers
@@ -249,7 +250,9 @@ class DoubleBinaryTreeConfig(StrategyConfig):
                     for slot, src, dst in ((c + top - depth[child], child, parent),
                                            (c + top + depth[parent], parent, child)):
                         ports = slots.setdefault(slot, {})
-                        for port in (("nic", src // k, 0), ("nic", dst // k, 1)) if nic else \
+                        # a message between nodes crosses both ranks' own ports into their nodes too (the nodes
+                        # platform's route: port, NIC, switch, NIC, port), beside their intra-node messages
+                        for port in ((("nic", src // k, 0), ("nic", dst // k, 1)) if nic else ()) + \
                                 (("intra", src, 0), ("intra", dst, 1)):
                             ports[port] = ports.get(port, 0) + size
         return [(max((b for (level, _, _), b in ports.items() if level == "nic"), default=0),

@@ -320,6 +320,15 @@ class ParameterServerConfig(StrategyConfig):
         largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
         return (workers, workers * largest) if largest else (0, 0)
 
+    def server_updates(self, workers, numel, itemsize=4) -> list[int]:
+        """The elements of each partition the busiest server applies the optimizer to, in the order it does (one
+        after another, each once every worker's push of it is in; strategies.cost prices that compute beside the
+        bytes): synchronous dedicated servers in update mode; [] for any other (the workers step)."""
+        if self.mode != "update" or self.placement != "dedicated" or self.asynchronous:
+            return []
+        parts = partitions(numel, self.servers, itemsize, self.partition_mb)
+        return [hi - lo for lo, hi in max(parts, key=lambda p: sum(hi - lo for lo, hi in p), default=[])]
+
     def traffic(self, workers, numel, itemsize=4):
         n, k = workers, self.servers
         self.check_workers(n)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 import strategies
-from experiments.validate import VARIANTS, Cell, run_cell
+from experiments.validate import VARIANTS, Cell, Variant, format_sizing, ps_sizing, run_cell
 from reports.model import model_table
 from strategies.transport.simgrid import simgrid_available
 
@@ -43,7 +43,8 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
             ("hierarchical ring", (8,), (3,)),
             ("double_binary_tree on nodes", (8,), (4,)),
             ("node_ps colocated", (8,), (4,)),
-            ("node_ps colocated", (5,), (3,))):
+            ("node_ps colocated", (5, 16), (3,)),
+            ("node_ps dedicated k=2", (8,), (4,))):
         for n in ns:
             for k in nodes:
                 for bandwidth, latency in LINKS if n < 64 else LINKS[1:]:
@@ -64,9 +65,6 @@ GAPS = [
     # a short node's ranks serve several chunk groups one after another while the next groups' members send their
     # first messages into the short node meanwhile, taking its NIC from the group being served
     ("hierarchical ring", 5, 4),
-    # a dedicated servers' node answers every chunk's partitions through one NIC: the pushes of all chunks arrive
-    # together and the replies queue behind them
-    ("node_ps dedicated k=2", 8, 4),
 ]
 
 
@@ -75,6 +73,126 @@ GAPS = [
 def test_known_gaps_still_differ(label, workers, k):
     row = run_cell(Cell(BY_LABEL[label], workers, "10Gbit", "5us", k))
     assert row["status"] == "DIFF", row
+
+
+@needs_simgrid
+def test_dedicated_node_servers_reply_while_the_pushes_stream_in():
+    """One node of 4 workers, 2 dedicated servers in the next node, 10 Gbit/s and 0 us between nodes (100 Gbit/s,
+    2 us inside), ResNet-50's 25,557,032 floats, worked by hand: a ring reduce-scatter and all-gather in the node
+    (3 + 3 rounds of a quarter, 6,389,258 floats, at 100 Gbit/s + 2 us); every rank pushes its node's sum of its
+    quarter, two shards of 3,194,629 floats in 4 MiB partitions (4 of 798,657 or 798,658), the node's NIC sending
+    the whole array once while the servers' NIC sends the replies back as each partition's push is in; after the
+    last push the servers still answer the last partition of each of the 4 x 2 shards. Served chunk by chunk the
+    replies of chunks 1-3 waited for the pushes' end: 0.160 s, 1.40x."""
+    gbit10, gbit100 = 10e9 / 8, 100e9 / 8
+    ring = 6 * (2e-6 + 6_389_258 * 4 / gbit100)
+    nic = 25_557_032 * 4 / gbit10
+    fill = 8 * 798_657 * 4 / gbit10  # a shard's last partition (chunk_bounds puts the larger first)
+    hand = ring + nic + fill
+    assert hand == pytest.approx(0.11451, abs=1e-5)
+    row = run_cell(Cell(BY_LABEL["node_ps dedicated k=2"], 4, "10Gbit", "0us", 4))
+    assert row["status"] == "agree", row
+    assert row["sim_s"] == pytest.approx(hand, rel=0.002), row  # + 2 us per message between the nodes
+    assert row["model_s"] == pytest.approx(hand, rel=0.002), row
+
+
+@needs_simgrid
+def test_a_short_nodes_rank_pushes_all_its_chunks_at_once():
+    """8 workers in nodes of 3 (the last node of 2), one colocated server per chunk in node 0, 10 Gbit/s and 0 us
+    between nodes (100 Gbit/s, 2 us inside), ResNet-50's 25,557,032 floats in 3 chunks of 8,519,011, worked by
+    hand: the 3-rank nodes' ring reduce-scatter and all-gather (2 + 2 rounds of a chunk at 100 Gbit/s + 2 us; the
+    short node's single round of two chunks takes as long); node 0 hosts every chunk, so its NIC takes the two other
+    nodes' pushes of the whole array (2 S in) while it sends the replies (2 S out); after the last push it still
+    answers the last 4 MiB partition (946,556 floats, of 9) of each chunk to the two other owners. Chunk by chunk,
+    rank 7 (owner of chunks 0 and 1) pushed chunk 1 only once node 0 had answered chunk 0: 1.13x."""
+    gbit10, gbit100 = 10e9 / 8, 100e9 / 8
+    rings = 4 * (2e-6 + 8_519_011 * 4 / gbit100)
+    nic = 2 * 25_557_032 * 4 / gbit10
+    fill = 3 * 2 * 946_556 * 4 / gbit10
+    hand = rings + nic + fill
+    assert hand == pytest.approx(0.19265, abs=1e-5)
+    row = run_cell(Cell(BY_LABEL["node_ps colocated"], 8, "10Gbit", "0us", 3))
+    assert row["status"] == "agree", row
+    assert row["sim_s"] == pytest.approx(hand, rel=0.002), row  # + 2 us per message between the nodes
+    assert row["model_s"] == pytest.approx(hand, rel=0.002), row
+
+
+@needs_simgrid
+def test_double_binary_tree_at_3_ranks_worked_by_hand():
+    """A known gap, worked by hand: 3 ranks, 1 Gbit/s, 0 us, 4 chunks of a quarter of each half (3,194,629 floats,
+    c = 0.102228 s each). Tree 0 is 0 <- 2 <- 1, tree 1 is 1 <- 0 <- 2. The model sums each pipeline slot's busiest
+    port: 1 + 2 + 3 + 3 + 3 + 2 + 1 = 15 c. The ranks do not keep slots in step: in slot 1 rank 2 sends two chunks
+    to rank 0 (one per tree) on one connection, one after the other; the second shares rank 0's download with rank
+    1's broadcast (slot 2), so rank 2's slot 2 starts at 4 c, not 3 c, and the chain behind it ends at 16 c (the
+    simulator's message log). The model's slot sum cannot express a rank's slot spilling into the next: 16/15."""
+    c = 3_194_629 * 4 / (1e9 / 8)
+    row = run_cell(Cell(BY_LABEL["double_binary_tree"], 3, "1Gbit", "0us"))
+    assert row["model_s"] == pytest.approx(15 * c, rel=1e-6), row
+    assert row["sim_s"] == pytest.approx(16 * c, rel=1e-4), row
+    assert row["status"] == "DIFF", row
+
+
+@needs_simgrid
+def test_model_and_simgrid_agree_on_how_many_dedicated_servers_tie_ring():
+    """8 workers at 25 Gbit/s, ResNet-50: the model's fewest dedicated servers no slower than ring is k = 6 (BytePS's
+    bound n^2 / (2 (n - 1)) = 4.6 plus the last 4 MiB partition's fan-out and the latency of the pushes), and SimGrid
+    alpha_beta puts the tie at the same k: slower than ring with 5, faster with 6."""
+    sizing = ps_sizing(8, "25Gbit", "5us")
+    assert sizing.model_k == 6, sizing
+    assert sizing.sim_ratio[5] > 1 >= sizing.sim_ratio[6], sizing
+    assert sizing.agree and "SimGrid ties at the same k" in format_sizing(sizing)
+    for k, ratio in sizing.sim_ratio.items():
+        assert ratio == pytest.approx(sizing.model_ratio[k], rel=0.02), (k, sizing)
+
+
+@needs_simgrid
+def test_a_message_between_nodes_crosses_the_ranks_ports_too():
+    """double_binary_tree, 1 chunk, 4 ranks in nodes of 2, NICs as fast as the ports (100 Gbit/s), worked by hand:
+    tree 0 is 0 <- 1, 0 <- 2 <- 3 (rank 2 heads node 1), tree 1 is 3 <- 2, 3 <- 1 <- 0; each message is a half,
+    h = 12,778,516 floats. Slot 0: 3 -> 2 and 0 -> 1 inside the nodes (h on a port); slot 1: 1 -> 0 and 2 -> 3 inside,
+    2 -> 0 and 1 -> 3 between the nodes, which also cross ranks 0-3's ports (2h on each); slot 2 the broadcast's
+    mirror (2h); slot 3 h. 6 h / 100 Gbit/s; with the levels apart (a message between nodes on the NICs only) the
+    model said 4 h, 0.67x what SimGrid's route (port, NIC, switch, NIC, port) takes."""
+    config = strategies.make("double_binary_tree", chunks=1, ranks_per_node=2)
+    assert config.slot_levels(4, 1000, 4, 2) == [(0, 2000), (2000, 4000), (2000, 4000), (0, 2000)]
+    hand = 6 * 12_778_516 * 4 / (100e9 / 8)
+    row = run_cell(Cell(Variant("dbt 1 chunk", "double_binary_tree", (("chunks", 1),), nodes=(2,)), 4, "100Gbit",
+                        "0us", 2))
+    assert row["sim_s"] == pytest.approx(hand, rel=0.001), row  # + 2 us per slot inside the nodes
+    assert row["model_s"] == pytest.approx(hand, rel=0.001), row
+
+
+@needs_simgrid
+def test_update_servers_answer_each_partition_after_its_update():
+    """One dedicated server in update mode, 2 workers, 10 Gbit/s, the ResNet-50 profile with overlap: the step waits
+    for the last bucket (2,431,040 floats, ready 0.2 ms before backward ends), 3 partitions of 810,347 floats, worked
+    by hand: each partition's two pushes take 2 x 3.24 MB / 1.25 GB/s = 5.19 ms into the server, its update the
+    profile's 0.2007 s optimizer x 810,347 / 25,557,032 = 6.36 ms, its two answers 5.19 ms out: the updates run
+    back to back from 5.19 ms (6.36 ms > 5.19 ms), the last answer leaves at 5.19 + 3 x 6.36 + 5.19 = 29.5 ms. The
+    model priced the bytes only (20.8 ms: 1.42x short); summation servers (the workers step) are unchanged."""
+    from strategies import cost
+
+    part, u = 810_347 * 4 * 2 / (10e9 / 8), 0.2006790190000629 * 810_347 / 25_557_032
+    hand = part + 3 * u + part
+    assert hand == pytest.approx(0.02946, abs=1e-5)
+    config, fabric = strategies.make("parameter_server"), cost.Fabric(10e9 / 8, 5e-6)
+    comm, fill = cost.sync_seconds(config, 2, 2_431_040, fabric), cost.fill_seconds(config, 2, 2_431_040, fabric)
+    assert comm == pytest.approx(2 * 2_431_040 * 4 / (10e9 / 8) + part, rel=0.01)  # the bytes: pushes, last answer
+    priced = cost.server_update_seconds(comm, fill, config.server_updates(2, 2_431_040), u / 810_347)
+    assert priced == pytest.approx(hand, rel=0.002)  # + the rounds' 5 us
+    assert strategies.make("parameter_server", mode="summation").server_updates(2, 2_431_040) == []
+    row = run_cell(Cell(BY_LABEL["ps dedicated k=1"], 2, "10Gbit", "5us", overlap=True))
+    assert row["status"] == "agree", row
+    from experiments.validate import BUCKET_MB, _timeline
+    from workloads.buckets import make_buckets
+
+    timeline = _timeline(True)
+    last = make_buckets(timeline.numels, BUCKET_MB)[-1]
+    assert last.numel == 2_431_040
+    early = timeline.backward_s - max(timeline.ready_s[i] for i in last.params)  # ready before backward's end
+    assert 0 < early < 0.001
+    assert row["sim_s"] == pytest.approx(hand - early, rel=0.005), row
+    assert row["model_s"] == pytest.approx(row["sim_s"], rel=0.002), row
 
 
 @needs_simgrid
@@ -120,3 +238,43 @@ def test_bandwidth_for_a_target_efficiency_gives_it_back(case):
         assert again["efficiency"].iloc[0] == pytest.approx(0.9, abs=1e-6), (case, row.strategy, s)
         checked += 1
     assert checked >= (5 if nodes else 11), (case, checked)
+
+
+# -- the committed matrix's table goes between its markers, nowhere else ------------------------------------
+
+
+def test_the_docs_table_is_written_between_the_markers_and_the_prose_kept(tmp_path):
+    from experiments.validate import BEGIN, END, check_docs, docs_grid, write_docs
+
+    doc = tmp_path / "validation.md"
+    doc.write_text(f"# prose before\n\n{BEGIN}\nold table\n{END}\n\nprose after\n")
+    write_docs(doc, "syncbench validate --docs --jobs 2", "# header\nrow 1")
+    assert doc.read_text() == (f"# prose before\n\n{BEGIN}\n```\n$ syncbench validate --docs --jobs 2\n"
+                               f"# header\nrow 1\n```\n{END}\n\nprose after\n")
+    write_docs(doc, "again", "row 2")  # a second run replaces the table, keeps the prose
+    assert "row 1" not in doc.read_text() and "row 2" in doc.read_text() and "prose after" in doc.read_text()
+    for bad in ("no markers at all\n", f"{END}\n{BEGIN}\n", f"{BEGIN}\n{BEGIN}\n{END}\n"):
+        doc.write_text(bad)
+        with pytest.raises(ValueError, match="where the table goes"):
+            check_docs(doc)
+    with pytest.raises(ValueError, match="no such file"):
+        check_docs(tmp_path / "missing.md")
+    grid = docs_grid()  # every variant at n = 2..64 on three links, and the overlap, scale and tcp parts
+    assert {c.workers for c in grid} == {2, 3, 4, 8, 16, 64, 256, 1024}
+    assert {c.overlap for c in grid} == {False, True} and {c.network_model for c in grid} == {"alpha_beta", "tcp"}
+    assert {(c.bandwidth, c.latency) for c in grid} == {("1Gbit", "50us"), ("10Gbit", "5us"), ("100Gbit", "0us")}
+    assert {c.variant.label for c in grid if c.workers == 1024} == {"halving_doubling", "reduce_broadcast tree",
+                                                                  "double_binary_tree"}
+
+
+@needs_simgrid
+@pytest.mark.parametrize("value", ["1", "x", "", "8,-2"])
+def test_ps_sizing_refuses_a_worker_count_it_cannot_size(value):
+    import argparse
+
+    from experiments.validate import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match="accepted are worker counts >= 2"):
+        run(parser.parse_args(["--ps-sizing", value]))
