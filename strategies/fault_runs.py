@@ -33,7 +33,6 @@ from strategies.faults import (
     ELASTIC,
     PS_SHRINK,
     REWEIGHT,
-    Failure,
     Recovery,
     RunEnded,
     check_fits,
