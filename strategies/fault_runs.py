@@ -31,6 +31,7 @@ from strategies.decentralized import Decentralized
 from strategies.faults import (
     CHECKPOINT_RESTART,
     ELASTIC,
+    NONE,
     PS_SHRINK,
     REWEIGHT,
     Recovery,
@@ -159,6 +160,9 @@ class _Segments:
     def _recover(self, step: int, dead: list[int], died_at: float):
         """The mode's answer to `dead` failing during `step`: (death time, dead, step, steps lost, survivors)."""
         mode = self.recovery.mode
+        if mode == NONE:
+            raise RunEnded(f"rank(s) {dead} failed during step {step} and the run has no recovery "
+                           f"(recovery.mode = 'none')", step)
         if mode == CHECKPOINT_RESTART:  # every rank restarts, the failed replaced, from the last checkpoint
             at, saved = self.checkpoint
             self.params = {slot: p.clone() for slot, p in saved.items()}

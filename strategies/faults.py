@@ -6,6 +6,8 @@ from a rate: every worker slot fails after an exponential time with mean `mtbf_s
 after another, and so on (`draw_failures`).
 
 Recovery modes, each fitting some strategies (`check_fits` refuses the others before any work):
+- none (any strategy): the run ends at the first failure, the cause named, its completed steps kept (what a
+  run without recovery does).
 - checkpoint_restart (any strategy): parameters are saved every `checkpoint_every` steps; a failure stops the
   job, every rank restarts (the failed one replaced) and resumes from the last checkpoint: the steps since it
   are lost and redone; the result is bit-identical to a run without the failure.
@@ -31,11 +33,12 @@ import numpy as np
 
 from strategies.base import PARAMETERS, SERVER, StrategyConfig
 
+NONE = "none"
 CHECKPOINT_RESTART = "checkpoint_restart"
 ELASTIC = "elastic"
 PS_SHRINK = "ps_shrink"
 REWEIGHT = "reweight"
-MODES = (CHECKPOINT_RESTART, ELASTIC, PS_SHRINK, REWEIGHT)
+MODES = (NONE, CHECKPOINT_RESTART, ELASTIC, PS_SHRINK, REWEIGHT)
 # exact allreduce strategies written over send/recv whose group re-forms at any size
 ELASTIC_STRATEGIES = ("ring", "naive_ring", "halving_doubling", "double_binary_tree", "reduce_broadcast",
                       "all_to_all")

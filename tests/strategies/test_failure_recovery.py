@@ -115,6 +115,14 @@ def test_elastic_last_worker_failing_ends_the_run():
     assert run.ended is not None and "no worker left" in run.ended.cause and run.completed_steps == 1
 
 
+@pytest.mark.parametrize("name", ["ring", "parameter_server", "decentralized"])
+def test_without_recovery_the_first_failure_ends_the_run(name):
+    run = scripted(name, Recovery("none"))
+    assert run.ended is not None and "recovery.mode = 'none'" in run.ended.cause
+    assert run.completed_steps == 2 and run.ended.completed_steps == 2
+    assert all(x.tolist() == [-6.0] for x in run.params.values())  # steps 0-1 kept
+
+
 def quadratic(slot, step, x):
     target = np.random.default_rng([slot, step]).standard_normal(x.shape).astype(x.dtype)
     return x - target
@@ -201,7 +209,7 @@ def test_disconnected_survivors_have_no_spectral_gap():
     ("ps_shrink", "parameter_server", {"placement": "colocated"}, "placement = 'dedicated'"),
     ("reweight", "ring", {}, "accepted is decentralized"),
     ("reweight", "decentralized", {"topology": "one_peer_exponential"}, "symmetric graph"),
-    ("retry", "ring", {}, "accepted are checkpoint_restart, elastic, ps_shrink, reweight"),
+    ("retry", "ring", {}, "accepted are none, checkpoint_restart, elastic, ps_shrink, reweight"),
 ])
 def test_a_mode_is_refused_for_strategies_it_does_not_fit(mode, name, params, words):
     with pytest.raises(FaultSettingError, match=words.replace("(", r"\(")):
