@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
-from reports import calibration, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
+from reports import calibration, faults, figures, levels, ps, reconcile, tables, teaching, tta, verdicts
 
 
 @dataclass(frozen=True)
@@ -386,5 +386,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("time-to-target", "Time to target: steps to target x seconds per step", time_to_target),
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
+    Section("faults", "Failures: time to a step under a failure rate (model)", faults.section),
     Section("runs", "All runs", all_runs, needs_runs=False),
 )
