@@ -19,6 +19,7 @@ after each re-weighting; a failure its mode cannot recover from ends the run (`e
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from strategies.faults import (
     NONE,
     PS_SHRINK,
     REWEIGHT,
+    FaultSettingError,
     Recovery,
     RunEnded,
     check_fits,
@@ -96,7 +98,11 @@ def run_with_failures(name: str, workers: int, steps: int, failures, recovery: R
     schedule = check_schedule(failures, workers, steps, servers)
     check_fits(recovery.mode, config, workers, schedule)
     x0 = torch.as_tensor(np.array(x0, copy=True))
-    if recovery.mode == PS_SHRINK and config.asynchronous:
+    if getattr(config, "asynchronous", False):
+        if recovery.mode != PS_SHRINK:
+            raise FaultSettingError(f"recovery.mode = {recovery.mode!r} with a barrier-free parameter server "
+                                    f"(staleness={config.staleness!r}, backups={config.backups}): thread ranks run "
+                                    f"its failures with ps_shrink only (its servers serve a whole run at once)")
         return _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout)
     return _Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
 
@@ -140,8 +146,10 @@ class _Segments:
                 self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
                 try:
                     death = self._recover(failed_step, dead, self._died_at)
-                except RunEnded as ended:
+                except RunEnded as ended:  # recorded with its cause; no recovery, so no recovery seconds
                     self.out.ended = ended
+                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive))
+                                          for rank in dead]
                     break
         if death:
             self._record(death, time.perf_counter())
@@ -183,9 +191,10 @@ class _Segments:
             gone = [r for r in range(self.workers) if r not in self.alive]
             alive, peers = survivors_graph(self.config, self.workers, gone)
             if not connected(peers):
-                raise RunEnded(f"rank(s) {dead} failed during step {step}: the survivors' graph "
-                               f"{dict(zip(alive, peers))} is disconnected, so averaging can never reach every "
-                               f"survivor (spectral gap 0)", step)
+                graph = {rank: [alive[j] for j in near] for rank, near in zip(alive, peers)}
+                raise RunEnded(f"rank(s) {dead} failed during step {step}: the survivors' graph {graph} (rank: "
+                               f"its neighbours) is disconnected, so averaging can never reach every survivor "
+                               f"(spectral gap 0)", step)
             w = metropolis(peers)
             self.mixing = Mixing(step, tuple(alive), w, spectral_gap(w))
             self.out.mixings.append(self.mixing)
@@ -206,8 +215,9 @@ class _Segments:
         self._died_at = 0.0
         donor = next((slot for slot in alive if slot not in joining), None)
 
-        # every rank records a completed step before any goes on (a barrier of the harness's own: the fabric's control
-        # plane is aborted by a death, and a peer still leaving the previous step's exchange would be caught in it)
+        # a step counts once every rank has its result (a neighbour-averaging rank can finish a step its peer's death
+        # left others unable to finish): barriers of the harness's own, as the fabric's control plane is aborted
+        # by a death and a peer still leaving the previous step's exchange would be caught in it
         finished = threading.Barrier(m + servers)
 
         def body(comm):
@@ -238,8 +248,8 @@ class _Segments:
                     raise RankFailed(slot, step)
                 if position >= m:
                     runtime.serve(self.params[alive[0]].numel(), self.params[alive[0]].dtype, "mean")
-                    finished.wait(self.timeout)
-                    finished.wait(self.timeout)
+                    for _ in range(3):  # the workers' three waits of the step
+                        finished.wait(self.timeout)
                     continue
                 x = self.params[slot]
                 if config.role == strategies.base.PARAMETERS:  # local step, then average the parameters
@@ -249,11 +259,12 @@ class _Segments:
                     g = _grad(self.gradient, slot, step, x)
                     runtime.sync(g, "mean")
                     x = x - self.lr * g
+                finished.wait(self.timeout)  # every rank has the step's result: none is kept before all are
                 self.params[slot] = x
                 finished.wait(self.timeout)
                 if position == 0:
-                    self._completed(step)
-                finished.wait(self.timeout)  # the checkpoint is taken before anyone goes on
+                    self._completed(step)  # counted and checkpointed once every rank kept its result
+                finished.wait(self.timeout)
 
         run_threads(m + servers, body, timeout=self.timeout)
 

@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.map_cli import add_arguments as _map_arguments
     _map_arguments(p)
 
+    p = sub.add_parser("faults", help="a scripted failure on thread ranks for each strategy and recovery mode: "
+                                      "steps lost, recovery seconds, the survivors' result checked")
+    from experiments.faults_cli import add_arguments as _faults_arguments
+    _faults_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -709,6 +714,12 @@ def _map(args) -> int:
     return run(args)
 
 
+def _faults(args) -> int:
+    from experiments.faults_cli import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.simulate.cli import run
 
@@ -718,4 +729,4 @@ def _simulate(args) -> int:
 COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, "strategies": _strategies,
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
-            "simulate": _simulate, "validate": _validate, "map": _map}
+            "simulate": _simulate, "validate": _validate, "map": _map, "faults": _faults}

@@ -106,8 +106,11 @@ def test_decentralized_graph_falling_apart_ends_the_run_with_its_cause():
     # ranks 1 and 3 of a ring of 4 die together: 0 and 2 are no longer neighbours
     run = run_with_failures("decentralized", 4, 5, [Failure(step=3, rank=1), Failure(step=3, rank=3)],
                             Recovery("reweight"), np.zeros(2), lambda slot, step, x: x - slot, 0.5)
-    assert run.ended is not None and "disconnected" in run.ended.cause
+    assert run.ended is not None and "disconnected" in run.ended.cause and "{0: [], 2: []}" in run.ended.cause
     assert run.ended.completed_steps == 3 and run.completed_steps == 3
+    assert [(r.step, r.rank, r.steps_lost) for r in run.failures] == [(3, 1, 0), (3, 3, 0)]
+    assert all(np.isnan(r.recovery_s) for r in run.failures)  # never recovered
+    assert run.params.keys() == {0, 2}  # the survivors' parameters after the 3 completed steps are kept
 
 
 def test_elastic_last_worker_failing_ends_the_run():
@@ -257,3 +260,9 @@ def test_a_failure_rate_draws_seeded_exponential_failures():
         draw_failures(4, 0, 1.0, 10, 0)
     with pytest.raises(FaultSettingError, match="expects 1,000,000 failures"):
         draw_failures(1000, 1.0, 1.0, 1000, 0)
+
+
+def test_a_barrier_free_server_runs_its_failures_with_ps_shrink_only_on_thread_ranks():
+    with pytest.raises(FaultSettingError, match="barrier-free parameter server .* ps_shrink only"):
+        run_with_failures("parameter_server", 3, 4, [Failure(step=2, rank=1)], Recovery("none"), np.zeros(1),
+                          constant, 1.0, staleness="async")

@@ -1,0 +1,42 @@
+"""`syncbench faults`: every strategy and mode that fits, each checked against the survivors' reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.cli.main import main
+
+
+def test_every_row_matches_the_survivors_reference(capsys):
+    assert main(["faults", "--workers", "5", "--steps", "8", "--fail", "4@2", "--fail", "1@4", "--rejoin-steps", "2",
+                 "--checkpoint-every", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line and not line.startswith(("#", "-", "strategy"))]
+    modes = {(line.split()[0], line.split()[1]) for line in rows}
+    assert modes == {(s, m) for s in ("ring", "halving_doubling", "double_binary_tree")
+                     for m in ("none", "checkpoint_restart", "elastic")} | {
+        ("parameter_server", m) for m in ("none", "checkpoint_restart", "ps_shrink")} | {
+        ("parameter_server:staleness=async", "ps_shrink")} | {
+        ("decentralized", m) for m in ("none", "checkpoint_restart", "reweight")}
+    assert "MISMATCH" not in out
+    assert sum("matches" in line for line in rows) == len(rows) - 1  # the barrier-free server has no fixed answer
+    ring = {line.split()[1]: line.split()[2:6] for line in rows if line.startswith("ring ")}
+    # completed, run, lost: checkpoints every 3 steps, failures in steps 2 and 4: 2 then 1 step lost, 3 redone
+    assert ring["checkpoint_restart"][:3] == ["8", "11", "3"] and ring["elastic"][:3] == ["8", "8", "0"]
+    assert ring["none"][:3] == ["2", "2", "0"]
+    # the decentralized ring of 5 without ranks 4 and 1 falls apart: the run ends after 4 steps, cause named
+    reweight = next(line for line in rows if line.startswith("decentralized") and " reweight " in line)
+    assert reweight.split()[2] == "4" and "is disconnected" in reweight
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workers", "17"], "--workers 17: accepted are 1 to 16"),
+    (["--fail", "2-5"], "--fail '2-5': expected RANK@STEP"),
+    (["--fail", "9@1"], "failure rank = 9"),
+    (["--modes", "retry"], "--modes: 'retry'"),
+    (["--strategy", "nosuch"], "unknown strategy 'nosuch'"),
+    (["--strategy", "ring", "--modes", "reweight"], "no --strategy and --modes fit together"),
+])
+def test_bad_arguments_are_named(capsys, argv, words):
+    assert main(["faults", *argv]) == 2
+    assert words in capsys.readouterr().err
