@@ -51,6 +51,10 @@ def add_arguments(p) -> None:
     p.add_argument("--strategy", action="append", default=None,
                    help="a strategy, name or name:key=value,key=value (repeatable; default: "
                         + ", ".join(DEFAULT_STRATEGIES) + ")")
+    p.add_argument("--out", help="also write the results to this directory: fault_runs.parquet (a row per strategy "
+                                 "and mode) and failures.parquet (a row per failure), typed "
+                                 "(experiments/results/faults.py)")
+    p.add_argument("--overwrite", action="store_true", help="with --out: replace failure results already there")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated recovery modes (default: all that "
                                                             "fit each strategy)")
 
@@ -138,22 +142,49 @@ def run(args) -> int:
     print(header)
     print("-" * len(header))
     worst = 0.0
+    run_rows, failure_rows = [], []
     for item, name, params, recovery in plan:
         start = time.perf_counter()
         got = run_with_failures(name, args.workers, args.steps, schedule, recovery, x0, gradient, LR, **params)
         wall = time.perf_counter() - start
         want = reference(name, params, recovery, schedule, args.workers, args.steps, x0)
         check = _check(got, want)
-        if want is not None and got.params.keys() - {"server"} == want.keys():
-            worst = max(worst, max(float(np.max(np.abs(got.params[s] - want[s]))) for s in want))
+        if want is not None:
+            worst = max(worst, _diff(got, want))
         lost = sum(r.steps_lost for r in got.failures)
         recovered = [r.recovery_s for r in got.failures if not np.isnan(r.recovery_s)]
         recovery_s = np.mean(recovered) if recovered else float("nan")
         ended = f"; ended: {got.ended.cause}" if got.ended else ""
         print(f"{item:<34} {recovery.mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {lost:>4} "
               f"{recovery_s:>10.4f} {wall:>7.3f}  {check}{ended}")
+        diff = _diff(got, want)
+        run_rows.append({
+            "strategy": name, "strategy_label": item, "substrate": "threads", "mode": recovery.mode,
+            "checkpoint_every": recovery.checkpoint_every,
+            "rejoin_steps": -1 if recovery.rejoin_steps is None else recovery.rejoin_steps,
+            "workers": args.workers, "steps": args.steps, "completed_steps": got.completed_steps,
+            "steps_run": got.steps_run, "failures": len(got.failures), "steps_lost": lost, "recovery_s": recovery_s,
+            "time_to_step_s": float("nan") if got.ended else wall, "ended": got.ended is not None,
+            "cause": got.ended.cause if got.ended else "",
+            "reference": "none" if want is None else ("matches" if diff <= 1e-9 else "mismatch"),
+            "max_abs_diff": diff})
+        failure_rows += [{"strategy_label": item, "mode": recovery.mode, "step": r.step, "rank": r.rank,
+                          "steps_lost": r.steps_lost, "recovery_s": r.recovery_s, "survivors": r.survivors}
+                         for r in got.failures]
     print(f"# check: the live slots' parameters against the survivors' reference (largest difference {worst:.3g})")
+    if args.out:
+        from experiments.results import faults as fault_results
+
+        written = fault_results.write(args.out, run_rows, failure_rows, overwrite=args.overwrite)
+        print(f"# results: {', '.join(map(str, written))}")
     return 0
+
+
+def _diff(got, want) -> float:
+    live = {k: v for k, v in got.params.items() if k != "server"}
+    if want is None or live.keys() != want.keys():
+        return float("nan") if want is None else float("inf")
+    return max((float(np.max(np.abs(live[s] - want[s]))) for s in want), default=0.0)
 
 
 def _check(got, want) -> str:
@@ -162,7 +193,7 @@ def _check(got, want) -> str:
     live = {k: v for k, v in got.params.items() if k != "server"}
     if live.keys() != want.keys():
         return f"MISMATCH: live slots {sorted(live)} != reference {sorted(want)}"
-    diff = max(float(np.max(np.abs(live[s] - want[s]))) for s in want)
+    diff = _diff(got, want)
     return f"matches (max |diff| {diff:.1e})" if diff <= 1e-9 else f"MISMATCH (max |diff| {diff:.3g})"
 
 

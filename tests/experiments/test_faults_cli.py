@@ -40,3 +40,23 @@ def test_every_row_matches_the_survivors_reference(capsys):
 def test_bad_arguments_are_named(capsys, argv, words):
     assert main(["faults", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_results_are_written_typed_and_never_overwritten_unasked(tmp_path, capsys):
+    from experiments.results import faults as fault_results
+
+    argv = ["faults", "--workers", "3", "--steps", "5", "--fail", "1@2", "--strategy", "ring",
+            "--strategy", "decentralized", "--checkpoint-every", "2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    runs, failures = fault_results.read(tmp_path)
+    assert list(runs["mode"]) == ["none", "checkpoint_restart", "elastic", "none", "checkpoint_restart",
+                                  "reweight"]
+    ring = runs[runs["strategy"] == "ring"].set_index("mode")
+    # the failure in step 2 comes just after the checkpoint taken once 2 steps were complete: nothing lost
+    assert ring.loc["checkpoint_restart", ["completed_steps", "steps_run", "steps_lost"]].tolist() == [5, 5, 0]
+    assert ring.loc["elastic", "reference"] == "matches" and ring.loc["elastic", "time_to_step_s"] > 0
+    assert bool(ring.loc["none", "ended"]) and "recovery.mode = 'none'" in ring.loc["none", "cause"]
+    assert str(runs["completed_steps"].dtype) == "int64" and str(runs["recovery_s"].dtype) == "float64"
+    assert set(failures["rank"]) == {1} and set(failures["step"]) == {2} and len(failures) == 6
+    assert main(argv) == 2 and "already exist" in capsys.readouterr().err
+    assert main(argv + ["--overwrite"]) == 0
