@@ -149,11 +149,14 @@ def test_checkpoint_restart_resumes_bit_identically(name):
     assert failed.steps_run == 7 + 2
 
 
-def test_elastic_with_two_failures_and_a_rejoin_matches_the_survivors_reference():
-    """Ring of 5, x-dependent gradients: each step averages the gradients of the slots alive then."""
+@pytest.mark.parametrize("name, mode", [("ring", "elastic"), ("halving_doubling", "elastic"),
+                                        ("double_binary_tree", "elastic"), ("parameter_server", "ps_shrink")])
+def test_two_failures_and_rejoins_match_the_survivors_reference(name, mode):
+    """5 workers (4 and 3 after the failures: halving-doubling folds the odd ones), x-dependent gradients: each
+    step averages the gradients of the slots alive then; the replacements fetch x from a peer."""
     x0 = np.arange(4, dtype=np.float64)
     failures = [Failure(step=2, rank=4), Failure(step=4, rank=1)]
-    run = run_with_failures("ring", 5, 8, failures, Recovery("elastic", rejoin_steps=3), x0, quadratic, 0.5)
+    run = run_with_failures(name, 5, 8, failures, Recovery(mode, rejoin_steps=3), x0, quadratic, 0.5)
     alive_at = {0: range(5), 1: range(5), 2: [0, 1, 2, 3], 3: [0, 1, 2, 3], 4: [0, 2, 3], 5: [0, 2, 3, 4],
                 6: [0, 2, 3, 4], 7: range(5)}  # 4 rejoins at step 2 + 3, 1 at step 4 + 3
     x = x0.copy()
