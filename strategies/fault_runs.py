@@ -46,6 +46,7 @@ from strategies.faults import (
     survivors_graph,
 )
 from strategies.parameter_server_async import ShardServer, push_pull
+from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads
 
 
@@ -223,6 +224,8 @@ class _Segments:
         def body(comm):
             try:
                 member(comm)
+            except threading.BrokenBarrierError as e:  # a consequence of the rank that failed, never the cause
+                raise RankAborted("the step's barrier broke: a peer failed") from e
             except BaseException:
                 finished.abort()
                 raise

@@ -76,10 +76,12 @@ def test_synchronous_parameter_server_barrier_shrinks():
 
 
 def test_barrier_free_parameter_server_changes_nothing():
-    # every push moves the server's x by lr * g / 3 as it arrives: the survivors push all 4 steps, rank 2 its first
-    # 2: x = -(4 x 1 + 4 x 2 + 2 x 6) / 3 = -8 whatever the order (exact in binary: integers over 3 summed once)
-    run = scripted("parameter_server", Recovery("ps_shrink"), staleness="async")
-    assert run.params["server"].tolist() == [-8.0]
+    # gradients 3, 6 and 18: every push moves the server's x by lr * g / 3 (1, 2 or 6: exact in binary, so any
+    # order of arrival sums to the same bits) as it arrives: the survivors push all 4 steps, rank 2 its first 2:
+    # x = -(4 x 1 + 4 x 2 + 2 x 6) = -24
+    run = run_with_failures("parameter_server", 3, 4, [Failure(step=2, rank=2)], Recovery("ps_shrink"), np.zeros(1),
+                            lambda slot, step, x: np.full_like(x, (3.0, 6.0, 18.0)[slot]), 1.0, staleness="async")
+    assert run.params["server"].tolist() == [-24.0]
     assert run.pushes == {0: 4, 1: 4, 2: 2}
     assert sorted(k for k in run.params if k != "server") == [0, 1]
     assert (run.completed_steps, run.failures[0].steps_lost, run.failures[0].recovery_s) == (4, 0, 0.0)
