@@ -44,6 +44,11 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=12, help="steps, 1 to 1,000 (default 12)")
     p.add_argument("--fail", action="append", default=None, metavar="RANK@STEP",
                    help="rank RANK dies during step STEP (0-based); repeatable (default 2@5)")
+    p.add_argument("--mtbf", default=None,
+                   help="instead of --fail: every worker fails after an exponential time of this mean (\"40s\", "
+                        "\"2h\"), its replacement after another, drawn with --seed over steps of --step-time")
+    p.add_argument("--step-time", default="1s", help="with --mtbf: the seconds a step stands for (default 1s)")
+    p.add_argument("--seed", type=int, default=0, help="with --mtbf: the draw's seed (default 0)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="checkpoint_restart: steps between checkpoints "
                                                                     "(default 4)")
     p.add_argument("--rejoin-steps", type=int, default=None,
@@ -110,7 +115,17 @@ def run(args) -> int:
         raise ValueError(f"--workers {args.workers}: accepted are 1 to 16 (thread ranks of this process)")
     if not 1 <= args.steps <= 1000:
         raise ValueError(f"--steps {args.steps}: accepted are 1 to 1,000")
-    schedule = [_failure(text) for text in (args.fail or ["2@5"])]
+    if args.mtbf is not None and args.fail:
+        raise ValueError("--mtbf and --fail: give one (a drawn rate or a schedule)")
+    if args.mtbf is not None:
+        from experiments.config.faults import parse_mtbf
+        from strategies.faults import draw_failures
+        from strategies.transport.link import parse_latency
+
+        schedule = list(draw_failures(args.workers, parse_mtbf(args.mtbf), parse_latency(args.step_time), args.steps,
+                                      args.seed))
+    else:
+        schedule = [_failure(text) for text in (args.fail or ["2@5"])]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:
         if mode not in MODES:
@@ -134,7 +149,9 @@ def run(args) -> int:
         raise ValueError("no --strategy and --modes fit together (elastic: ring, halving_doubling, ...; ps_shrink: "
                          "parameter_server; reweight: decentralized; checkpoint_restart and none: any)")
     x0 = np.linspace(-1, 1, NUMEL)
-    shown = ", ".join(f"rank {f.rank} at step {f.step}" for f in schedule)
+    shown = ", ".join(f"rank {f.rank} at step {f.step}" for f in schedule) or "none"
+    if args.mtbf is not None:
+        shown = f"MTBF {args.mtbf} per worker, steps of {args.step_time}, seed {args.seed}: {shown}"
     print(f"# {args.workers} workers, {args.steps} steps, {NUMEL} float64 parameters, thread ranks; failures: "
           f"{shown}")
     header = (f"{'strategy':<34} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'recovery s':>10} "

@@ -36,6 +36,8 @@ def test_every_row_matches_the_survivors_reference(capsys):
     (["--modes", "retry"], "--modes: 'retry'"),
     (["--strategy", "nosuch"], "unknown strategy 'nosuch'"),
     (["--strategy", "ring", "--modes", "reweight"], "no --strategy and --modes fit together"),
+    (["--mtbf", "40s", "--fail", "1@2"], "--mtbf and --fail: give one"),
+    (["--mtbf", "soon"], "failures.mtbf = 'soon'"),
 ])
 def test_bad_arguments_are_named(capsys, argv, words):
     assert main(["faults", *argv]) == 2
@@ -60,3 +62,14 @@ def test_results_are_written_typed_and_never_overwritten_unasked(tmp_path, capsy
     assert set(failures["rank"]) == {1} and set(failures["step"]) == {2} and len(failures) == 6
     assert main(argv) == 2 and "already exist" in capsys.readouterr().err
     assert main(argv + ["--overwrite"]) == 0
+
+
+def test_a_drawn_failure_rate_runs_and_matches(capsys):
+    from strategies.faults import draw_failures
+
+    drawn = draw_failures(4, 40.0, 1.0, 30, 3)
+    assert main(["faults", "--steps", "30", "--mtbf", "40s", "--seed", "3", "--strategy", "ring",
+                 "--modes", "checkpoint_restart,elastic", "--checkpoint-every", "5"]) == 0
+    out = capsys.readouterr().out
+    assert ", ".join(f"rank {f.rank} at step {f.step}" for f in drawn) in out.splitlines()[0]
+    assert len(drawn) >= 1 and "MISMATCH" not in out and out.count("matches") == 2
