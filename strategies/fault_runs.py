@@ -212,7 +212,10 @@ class _Segments:
         config, alive = self.config, list(self.alive)
         m = len(alive)
         servers = config.num_servers(m)
-        dying = {f.rank: f.step for f in self.pending if start <= f.step < end}
+        dying: dict[int, int] = {}  # rank -> the step it dies in: its first pending failure in the segment
+        for f in sorted(self.pending):
+            if start <= f.step < end:
+                dying.setdefault(f.rank, f.step)
         self._died_at = 0.0
         donor = next((slot for slot in alive if slot not in joining), None)
 

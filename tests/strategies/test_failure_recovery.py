@@ -271,3 +271,15 @@ def test_a_barrier_free_server_runs_its_failures_with_ps_shrink_only_on_thread_r
     with pytest.raises(FaultSettingError, match="barrier-free parameter server .* ps_shrink only"):
         run_with_failures("parameter_server", 3, 4, [Failure(step=2, rank=1)], Recovery("none"), np.zeros(1),
                           constant, 1.0, staleness="async")
+
+
+def test_one_rank_failing_twice_restarts_twice_in_order():
+    # checkpoints every 2 steps; rank 1 dies in step 3 (back to 2: 1 lost), then, replaced, again in step 5 (back to
+    # 4: 1 lost): 6 + 2 steps run, the failure-free result
+    recovery = Recovery("checkpoint_restart", checkpoint_every=2)
+    x0 = np.linspace(-1, 1, 3)
+    run = run_with_failures("ring", 3, 6, [Failure(step=5, rank=1), Failure(step=3, rank=1)], recovery, x0,
+                            quadratic, 0.25)
+    clean = run_with_failures("ring", 3, 6, [], recovery, x0, quadratic, 0.25)
+    assert [(r.step, r.rank, r.steps_lost) for r in run.failures] == [(3, 1, 1), (5, 1, 1)]
+    assert run.steps_run == 8 and run.params[0].tobytes() == clean.params[0].tobytes()
