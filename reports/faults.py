@@ -58,7 +58,8 @@ def faults_frame(ok: pd.DataFrame) -> pd.DataFrame:
             if not (step_s > 0 and math.isfinite(step_s)):
                 continue
             smaller = group[(group["workers"] == n - 1) & (group["strategy_label"] == label)]["step_time_s"]
-            shrunk = float(smaller.mean()) if len(smaller) else step_s
+            # n - 1 workers with the same batch each make (n - 1) / n of a step's progress per step
+            shrunk = float(smaller.mean()) * n / (n - 1) if len(smaller) else step_s
             costs = FaultCosts(step_s=step_s, step_s_shrunk=shrunk, detect_s=DETECT_S, restart_s=RESTART_S,
                                checkpoint_s=CHECKPOINT_S, reform_s=REFORM_S, rejoin_s=REJOIN_S,
                                barrier_free=barrier_free)

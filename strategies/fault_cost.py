@@ -36,7 +36,8 @@ class FaultCosts:
     """What one run's steps and recoveries take, in seconds (measured, simulated or assumed, said by the caller).
 
     step_s          a step at n workers, failure-free
-    step_s_shrunk   a step at n - 1 (elastic, ps_shrink); None: as step_s
+    step_s_shrunk   the seconds n - 1 survivors take for one step's progress (elastic, ps_shrink): the same global
+                    batch, so with a fixed batch per worker, their step time x n / (n - 1); None: as step_s
     detect_s        from a death to its detection (the communicator's timeout, a heartbeat)
     restart_s       checkpoint_restart: from detection to the restarted job's first step (start-up, reading)
     checkpoint_s    checkpoint_restart: one checkpoint (delta)

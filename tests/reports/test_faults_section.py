@@ -43,9 +43,10 @@ def test_each_mode_priced_by_hand_and_the_ranking_changes(tmp_path):
                                           ("parameter_server (staleness=async)", "ps_shrink")])
     mtbf = 10 * 3600.0  # the harshest column: each of 4 workers every 10 h, the job every M = 9,000 s
     harsh = faults._column(10.0)
-    # ring, elastic: c = 10 detect + 5 re-form + 0.25 half a step + 120 (1 - 0.5 / 0.4) (a faster step at n - 1:
-    # a gain) = -14.75; T = 5,000 / (1 - 4/36000 x -14.75)
-    c = 10 + 5 + 0.25 + 120 * (1 - 0.5 / 0.4)
+    # ring, elastic: 3 survivors take 0.4 s a step with 3/4 of the samples: 0.5333 s for a step's worth;
+    # c = 10 detect + 5 re-form + 0.25 half a step + 120 (1 - 0.5 / 0.5333) = 22.75; T = 5,000 / (1 - 4/36000 x c)
+    c = 10 + 5 + 0.25 + 120 * (1 - 0.5 / (0.4 * 4 / 3))
+    assert c == pytest.approx(22.75)
     assert frame.loc[("ring", "elastic"), harsh] == pytest.approx(5000 / (1 - 4 / mtbf * c) / 3600)
     assert bool(frame.loc[("ring", "elastic"), "n-1 measured"])
     # ring, checkpoint_restart: Daly's interval in whole steps, R = 10 + 120, delta = 10
