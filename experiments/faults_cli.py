@@ -49,6 +49,14 @@ def add_arguments(p) -> None:
                         "\"2h\"), its replacement after another, drawn with --seed over steps of --step-time")
     p.add_argument("--step-time", default="1s", help="with --mtbf: the seconds a step stands for (default 1s)")
     p.add_argument("--seed", type=int, default=0, help="with --mtbf: the draw's seed (default 0)")
+    p.add_argument("--simulate", type=int, default=0, metavar="SEEDS",
+                   help="instead of thread ranks: simulate on SimGrid (with --mtbf) this many seeds per strategy and "
+                        "mode (checkpoint_restart, elastic, ps_shrink) and print the mean time to --steps against "
+                        "the model's")
+    p.add_argument("--costs", default="detect=0.5,restart=1,checkpoint=0.2,reform=0.3,rejoin=3",
+                   help="with --simulate: recovery costs in seconds (default detect=0.5,restart=1,checkpoint=0.2,"
+                        "reform=0.3,rejoin=3)")
+    p.add_argument("--compute", type=float, default=0.1, help="with --simulate: compute seconds per step (0.1)")
     p.add_argument("--checkpoint-every", type=int, default=4, help="checkpoint_restart: steps between checkpoints "
                                                                     "(default 4)")
     p.add_argument("--rejoin-steps", type=int, default=None,
@@ -111,6 +119,8 @@ def reference(name: str, params: dict, recovery: Recovery, schedule, workers: in
 
 
 def run(args) -> int:
+    if args.simulate:
+        return simulate(args)
     if not 1 <= args.workers <= 16:
         raise ValueError(f"--workers {args.workers}: accepted are 1 to 16 (thread ranks of this process)")
     if not 1 <= args.steps <= 1000:
@@ -242,3 +252,58 @@ def _value(text: str):
         except ValueError:
             pass
     return text
+
+
+COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "checkpoint_s", "reform": "reform_s",
+              "rejoin": "rejoin_s"}
+
+
+def simulate(args) -> int:
+    """SimGrid: each strategy and mode that fits, `args.simulate` seeds, the mean against the model."""
+    from experiments.config.faults import parse_mtbf
+    from experiments.simulate.faults import MODES as SIMULATED
+    from experiments.simulate.faults import FaultSim, compare
+    from strategies.fault_cost import FaultCosts
+
+    if args.mtbf is None or args.fail:
+        raise ValueError("--simulate draws failures from a rate: give --mtbf (per worker), not --fail")
+    if not 1 <= args.simulate <= 1000:
+        raise ValueError(f"--simulate {args.simulate}: accepted are 1 to 1,000 seeds")
+    if not 2 <= args.workers <= 16_384 or not 1 <= args.steps <= 1_000_000:
+        raise ValueError(f"--workers {args.workers}, --steps {args.steps}: accepted are 2 to 16,384 workers and 1 to "
+                         f"1,000,000 steps")
+    costs = {}
+    for pair in args.costs.split(","):
+        key, _, value = pair.partition("=")
+        if key.strip() not in COST_NAMES:
+            raise ValueError(f"--costs {args.costs!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
+        try:
+            costs[COST_NAMES[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"--costs {args.costs!r}: {value!r} is not a number of seconds") from None
+    costs = FaultCosts(step_s=1.0, **costs)
+    mtbf = parse_mtbf(args.mtbf)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
+    plan = []
+    for item in args.strategy or ("ring", "parameter_server"):
+        name, params = _strategy(item)
+        for mode in modes:
+            try:
+                plan.append((item, FaultSim(name, args.workers, args.steps, mode, mtbf, costs,
+                                            checkpoint_every=args.checkpoint_every if mode == CHECKPOINT_RESTART else 0,
+                                            compute_s=args.compute, params=params)))
+            except FaultSettingError:
+                continue  # a mode that does not fit: not a row
+    if not plan:
+        raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
+    print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds; "
+          f"costs {args.costs} s; compute {args.compute:g} s a step")
+    header = (f"{'strategy':<20} {'mode':<18} {'failures/run':>12} {'simulated s':>12} {'+-':>6} {'model s':>9} "
+              f"{'sim/model':>9} {'CPU s':>7}")
+    print(header)
+    print("-" * len(header))
+    for item, sim in plan:
+        got = compare(sim, range(args.simulate))
+        print(f"{item:<20} {sim.mode:<18} {got.failures:>12.1f} {got.simulated_s:>12.2f} {got.stderr_s:>6.2f} "
+              f"{got.model_s:>9.2f} {got.ratio:>9.3f} {got.cpu_s:>7.1f}")
+    return 0

@@ -12,7 +12,8 @@ n fails at rate n / mtbf_s; a job of n workers sees its first failure after M = 
   tau = M), Young's sqrt(2 delta M) to first order, rounded to whole steps (checkpoints fall between steps).
 - elastic: no completed step is lost. A failure costs its detection, the re-forming of the group, the part of the
   step in flight (half a step on average) and, until the replacement joins (rejoin_s), the slower steps at n - 1:
-  rejoin_s x (1 - step_s / step_s_shrunk). Failures come at rate lambda = n / mtbf_s all along, so
+  rejoin_s x (1 - step_s / step_s_shrunk). A slot waiting for its replacement cannot fail, so each fails once per
+  mtbf_s + rejoin_s: failures come at rate lambda = n / (mtbf_s + rejoin_s), and
       T = Ts + lambda T c   =>   T = Ts / (1 - lambda c)
   finite while lambda c < 1: otherwise failures come faster than the group recovers and S is never reached.
 - ps_shrink, synchronous server: as elastic with nothing to re-form (the barrier shrinks once the failure is
@@ -134,6 +135,8 @@ def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: Fau
                                           costs.detect_s + costs.restart_s, mtbf_job)
         cause = "" if math.isfinite(seconds) else "an interval plus its checkpoint outlasts the job's MTBF by far"
         return Expectation(seconds, rate * seconds, work, every, cause)
+    # a slot waiting for its replacement cannot fail: each slot fails once per mtbf_s + rejoin_s on average
+    rate = workers / (mtbf_s + costs.rejoin_s)
     shrunk = costs.step_s_shrunk or costs.step_s
     slower = costs.rejoin_s * (1 - costs.step_s / shrunk)  # seconds of progress lost while at n - 1
     if mode == PS_SHRINK and costs.barrier_free:

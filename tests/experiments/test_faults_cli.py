@@ -38,6 +38,10 @@ def test_every_row_matches_the_survivors_reference(capsys):
     (["--strategy", "ring", "--modes", "reweight"], "no --strategy and --modes fit together"),
     (["--mtbf", "40s", "--fail", "1@2"], "--mtbf and --fail: give one"),
     (["--mtbf", "soon"], "failures.mtbf = 'soon'"),
+    (["--simulate", "2"], "--simulate draws failures from a rate: give --mtbf"),
+    (["--simulate", "2", "--mtbf", "20s", "--costs", "boot=3"], "'boot' is not one of detect, restart"),
+    (["--simulate", "2", "--mtbf", "20s", "--strategy", "decentralized", "--modes", "elastic"],
+     "no --strategy fits the simulated modes"),
 ])
 def test_bad_arguments_are_named(capsys, argv, words):
     assert main(["faults", *argv]) == 2
@@ -73,3 +77,16 @@ def test_a_drawn_failure_rate_runs_and_matches(capsys):
     out = capsys.readouterr().out
     assert ", ".join(f"rank {f.rank} at step {f.step}" for f in drawn) in out.splitlines()[0]
     assert len(drawn) >= 1 and "MISMATCH" not in out and out.count("matches") == 2
+
+
+def test_simulate_prints_the_simulated_time_beside_the_model(capsys):
+    from strategies.transport.simgrid import simgrid_available
+
+    if simgrid_available():
+        pytest.skip(simgrid_available())
+    assert main(["faults", "--simulate", "1", "--workers", "3", "--steps", "20", "--mtbf", "10s", "--strategy",
+                 "ring", "--modes", "elastic"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# SimGrid: 3 workers, 20 steps, MTBF 10s per worker, 1 seeds")
+    row = out[-1].split()
+    assert row[:2] == ["ring", "elastic"] and float(row[3]) > 20 * 0.1 and float(row[5]) > 20 * 0.1

@@ -48,13 +48,16 @@ def test_checkpoint_restart_by_hand():
 
 def test_elastic_and_ps_by_hand():
     costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
-    # c = 5 + 10 + 0.5 + 60 (1 - 1/1.25) = 27.5; lambda = 100 / 100000; T = 1000 / (1 - 0.0275)
-    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1000 / 0.9725)
+    # c = 5 + 10 + 0.5 + 60 (1 - 1/1.25) = 27.5; lambda = 100 / (100000 + 60) (a slot awaiting its replacement
+    # cannot fail); T = 1000 / (1 - lambda c)
+    rate = 100 / 100_060
+    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 27.5))
+    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1028.26, abs=0.01)
     # synchronous PS: nothing to re-form, c = 5 + 0.5 + 12 = 17.5
-    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - 0.0175))
+    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 17.5))
     # barrier-free PS: c = (60 + 0.5) / 100
     free = FaultCosts(step_s=1.0, detect_s=5, rejoin_s=60, barrier_free=True)
-    assert expected_time("ps_shrink", S, N, MTBF, free).seconds == pytest.approx(1000 / (1 - 0.605 / 1000))
+    assert expected_time("ps_shrink", S, N, MTBF, free).seconds == pytest.approx(1000 / (1 - rate * 0.605))
 
 
 def test_failures_faster_than_recovery_never_reach_the_step():
@@ -122,7 +125,7 @@ def test_the_model_matches_a_monte_carlo_of_its_process():
     assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
     elastic = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
     want = expected_time("elastic", S, N, MTBF, elastic).seconds
-    runs = [monte_carlo_elastic(rng, 1000, N / MTBF, 27.5) for _ in range(4000)]
+    runs = [monte_carlo_elastic(rng, 1000, N / (MTBF + 60), 27.5) for _ in range(4000)]
     assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
 
 
