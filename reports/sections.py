@@ -16,6 +16,7 @@ import pandas as pd
 from reports import (
     calibration,
     explain_section,
+    faults,
     figures,
     levels,
     ps,
@@ -348,5 +349,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
     Section("timeline", "One step, rank by rank: timeline and critical path", timeline.section),
+    Section("faults", "Failures: time to a step under a failure rate (model)", faults.section),
     Section("runs", "All runs", all_runs, needs_runs=False),
 )

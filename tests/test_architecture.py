@@ -325,6 +325,7 @@ KNOWN_LONG_FUNCTIONS = {
     "experiments/config/sweep.py::_make_spec": "one table of settings",
     "experiments/pipeline/summary.py::summarize": "the run row's sections (config, numbers, verdicts)",
     "reports/model.py::model_table": "one row per strategy apart from the table",
+    "experiments/simulate/faults.py::simulate_failures": "its driver, segment and ranks (closures) as a class",
 }
 
 

@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.cli.break_even import add_arguments as _break_even_arguments
     _break_even_arguments(p)
 
+    p = sub.add_parser("faults", help="a scripted failure on thread ranks for each strategy and recovery mode: "
+                                      "steps lost, recovery seconds, the survivors' result checked")
+    from experiments.cli.faults import add_arguments as _faults_arguments
+    _faults_arguments(p)
+
     sub.add_parser("strategies", help="list the registered strategies and their parameters")
     sub.add_parser("schema", help="the columns of the runs and steps tables: name, type, meaning")
 
@@ -719,6 +724,12 @@ def _trace_run(args) -> int:
     return run(args)
 
 
+def _faults(args) -> int:
+    from experiments.cli.faults import run
+
+    return run(args)
+
+
 def _simulate(args) -> int:
     from experiments.cli.simulate import run
 
@@ -729,4 +740,5 @@ COMMANDS = {"run": _run, "report": _report, "export": _export, "model": _model, 
             "schema": _schema, "verify": _verify,
             "bench": _bench, "profile": _profile, "cluster": _cluster,
             "simulate": _simulate, "validate": _validate, "map": _map, "explain": _explain,
-            "break-even": _break_even, "trace": _trace_run}
+            "break-even": _break_even, "trace": _trace_run,
+            "faults": _faults}

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import strategies
+from experiments.config import faults as fault_settings
 from strategies.base import PARAMETERS
 from strategies.cost import Fabric
 from strategies.knobs import choose
@@ -131,6 +132,9 @@ class RunSpec:
     workers: int = 1
     link: dict | None = None
     straggler: dict | None = None
+    # failure injection and recovery (experiments/config/faults.py: their forms; strategies/faults.py: the modes)
+    failures: dict | None = None
+    recovery: dict | None = None
     timeout: float = 120.0
     strategy_params: dict = field(default_factory=dict)
     bucket_mb: float | None = None  # MiB per gradient bucket (DDP's grouping); None: one flat bucket
@@ -238,6 +242,7 @@ RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "re
 # (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
 _LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
                    "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0, "trace_steps": None,
+                   "failures": None, "recovery": None,
                    **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
 COMPUTE_MODES = ("real", "profile")
 
@@ -571,6 +576,8 @@ def _make_spec(name: str, point: dict, params_by_strategy: dict, errors: list[st
                           f"0..{workers - 1} only")
             break
     _check_compute(point, config, errors)
+    if "failures" in point or "recovery" in point:
+        point["failures"], point["recovery"] = fault_settings.check(point, config, workers, steps, errors)
     if len(errors) > start:
         return None
     if config.role == PARAMETERS or config.wraps_model:

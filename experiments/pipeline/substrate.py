@@ -49,6 +49,7 @@ class Substrate(ABC):
     servers = True  # runs strategies with server ranks
     stragglers = True  # can slow one rank's compute
     wall_clock = True  # runs in real time: a replayed step longer than the run's timeout is refused
+    failures = False  # injects failures and recovers as the run's recovery says (experiments/config/faults.py)
     nodes = False  # places ranks in nodes of ranks_per_node > 1 (a shared NIC, an intra-node link); a substrate
     # that can for some runs only (Ray: kernel-shaped links) says so and refuses the others in its problems()
 
@@ -76,6 +77,10 @@ class Substrate(ABC):
             found.append(f"{what}: ranks_per_node = {spec.ranks_per_node} cannot be applied on the {self.name} "
                          f"substrate (nodes of several ranks run on thread ranks, on SimGrid and on Ray with "
                          f"kernel-shaped links); accepted there is ranks_per_node = 1")
+        if (spec.failures or spec.recovery) and not self.failures:
+            found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate (it "
+                         f"cannot kill a rank and recover yet); failures and recovery run on thread ranks "
+                         f"(strategies/fault_runs.py) and in the model (reports/faults_model.py)")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:

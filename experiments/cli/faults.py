@@ -1,0 +1,315 @@
+"""`syncbench faults`: a scripted failure on thread ranks for each strategy and recovery mode that fits it.
+
+Each row trains the same small problem (a parameter vector, each worker slot's gradient x - target(slot, step))
+with one strategy, the failures injected (strategies/fault_runs.py), and checks the result against the survivors'
+reference worked out here in numpy: each step's mean over the slots alive in it (elastic, ps_shrink), the run
+without failures (checkpoint_restart: it must resume to the same bits' values), the re-weighted mixing matrices
+(reweight), the steps before the failure (none). A barrier-free server's result depends on the order its pushes
+arrived: no fixed reference, said so. Prints a plain table: steps completed and run, steps lost, seconds of
+recovery per failure (measured on thread ranks: from the death to the recovered group's first step), the check.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import strategies
+from strategies.fault_runs import run_with_failures
+from strategies.faults import (
+    CHECKPOINT_RESTART,
+    ELASTIC,
+    MODES,
+    NONE,
+    PS_SHRINK,
+    REWEIGHT,
+    Failure,
+    FaultSettingError,
+    Recovery,
+    check_fits,
+    check_schedule,
+    connected,
+    metropolis,
+    survivors_graph,
+)
+
+DEFAULT_STRATEGIES = ("ring", "halving_doubling", "double_binary_tree", "parameter_server",
+                      "parameter_server:staleness=async", "decentralized")
+NUMEL, LR = 64, 0.25
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--workers", type=int, default=4, help="worker ranks, 1 to 16 (default 4)")
+    p.add_argument("--steps", type=int, default=12, help="steps, 1 to 1,000 (default 12)")
+    p.add_argument("--fail", action="append", default=None, metavar="RANK@STEP",
+                   help="rank RANK dies during step STEP (0-based); repeatable (default 2@5)")
+    p.add_argument("--mtbf", default=None,
+                   help="instead of --fail: every worker fails after an exponential time of this mean (\"40s\", "
+                        "\"2h\"), its replacement after another, drawn with --seed over steps of --step-time")
+    p.add_argument("--step-time", default="1s", help="with --mtbf: the seconds a step stands for (default 1s)")
+    p.add_argument("--seed", type=int, default=0, help="with --mtbf: the draw's seed (default 0)")
+    p.add_argument("--simulate", type=int, default=0, metavar="SEEDS",
+                   help="instead of thread ranks: simulate on SimGrid (with --mtbf) this many seeds per strategy and "
+                        "mode (checkpoint_restart, elastic, ps_shrink) and print the mean time to --steps against "
+                        "the model's")
+    p.add_argument("--costs", default="detect=0.5,restart=1,checkpoint=0.2,reform=0.3,rejoin=3",
+                   help="with --simulate: recovery costs in seconds (default detect=0.5,restart=1,checkpoint=0.2,"
+                        "reform=0.3,rejoin=3)")
+    p.add_argument("--compute", type=float, default=0.1, help="with --simulate: compute seconds per step (0.1)")
+    p.add_argument("--checkpoint-every", type=int, default=4, help="checkpoint_restart: steps between checkpoints "
+                                                                    "(default 4)")
+    p.add_argument("--rejoin-steps", type=int, default=None,
+                   help="elastic and ps_shrink: a replacement joins this many steps after a failure (default never)")
+    p.add_argument("--strategy", action="append", default=None,
+                   help="a strategy, name or name:key=value,key=value (repeatable; default: "
+                        + ", ".join(DEFAULT_STRATEGIES) + ")")
+    p.add_argument("--out", help="also write the results to this directory: fault_runs.parquet (a row per strategy "
+                                 "and mode) and failures.parquet (a row per failure), typed "
+                                 "(experiments/results/faults.py)")
+    p.add_argument("--overwrite", action="store_true", help="with --out: replace failure results already there")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated recovery modes (default: all that "
+                                                            "fit each strategy)")
+
+
+def gradient(slot: int, step: int, x: np.ndarray) -> np.ndarray:
+    """Worker slot's gradient at x in `step`: a quadratic pulled to a target of its own (its data shard)."""
+    target = np.random.default_rng([slot, step]).standard_normal(x.shape)
+    return x - target.astype(x.dtype)
+
+
+def reference(name: str, params: dict, recovery: Recovery, schedule, workers: int, steps: int,
+              x0: np.ndarray) -> dict[int, np.ndarray] | None:
+    """What the live slots must hold at the end, in float64 numpy; None where no fixed answer exists."""
+    config = strategies.make(name, **params)
+    if recovery.mode == PS_SHRINK and config.asynchronous:
+        return None
+    if recovery.mode == CHECKPOINT_RESTART:
+        schedule = ()
+    alive, rejoin, x = list(range(workers)), {}, {s: x0.astype(np.float64) for s in range(workers)}
+    w = None if config.exact else config.mixing_matrix(workers)
+    for step in range(steps):
+        for slot in [s for s, at in rejoin.items() if at == step]:
+            alive = sorted(alive + [slot])
+            x[slot] = x[alive[0] if alive[0] != slot else alive[1]].copy()  # fetched from a peer
+            del rejoin[slot]
+        dead = [f.rank for f in schedule if f.step == step and f.rank in alive]
+        if dead and recovery.mode == NONE:
+            break
+        if dead:
+            alive = [s for s in alive if s not in dead]
+            if recovery.rejoin_steps is not None:
+                rejoin.update({s: step + recovery.rejoin_steps for s in dead})
+            if recovery.mode == REWEIGHT:
+                _, peers = survivors_graph(config, workers, [r for r in range(workers) if r not in alive])
+                if not connected(peers):
+                    break  # the run ends here: its completed steps are the answer
+                w = metropolis(peers)
+        if config.role != strategies.base.PARAMETERS:  # every live replica holds the same x
+            base = x[alive[0]]
+            g = np.mean([gradient(s, step, base) for s in alive], axis=0)
+            for s in alive:
+                x[s] = base - LR * g
+        else:
+            local = np.stack([x[s] - LR * gradient(s, step, x[s]) for s in alive])
+            mixed = w @ local
+            for i, s in enumerate(alive):
+                x[s] = mixed[i]
+    return {s: x[s] for s in alive}
+
+
+def run(args) -> int:
+    if args.simulate:
+        return simulate(args)
+    schedule, plan = _plan(args)  # every value checked before any work
+    x0 = np.linspace(-1, 1, NUMEL)
+    shown = ", ".join(f"rank {f.rank} at step {f.step}" for f in schedule) or "none"
+    if args.mtbf is not None:
+        shown = f"MTBF {args.mtbf} per worker, steps of {args.step_time}, seed {args.seed}: {shown}"
+    print(f"# {args.workers} workers, {args.steps} steps, {NUMEL} float64 parameters, thread ranks; failures: "
+          f"{shown}")
+    header = (f"{'strategy':<34} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'recovery s':>10} "
+              f"{'wall s':>7}  check")
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    run_rows, failure_rows = [], []
+    for item, name, params, recovery in plan:
+        start = time.perf_counter()
+        got = run_with_failures(name, args.workers, args.steps, schedule, recovery, x0, gradient, LR, **params)
+        wall = time.perf_counter() - start
+        want = reference(name, params, recovery, schedule, args.workers, args.steps, x0)
+        check = _check(got, want)
+        if want is not None:
+            worst = max(worst, _diff(got, want))
+        lost = sum(r.steps_lost for r in got.failures)
+        recovered = [r.recovery_s for r in got.failures if not np.isnan(r.recovery_s)]
+        recovery_s = np.mean(recovered) if recovered else float("nan")
+        ended = f"; ended: {got.ended.cause}" if got.ended else ""
+        print(f"{item:<34} {recovery.mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {lost:>4} "
+              f"{recovery_s:>10.4f} {wall:>7.3f}  {check}{ended}")
+        diff = _diff(got, want)
+        run_rows.append({
+            "strategy": name, "strategy_label": item, "substrate": "threads", "mode": recovery.mode,
+            "checkpoint_every": recovery.checkpoint_every,
+            "rejoin_steps": -1 if recovery.rejoin_steps is None else recovery.rejoin_steps,
+            "workers": args.workers, "steps": args.steps, "completed_steps": got.completed_steps,
+            "steps_run": got.steps_run, "failures": len(got.failures), "steps_lost": lost, "recovery_s": recovery_s,
+            "time_to_step_s": float("nan") if got.ended else wall, "ended": got.ended is not None,
+            "cause": got.ended.cause if got.ended else "",
+            "reference": "none" if want is None else ("matches" if diff <= 1e-9 else "mismatch"),
+            "max_abs_diff": diff})
+        failure_rows += [{"strategy_label": item, "mode": recovery.mode, "step": r.step, "rank": r.rank,
+                          "steps_lost": r.steps_lost, "recovery_s": r.recovery_s, "survivors": r.survivors}
+                         for r in got.failures]
+    print(f"# check: the live slots' parameters against the survivors' reference (largest difference {worst:.3g})")
+    if args.out:
+        from experiments.results import faults as fault_results
+
+        written = fault_results.write(args.out, run_rows, failure_rows, overwrite=args.overwrite)
+        print(f"# results: {', '.join(map(str, written))}")
+    return 0
+
+
+def _plan(args) -> tuple[list, list]:
+    """The failure schedule and the (strategy, mode) rows that fit it, every argument checked."""
+    if not 1 <= args.workers <= 16:
+        raise ValueError(f"--workers {args.workers}: accepted are 1 to 16 (thread ranks of this process)")
+    if not 1 <= args.steps <= 1000:
+        raise ValueError(f"--steps {args.steps}: accepted are 1 to 1,000")
+    if args.mtbf is not None and args.fail:
+        raise ValueError("--mtbf and --fail: give one (a drawn rate or a schedule)")
+    if args.mtbf is not None:
+        from experiments.config.faults import parse_mtbf
+        from strategies.faults import draw_failures
+        from strategies.transport.link import parse_latency
+
+        schedule = list(draw_failures(args.workers, parse_mtbf(args.mtbf), parse_latency(args.step_time), args.steps,
+                                      args.seed))
+    else:
+        schedule = [_failure(text) for text in (args.fail or ["2@5"])]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"--modes: {mode!r}: accepted are {', '.join(MODES)}")
+    plan = []
+    for item in args.strategy or DEFAULT_STRATEGIES:
+        name, params = _strategy(item)
+        config = strategies.make(name, **params)
+        check_schedule(schedule, args.workers, args.steps, config.num_servers(args.workers))  # before any work
+        for mode in modes:
+            try:
+                recovery = Recovery(mode, args.checkpoint_every if mode == CHECKPOINT_RESTART else 0,
+                                    args.rejoin_steps if mode in (ELASTIC, PS_SHRINK) else None)
+                check_fits(mode, config, args.workers, schedule)
+            except FaultSettingError:
+                continue  # a mode that does not fit this strategy: not a row
+            if config.asynchronous and mode != PS_SHRINK:
+                continue  # thread ranks run a barrier-free server's failures with ps_shrink only
+            plan.append((item, name, params, recovery))
+    if not plan:
+        raise ValueError("no --strategy and --modes fit together (elastic: ring, halving_doubling, ...; ps_shrink: "
+                         "parameter_server; reweight: decentralized; checkpoint_restart and none: any)")
+    return schedule, plan
+
+
+def _diff(got, want) -> float:
+    live = {k: v for k, v in got.params.items() if k != "server"}
+    if want is None or live.keys() != want.keys():
+        return float("nan") if want is None else float("inf")
+    return max((float(np.max(np.abs(live[s] - want[s]))) for s in want), default=0.0)
+
+
+def _check(got, want) -> str:
+    if want is None:
+        return "no fixed reference (barrier-free: the pushes' order decides)"
+    live = {k: v for k, v in got.params.items() if k != "server"}
+    if live.keys() != want.keys():
+        return f"MISMATCH: live slots {sorted(live)} != reference {sorted(want)}"
+    diff = _diff(got, want)
+    return f"matches (max |diff| {diff:.1e})" if diff <= 1e-9 else f"MISMATCH (max |diff| {diff:.3g})"
+
+
+def _failure(text: str) -> Failure:
+    try:
+        rank, step = (int(v) for v in text.split("@"))
+    except ValueError:
+        raise ValueError(f"--fail {text!r}: expected RANK@STEP, e.g. 2@5") from None
+    return Failure(step, rank)
+
+
+def _strategy(item: str) -> tuple[str, dict]:
+    name, _, rest = item.partition(":")
+    params = {}
+    for pair in filter(None, rest.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise ValueError(f"--strategy {item!r}: expected name:key=value,key=value")
+        params[key.strip()] = _value(value.strip())
+    if name not in strategies.names():
+        raise ValueError(f"--strategy: unknown strategy {name!r}: known are {', '.join(strategies.names())}")
+    return name, params
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "checkpoint_s", "reform": "reform_s",
+              "rejoin": "rejoin_s"}
+
+
+def simulate(args) -> int:
+    """SimGrid: each strategy and mode that fits, `args.simulate` seeds, the mean against the model."""
+    from experiments.config.faults import parse_mtbf
+    from experiments.simulate.faults import MODES as SIMULATED
+    from experiments.simulate.faults import FaultSim, compare
+    from strategies.fault_cost import FaultCosts
+
+    if args.mtbf is None or args.fail:
+        raise ValueError("--simulate draws failures from a rate: give --mtbf (per worker), not --fail")
+    if not 1 <= args.simulate <= 1000:
+        raise ValueError(f"--simulate {args.simulate}: accepted are 1 to 1,000 seeds")
+    if not 2 <= args.workers <= 16_384 or not 1 <= args.steps <= 1_000_000:
+        raise ValueError(f"--workers {args.workers}, --steps {args.steps}: accepted are 2 to 16,384 workers and 1 to "
+                         f"1,000,000 steps")
+    costs = {}
+    for pair in args.costs.split(","):
+        key, _, value = pair.partition("=")
+        if key.strip() not in COST_NAMES:
+            raise ValueError(f"--costs {args.costs!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
+        try:
+            costs[COST_NAMES[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"--costs {args.costs!r}: {value!r} is not a number of seconds") from None
+    costs = FaultCosts(step_s=1.0, **costs)
+    mtbf = parse_mtbf(args.mtbf)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
+    plan = []
+    for item in args.strategy or ("ring", "parameter_server"):
+        name, params = _strategy(item)
+        for mode in modes:
+            try:
+                plan.append((item, FaultSim(name, args.workers, args.steps, mode, mtbf, costs,
+                                            checkpoint_every=args.checkpoint_every if mode == CHECKPOINT_RESTART else 0,
+                                            compute_s=args.compute, params=params)))
+            except FaultSettingError:
+                continue  # a mode that does not fit: not a row
+    if not plan:
+        raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
+    print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds; "
+          f"costs {args.costs} s; compute {args.compute:g} s a step")
+    header = (f"{'strategy':<20} {'mode':<18} {'failures/run':>12} {'simulated s':>12} {'+-':>6} {'model s':>9} "
+              f"{'sim/model':>9} {'CPU s':>7}")
+    print(header)
+    print("-" * len(header))
+    for item, sim in plan:
+        got = compare(sim, range(args.simulate))
+        print(f"{item:<20} {sim.mode:<18} {got.failures:>12.1f} {got.simulated_s:>12.2f} {got.stderr_s:>6.2f} "
+              f"{got.model_s:>9.2f} {got.ratio:>9.3f} {got.cpu_s:>7.1f}")
+    return 0

@@ -1,0 +1,130 @@
+"""The sweep's failure and recovery settings: parsed, checked against the run and its strategy, normalized.
+
+    failures = { schedule = [{ rank = 2, step = 5 }] }        # rank 2 dies during step 5 (0-based)
+    failures = { mtbf = "7.9h", seed = 1 }                      # every worker: exponential, mean 7.9 h, seeded
+    recovery = { mode = "checkpoint_restart", checkpoint_every = 10 }
+    recovery = { mode = "elastic", rejoin_steps = 5 }           # also ps_shrink, reweight, none
+
+Both go in [defaults] or a [grid] list. The whole point is checked before any work (strategies/faults.py says
+which mode fits which strategy) and every problem is named with its value and what is accepted. The RunSpec holds
+the normalized forms: failures {"schedule": [[step, rank], ...]} or {"mtbf_s": s, "seed": k}; recovery
+{"mode": ..., "checkpoint_every": c, "rejoin_steps": r}.
+"""
+
+from __future__ import annotations
+
+import math
+
+import strategies.faults as faults
+from strategies.transport.link import parse_latency
+
+MTBF_RANGE_S = (1.0, 1e9)  # one second to about 32 years, per worker
+SEED_MAX = 2**31 - 1
+FAILURE_KEYS = ("schedule", "mtbf", "seed")
+RECOVERY_KEYS = ("mode", "checkpoint_every", "rejoin_steps")
+EXAMPLE_FAILURES = '{ schedule = [{ rank = 2, step = 5 }] } or { mtbf = "7.9h", seed = 1 }'
+EXAMPLE_RECOVERY = '{ mode = "checkpoint_restart", checkpoint_every = 10 } (modes: ' + ", ".join(faults.MODES) + ")"
+_UNITS = {"d": 86400.0, "day": 86400.0, "days": 86400.0, "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
+          "min": 60.0}
+
+
+def check(point: dict, config, workers: int, steps: int, errors: list[str]) -> tuple[dict | None, dict | None]:
+    """(failures, recovery) of a grid point, normalized; a line in `errors` for each problem."""
+    raw_failures, raw_recovery = point.get("failures"), point.get("recovery")
+    if raw_failures is None and raw_recovery is None:
+        return None, None
+    if raw_failures is None:
+        errors.append(f"recovery = {raw_recovery!r} without failures: nothing to recover from; add failures = "
+                      f"{EXAMPLE_FAILURES}")
+        return None, None
+    start = len(errors)
+    servers = config.num_servers(workers)
+    failures = _failures(raw_failures, workers, steps, servers, errors)
+    recovery = _recovery(raw_recovery, errors)
+    if len(errors) > start:
+        return None, None
+    schedule = [faults.Failure(step, rank) for step, rank in failures.get("schedule", [])]
+    try:
+        faults.check_fits(recovery.mode, config, workers, schedule)
+    except faults.FaultSettingError as e:
+        errors.append(str(e))
+        return None, None
+    return failures, {"mode": recovery.mode, "checkpoint_every": recovery.checkpoint_every,
+                      "rejoin_steps": recovery.rejoin_steps}
+
+
+def _failures(value, workers: int, steps: int, servers: int, errors: list[str]) -> dict:
+    if not isinstance(value, dict) or not value or set(value) - set(FAILURE_KEYS):
+        errors.append(f"failures = {value!r}: expected {EXAMPLE_FAILURES}")
+        return {}
+    if ("schedule" in value) == ("mtbf" in value):
+        errors.append(f"failures = {value!r}: give either a schedule or an mtbf (per worker), not "
+                      f"{'both' if 'schedule' in value else 'neither'}")
+        return {}
+    if "schedule" in value:
+        if "seed" in value:
+            errors.append(f"failures.seed = {value['seed']!r}: a schedule draws nothing; seed goes with mtbf")
+            return {}
+        return _schedule(value["schedule"], workers, steps, servers, errors)
+    try:
+        mtbf_s = parse_mtbf(value["mtbf"])
+    except ValueError as e:
+        errors.append(str(e))
+        return {}
+    seed = value.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+        errors.append(f"failures.seed = {seed!r}: accepted are whole numbers 0 to {SEED_MAX:,}")
+        return {}
+    return {"mtbf_s": mtbf_s, "seed": seed}
+
+
+def _schedule(rows, workers: int, steps: int, servers: int, errors: list[str]) -> dict:
+    if not isinstance(rows, list) or not rows:
+        errors.append(f"failures.schedule = {rows!r}: expected a non-empty list like [{{ rank = 2, step = 5 }}]")
+        return {}
+    listed = []
+    for row in rows:
+        if not isinstance(row, dict) or set(row) != {"rank", "step"} or not all(
+                isinstance(row[k], int) and not isinstance(row[k], bool) for k in row):
+            errors.append(f"failures.schedule row {row!r}: expected {{ rank = <integer>, step = <integer> }}")
+            return {}
+        listed.append(faults.Failure(row["step"], row["rank"]))
+    try:
+        schedule = faults.check_schedule(listed, workers, steps, servers)
+    except faults.FaultSettingError as e:
+        errors.append(f"failures.schedule: {e}")
+        return {}
+    return {"schedule": [[f.step, f.rank] for f in schedule]}
+
+
+def _recovery(value, errors: list[str]):
+    if value is None:
+        return faults.Recovery(faults.NONE)
+    if not isinstance(value, dict) or set(value) - set(RECOVERY_KEYS) or "mode" not in value:
+        errors.append(f"recovery = {value!r}: expected {EXAMPLE_RECOVERY}")
+        return None
+    try:
+        return faults.Recovery(value["mode"], value.get("checkpoint_every", 0), value.get("rejoin_steps"))
+    except faults.FaultSettingError as e:
+        errors.append(str(e))
+        return None
+
+
+def parse_mtbf(value) -> float:
+    """'7.9h', '30min', '2d', '90s' or a number of seconds -> seconds; ValueError naming the value and the range."""
+    help_ = (f"a mean time between failures per worker from {MTBF_RANGE_S[0]:g} s to {MTBF_RANGE_S[1]:g} s, like "
+             f"\"7.9h\", \"30min\", \"2d\", \"90s\" or seconds as a number")
+    if isinstance(value, str) and (unit := next((u for u in sorted(_UNITS, key=len, reverse=True)
+                                                 if value.strip().lower().endswith(u)), None)):
+        try:
+            seconds = float(value.strip().lower()[:-len(unit)]) * _UNITS[unit]
+        except ValueError:
+            raise ValueError(f"failures.mtbf = {value!r}: expected {help_}") from None
+    else:
+        try:
+            seconds = parse_latency(value)  # seconds with s/ms/us units, or a bare number
+        except (ValueError, TypeError):
+            raise ValueError(f"failures.mtbf = {value!r}: expected {help_}") from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or not MTBF_RANGE_S[0] <= seconds <= MTBF_RANGE_S[1]:
+        raise ValueError(f"failures.mtbf = {value!r}: accepted is {help_}")
+    return seconds

@@ -1,0 +1,271 @@
+"""Failures on a simulated cluster (SimGrid): time to step S under a per-worker failure rate, for one recovery mode.
+
+Every step is simulated: each worker spends `compute_s` and the strategy's real code synchronizes a buffer of
+`numel` float32 gradients (meta tensors: real sizes, no values) over the simulated platform. Failures come at
+simulated times: every worker slot fails after an exponential time of mean `mtbf_s` (seeded; a replacement's
+clock starts when it joins). SimGrid 3.32's Python binding cannot turn a host off, and a host's state profile
+would kill a rank inside a collective, which the transport does not survive; so a failure is noticed at the next
+step boundary (a zero-time control-plane exchange) and the run is rolled back to what the failure really cost: the
+step in flight when it happened does not count, detection ends `detect_s` after it, and the recovery starts then.
+(A step boundary later than the detection would overshoot it: the result says how often that happened.)
+
+Recovery, as the model (strategies/fault_cost.py) prices it:
+- checkpoint_restart: a checkpoint of `checkpoint_s` after every `checkpoint_every` completed steps; a failure
+  sends every rank back to the last checkpoint finished before it, after detection + `restart_s` (a failure
+  during that restarts the restart);
+- elastic: the survivors re-form (`reform_s`) and go on at n - 1 from the step in flight; the replacement joins
+  `rejoin_s` after the failure, at the next step boundary;
+- ps_shrink (a synchronous parameter server): as elastic, nothing to re-form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import strategies
+from experiments.simulate.platform import Platform
+from strategies.fault_cost import FaultCosts
+from strategies.faults import CHECKPOINT_RESTART, ELASTIC, PS_SHRINK, FaultSettingError, check_fits
+
+MODES = (CHECKPOINT_RESTART, ELASTIC, PS_SHRINK)
+
+
+@dataclass(frozen=True)
+class FaultSim:
+    strategy: str
+    workers: int
+    steps: int
+    mode: str
+    mtbf_s: float
+    costs: FaultCosts  # step_s is ignored: the simulation measures it
+    checkpoint_every: int = 0
+    compute_s: float = 0.1
+    numel: int = 1_000_000
+    seed: int = 0
+    platform: Platform = field(default_factory=lambda: Platform(network_model="alpha_beta"))
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise FaultSettingError(f"mode = {self.mode!r}: the simulation runs {', '.join(MODES)}")
+        config = strategies.make(self.strategy, **self.params)
+        check_fits(self.mode, config, self.workers)
+        if config.asynchronous:
+            raise FaultSettingError("a barrier-free parameter server is not simulated with failures: its servers "
+                                    "serve a whole run at once")
+        if self.mode == CHECKPOINT_RESTART and self.checkpoint_every < 1:
+            raise FaultSettingError(f"checkpoint_every = {self.checkpoint_every!r}: checkpoint_restart needs >= 1")
+
+
+@dataclass
+class FaultSimResult:
+    time_s: float  # simulated seconds to reach step S
+    step_s: float  # a failure-free step at n workers (the first segment's mean)
+    step_s_shrunk: float  # a step at n - 1 (NaN: never ran)
+    failures: list[tuple[float, int]]  # (simulated time, slot)
+    steps_run: int
+    steps_lost: int
+    overshoots: int  # failures noticed after their detection time (a step longer than detect_s)
+
+
+def simulate_failures(sim: FaultSim) -> FaultSimResult:
+    """Run the simulation in this process (SimGrid's engine: once per process; see run_child)."""
+    from strategies.transport import factory
+    from strategies.transport.simgrid import Cluster, SimGridCommunicator, load_simgrid
+
+    sg = load_simgrid()
+    if getattr(sg, "_syncbench_engine_used", False):
+        raise RuntimeError("simulate_failures: SimGrid's engine has already run in this process")
+    sg._syncbench_engine_used = True
+    config = strategies.make(sim.strategy, **sim.params)
+    servers = config.num_servers(sim.workers)
+    engine = sg.Engine(["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in sim.platform.config])
+    hosts = sim.platform.build(sg, sim.workers + servers + 1)  # the last: the driver's
+    rng = np.random.default_rng([sim.seed, sim.workers, 39])
+    costs = sim.costs
+    state = {"next_fail": {}, "segment": 0}
+    out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
+    step_times: dict[int, list[float]] = {}
+
+    def draw(slot: int, now: float) -> None:
+        state["next_fail"][slot] = now + rng.exponential(sim.mtbf_s)
+
+    class SegmentCluster(Cluster):
+        """A fresh cluster per segment: its mailboxes named apart from earlier segments' (a message a dead
+        segment left behind must never match a new receive)."""
+
+        def __init__(self, world_size, tag):
+            super().__init__(sg, world_size, sim.platform.nic)
+            self.tag = tag
+
+        def box(self, src, dst):
+            key = (src, dst)
+            box = self.boxes.get(key)
+            if box is None:
+                box = self.boxes[key] = sg.Mailbox.by_name(f"{self.tag}:{src}>{dst}")
+                box.set_receiver(self.actors[dst])
+            return box
+
+    def segment(alive: list[int], start: int, rejoin_at: float, checkpoints: list) -> dict:
+        """Steps from `start` on the live slots until the end, a failure or a rejoin is due; what happened."""
+        m = len(alive)
+        world = config.world_size(m)
+        state["segment"] += 1
+        cluster = SegmentCluster(world, f"s{state['segment']}")
+        done = {"completed": [], "stop": None}
+
+        def rank_main(position):
+            comm = factory.build("simgrid", SimGridCommunicator(cluster, position))
+            runtime = config.bind(comm, m)
+            grads = torch.empty(sim.numel, dtype=torch.float32, device="meta")
+            step = start
+            while True:
+                now = sg.Engine.clock
+                dead = [s for s in alive if state["next_fail"][s] <= now] if position == 0 else None
+                rejoin = position == 0 and rejoin_at <= now
+                verdict = comm.allgather_object((dead, rejoin))[0]  # zero simulated time: every rank sees rank 0's
+                if verdict[0] or verdict[1] or step >= sim.steps:
+                    if position == 0:
+                        done["stop"] = (step, verdict[0], now)
+                    return
+                if runtime.is_server:
+                    runtime.serve(sim.numel, torch.float32, "mean")
+                else:
+                    began = sg.Engine.clock
+                    comm.compute(sim.compute_s)
+                    runtime.sync(grads, "mean")
+                    if position == 0:
+                        done["completed"].append((step, began, sg.Engine.clock))
+                step += 1
+                if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
+                    comm.compute(costs.checkpoint_s)  # every rank writes its part
+                    if position == 0:
+                        checkpoints.append((step, sg.Engine.clock))
+
+        where = [hosts[s] for s in alive] + [hosts[sim.workers + i] for i in range(world - m)]
+        actors = []
+        for position in range(world):
+            cluster.actors[position] = actor = sg.Actor.create(f"s{state['segment']}r{position}", where[position],
+                                                               rank_main, position)
+            actors.append(actor)
+        for actor in actors:
+            actor.join()
+        return done
+
+    def driver():
+        alive = list(range(sim.workers))
+        for slot in alive:
+            draw(slot, 0.0)
+        step, rejoins = 0, []  # rejoins: (time, slot)
+        checkpoints = [(0, 0.0)]  # (steps complete, time the checkpoint finished)
+        while step < sim.steps:
+            now = sg.Engine.clock
+            joined = [slot for at, slot in rejoins if at <= now]
+            rejoins = [(at, slot) for at, slot in rejoins if at > now]
+            for slot in joined:
+                draw(slot, now)  # the replacement's clock starts now
+            alive = sorted(alive + joined)
+            rejoin_at = min((at for at, _ in rejoins), default=math.inf)
+            done = segment(alive, step, rejoin_at, checkpoints)
+            out.steps_run += len(done["completed"])
+            for _, began, ended in done["completed"]:
+                step_times.setdefault(len(alive), []).append(ended - began)
+            stop_step, dead, noticed = done["stop"]
+            if not dead:
+                step = stop_step
+                continue
+            t_fail = min(state["next_fail"][s] for s in dead)
+            failed = [s for s in dead if state["next_fail"][s] == t_fail]
+            # the step in flight at t_fail, and those after it, never completed
+            in_flight = next((s for s, _, ended in done["completed"] if ended > t_fail), stop_step)
+            step = min(stop_step, in_flight)
+            out.failures += [(t_fail, s) for s in failed]
+            # detection, then the recovery; a failure meanwhile restarts the window from it
+            window = costs.detect_s + (costs.restart_s if sim.mode == CHECKPOINT_RESTART else
+                                       costs.reform_s if sim.mode == ELASTIC else 0.0)
+            start = t_fail
+            if noticed > t_fail + costs.detect_s:
+                out.overshoots += 1
+            lost_members = set(failed)
+            incident = [(t_fail, s) for s in failed]
+            while True:
+                others = [(state["next_fail"][s], s) for s in alive if s not in lost_members
+                          and start < state["next_fail"][s] < max(start + window, noticed)]
+                if not others:
+                    break
+                start, slot = min(others)
+                lost_members.add(slot)
+                incident.append((start, slot))
+                out.failures.append((start, slot))
+            sg.this_actor.sleep_until(max(start + window, noticed))
+            if sim.mode == CHECKPOINT_RESTART:
+                back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
+                out.steps_lost += step - back
+                step = back
+                for slot in lost_members:
+                    draw(slot, sg.Engine.clock)  # replaced at the restart
+                del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
+            else:
+                alive = [s for s in alive if s not in lost_members]
+                if not alive:
+                    raise RuntimeError(f"no worker left at {sg.Engine.clock:.6g} simulated s")
+                rejoins += [(t + costs.rejoin_s, s) for t, s in incident]
+                for slot in lost_members:
+                    state["next_fail"][slot] = math.inf  # not running until it rejoins
+        out.time_s = sg.Engine.clock
+
+    sg.Actor.create("driver", hosts[-1], driver)
+    engine.run()
+    full, shrunk = step_times.get(sim.workers, []), step_times.get(sim.workers - 1, [])
+    out.step_s = float(np.mean(full)) if full else math.nan
+    out.step_s_shrunk = float(np.mean(shrunk)) if shrunk else math.nan
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Simulations of several seeds against the model's expectation with the steps they measured."""
+
+    simulated_s: float  # mean simulated seconds to step S
+    stderr_s: float  # its standard error over the seeds
+    model_s: float  # the model's expected seconds (strategies/fault_cost.py) with the simulated step times
+    failures: float  # mean failures per run
+    overshoots: int  # failures noticed after their detection time, over all runs
+    cpu_s: float  # CPU seconds of all the simulations
+
+    @property
+    def ratio(self) -> float:
+        return self.simulated_s / self.model_s
+
+
+def compare(sim: FaultSim, seeds) -> Comparison:
+    """`sim` once per seed, each in a forked process (SimGrid's engine runs once per process), against the model."""
+    from dataclasses import replace
+
+    from experiments.simulate.substrate import run_child
+    from strategies.fault_cost import expected_time
+
+    times, models, failures, overshoots, cpu = [], [], [], 0, 0.0
+    for seed in seeds:
+        one = replace(sim, seed=seed)
+        done = run_child(lambda one=one: simulate_failures(one))
+        if done.error:
+            raise RuntimeError(f"simulation of seed {seed} failed: {done.error}")
+        result = done.result
+        cpu += done.cpu_s
+        times.append(result.time_s)
+        failures.append(len(result.failures))
+        overshoots += result.overshoots
+        shrunk = result.step_s if math.isnan(result.step_s_shrunk) else result.step_s_shrunk
+        costs = FaultCosts(step_s=result.step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
+                           restart_s=sim.costs.restart_s, checkpoint_s=sim.costs.checkpoint_s,
+                           reform_s=sim.costs.reform_s, rejoin_s=sim.costs.rejoin_s)
+        models.append(expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
+                                    checkpoint_every=sim.checkpoint_every or None).seconds)
+    stderr = float(np.std(times, ddof=1) / math.sqrt(len(times))) if len(times) > 1 else math.nan
+    return Comparison(float(np.mean(times)), stderr, float(np.mean(models)), float(np.mean(failures)), overshoots,
+                      cpu)

@@ -1,0 +1,183 @@
+"""The expected time to reach step S when every worker fails at a rate, for each recovery mode (pure functions).
+
+Failures are exponential: every worker slot fails after a mean of `mtbf_s` seconds (independently), so a group of
+n fails at rate n / mtbf_s; a job of n workers sees its first failure after M = mtbf_s / n on average.
+
+- checkpoint_restart: the classic restart-cost formula (Daly, "A higher order estimate of the optimum checkpoint
+  interval for restart dumps", FGCS 2006), exact for exponential failures:
+      T = M e^(R/M) (e^((tau + delta)/M) - 1) Ts / tau
+  Ts = S x step_s the failure-free time, delta the seconds one checkpoint costs, R the restart (detection,
+  restarting every rank, reading the checkpoint), tau the compute between checkpoints. The interval: Daly's
+  higher-order optimum tau = sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + delta / 18M) - delta (delta < 2M; else
+  tau = M), Young's sqrt(2 delta M) to first order, rounded to whole steps (checkpoints fall between steps).
+- elastic: no completed step is lost. A failure costs its detection, the re-forming of the group, the part of the
+  step in flight (half a step on average) and, until the replacement joins (rejoin_s), the slower steps at n - 1:
+  rejoin_s x (1 - step_s / step_s_shrunk). A slot waiting for its replacement cannot fail, so each fails once per
+  mtbf_s + rejoin_s: failures come at rate lambda = n / (mtbf_s + rejoin_s), and
+      T = Ts + lambda T c   =>   T = Ts / (1 - lambda c)
+  finite while lambda c < 1: otherwise failures come faster than the group recovers and S is never reached.
+- ps_shrink, synchronous server: as elastic with nothing to re-form (the barrier shrinks once the failure is
+  detected, its own timeout).
+- ps_shrink, barrier-free server: nobody waits; the group loses the failed worker's pushes until its
+  replacement joins and its push in flight: c = (rejoin_s + step_s / 2) / n.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategies.faults import CHECKPOINT_RESTART, ELASTIC, MODES, NONE, PS_SHRINK, REWEIGHT, FaultSettingError
+
+
+@dataclass(frozen=True)
+class FaultCosts:
+    """What one run's steps and recoveries take, in seconds (measured, simulated or assumed, said by the caller).
+
+    step_s          a step at n workers, failure-free
+    step_s_shrunk   the seconds n - 1 survivors take for one step's progress (elastic, ps_shrink): the same global
+                    batch, so with a fixed batch per worker, their step time x n / (n - 1); None: as step_s
+    detect_s        from a death to its detection (the communicator's timeout, a heartbeat)
+    restart_s       checkpoint_restart: from detection to the restarted job's first step (start-up, reading)
+    checkpoint_s    checkpoint_restart: one checkpoint (delta)
+    reform_s        elastic: re-forming the group at n - 1
+    rejoin_s        elastic, ps_shrink: from the failure until a replacement has joined (start-up, fetch)
+    barrier_free    ps_shrink: the server has no barrier (staleness or async)
+    """
+
+    step_s: float
+    step_s_shrunk: float | None = None
+    detect_s: float = 0.0
+    restart_s: float = 0.0
+    checkpoint_s: float = 0.0
+    reform_s: float = 0.0
+    rejoin_s: float = 0.0
+    barrier_free: bool = False
+
+    def __post_init__(self):
+        for name in ("step_s", "step_s_shrunk", "detect_s", "restart_s", "checkpoint_s", "reform_s", "rejoin_s"):
+            value = getattr(self, name)
+            if value is None and name == "step_s_shrunk":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0 or (value == 0 and name in ("step_s", "step_s_shrunk")):
+                raise FaultSettingError(f"{name} = {value!r}: accepted are finite seconds >= 0 (> 0 for a step)")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The model's answer: expected seconds to reach step S (inf: never, `cause` says why), the failures expected
+    on the way, the checkpoint interval in steps (checkpoint_restart), and the failure-free seconds."""
+
+    seconds: float
+    failures: float
+    failure_free_s: float
+    checkpoint_every: int = 0
+    cause: str = ""
+
+    @property
+    def overhead(self) -> float:
+        """seconds / failure-free seconds - 1: what failures cost, as a fraction."""
+        return self.seconds / self.failure_free_s - 1
+
+
+def young_interval(checkpoint_s: float, mtbf_job_s: float) -> float:
+    """Young (1974): the compute between checkpoints that minimizes the expected time, to first order."""
+    return math.sqrt(2 * checkpoint_s * mtbf_job_s)
+
+
+def daly_interval(checkpoint_s: float, mtbf_job_s: float) -> float:
+    """Daly (2006): the higher-order optimum compute between checkpoints (tau = M when delta >= 2M)."""
+    delta, m = checkpoint_s, mtbf_job_s
+    if delta >= 2 * m:
+        return m
+    return math.sqrt(2 * delta * m) * (1 + math.sqrt(delta / (2 * m)) / 3 + delta / (18 * m)) - delta
+
+
+def checkpoint_restart_time(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
+                            mtbf_job_s: float) -> float:
+    """Daly's expected wall time of `work_s` of compute with a checkpoint of checkpoint_s after every interval_s."""
+    m = mtbf_job_s
+    exponent = restart_s / m + (interval_s + checkpoint_s) / m
+    if exponent > 700:  # e^700 overflows a float: a job that never gets through one interval
+        return math.inf
+    return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * work_s / interval_s
+
+
+def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: FaultCosts,
+                  checkpoint_every: int | None = None) -> Expectation:
+    """Expected seconds for `workers` workers to reach step `steps` when each fails after mtbf_s on average.
+    checkpoint_every (checkpoint_restart): steps between checkpoints; None: Daly's optimum in whole steps."""
+    if mode not in MODES or mode == REWEIGHT:
+        accepted = ", ".join(m for m in MODES if m != REWEIGHT)
+        raise FaultSettingError(f"mode = {mode!r}: the model prices {accepted} (reweight changes the mixing, not "
+                                f"the time to a step)")
+    if not isinstance(steps, int) or steps < 1 or not isinstance(workers, int) or workers < 1:
+        raise FaultSettingError(f"steps = {steps!r}, workers = {workers!r}: accepted are whole numbers >= 1")
+    if not (isinstance(mtbf_s, (int, float)) and math.isfinite(mtbf_s) and mtbf_s > 0):
+        raise FaultSettingError(f"mtbf_s = {mtbf_s!r}: accepted are finite seconds > 0")
+    work = steps * costs.step_s
+    rate = workers / mtbf_s
+    mtbf_job = mtbf_s / workers
+    if mode == NONE:  # the run reaches S only if nothing fails before: P = e^(-Ts/M)
+        return Expectation(work if rate == 0 else math.inf, rate * work, work, cause=(
+            f"without recovery the first failure ends the run: it reaches step {steps} with probability "
+            f"{math.exp(-work / mtbf_job):.3g}"))
+    if mode == CHECKPOINT_RESTART:
+        every = checkpoint_every
+        if every is None:
+            every = max(1, round(daly_interval(costs.checkpoint_s, mtbf_job) / costs.step_s))
+        elif not isinstance(every, int) or every < 1:
+            raise FaultSettingError(f"checkpoint_every = {every!r}: accepted are whole numbers of steps >= 1")
+        seconds = checkpoint_restart_time(work, every * costs.step_s, costs.checkpoint_s,
+                                          costs.detect_s + costs.restart_s, mtbf_job)
+        cause = "" if math.isfinite(seconds) else "an interval plus its checkpoint outlasts the job's MTBF by far"
+        return Expectation(seconds, rate * seconds, work, every, cause)
+    # a slot waiting for its replacement cannot fail: each slot fails once per mtbf_s + rejoin_s on average
+    rate = workers / (mtbf_s + costs.rejoin_s)
+    shrunk = costs.step_s_shrunk or costs.step_s
+    slower = costs.rejoin_s * (1 - costs.step_s / shrunk)  # seconds of progress lost while at n - 1
+    if mode == PS_SHRINK and costs.barrier_free:
+        per_failure = (costs.rejoin_s + costs.step_s / 2) / workers
+    elif mode == PS_SHRINK:
+        per_failure = costs.detect_s + costs.step_s / 2 + slower
+    else:
+        assert mode == ELASTIC
+        per_failure = costs.detect_s + costs.reform_s + costs.step_s / 2 + slower
+    load = rate * per_failure
+    if load >= 1:
+        return Expectation(math.inf, math.inf, work, cause=(
+            f"failures every {mtbf_job:.3g} s on average, each costing {per_failure:.3g} s: the group never "
+            f"catches up (rate x cost = {load:.3g} >= 1)"))
+    seconds = work / (1 - load)
+    return Expectation(seconds, rate * seconds, work)
+
+
+def crossover_mtbf(first: tuple[str, FaultCosts], second: tuple[str, FaultCosts], steps: int, workers: int,
+                   low_s: float = 60.0, high_s: float = 1e9) -> float | None:
+    """The lowest per-worker MTBF in [low_s, high_s] at which two (mode, costs) swap places in the time to reach
+    step `steps` (where the ranking changes): a scan of 200 points on log MTBF, then bisection; None when neither
+    overtakes the other (MTBFs where both never reach the step are skipped)."""
+
+    def sign(log_mtbf):
+        mtbf = math.exp(log_mtbf)
+        a = expected_time(first[0], steps, workers, mtbf, first[1]).seconds
+        b = expected_time(second[0], steps, workers, mtbf, second[1]).seconds
+        if math.isinf(a) and math.isinf(b) or a == b:
+            return 0
+        return 1 if a > b else -1
+
+    grid = np.linspace(math.log(low_s), math.log(high_s), 200)
+    signs = [sign(x) for x in grid]
+    for (lo, s_lo), (hi, s_hi) in zip(zip(grid, signs), zip(grid[1:], signs[1:])):
+        if s_lo and s_hi and s_lo != s_hi:
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                if sign(mid) == s_lo:
+                    lo = mid
+                else:
+                    hi = mid
+            return math.exp((lo + hi) / 2)
+    return None

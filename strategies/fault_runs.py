@@ -1,0 +1,357 @@
+"""Training with failures on thread ranks: a scripted failure, each recovery mode, no Ray needed.
+
+    run = run_with_failures("ring", workers=4, steps=10, failures=[Failure(step=3, rank=2)],
+                            recovery=Recovery("elastic", rejoin_steps=2), x0=np.zeros(5), gradient=grad, lr=0.5)
+
+The model is any parameter vector x and a gradient(slot, step, x) per worker slot (its data shard), so a test can
+work the survivors' result out by hand. Every step each live worker computes its gradient and the strategy
+synchronizes it (allreduce, parameter server) or the parameters after a local step (decentralized); then x moves
+by lr. A failing rank raises in the step it dies in, before its part of the step leaves: the fabric aborts its
+peers' waits (the transport's detection of a dead peer), and the run recovers as its mode says
+(strategies/faults.py), on fresh thread ranks of the new size: survivors re-form (elastic, ps_shrink), re-weight
+(reweight) or every rank restarts from the last checkpoint (checkpoint_restart). A barrier-free parameter server
+never waits for a worker: the failed worker just stops pushing, the others run on, nothing is re-formed.
+
+The run returns what happened: the parameters of every live slot, completed steps, every failure's steps lost and
+measured recovery seconds (from the failing rank's death to the re-formed group's first step), the mixing matrix
+after each re-weighting; a failure its mode cannot recover from ends the run (`ended`), its completed steps kept.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import strategies
+from strategies.decentralized import Decentralized
+from strategies.faults import (
+    CHECKPOINT_RESTART,
+    ELASTIC,
+    NONE,
+    PS_SHRINK,
+    REWEIGHT,
+    FaultSettingError,
+    Recovery,
+    RunEnded,
+    check_fits,
+    check_schedule,
+    connected,
+    metropolis,
+    spectral_gap,
+    survivors_graph,
+)
+from strategies.parameter_server_async import ShardServer, push_pull
+from strategies.transport.communicator import RankAborted
+from strategies.transport.threads import run_threads
+
+
+class RankFailed(RuntimeError):  # noqa: N818 - an injected event, raised on purpose
+    """The injected death of a rank during a step."""
+
+    def __init__(self, slot: int, step: int):
+        super().__init__(f"rank {slot} failed during step {step} (injected)")
+        self.slot, self.step = slot, step
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failure and what it cost: steps lost (completed steps redone) and seconds from the death to the
+    recovered group's first step (detection, re-forming or restarting, fetching parameters)."""
+
+    step: int
+    rank: int
+    steps_lost: int
+    recovery_s: float
+    survivors: int  # workers that ran the step after it
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """Decentralized, after a re-weighting: the survivors (original ranks), their W and its spectral gap."""
+
+    step: int
+    survivors: tuple[int, ...]
+    matrix: np.ndarray
+    spectral_gap: float
+
+
+@dataclass
+class FaultRun:
+    params: dict[int, np.ndarray]  # live slot -> its parameters at the end (server: "server" key, barrier-free)
+    completed_steps: int  # steps the run completed (the step counter it reached)
+    steps_run: int  # steps executed, those redone after a restart included
+    failures: list[FailureRecord] = field(default_factory=list)
+    mixings: list[Mixing] = field(default_factory=list)
+    pushes: dict[int, int] = field(default_factory=dict)  # barrier-free PS: pushes per worker slot
+    ended: RunEnded | None = None
+
+
+def run_with_failures(name: str, workers: int, steps: int, failures, recovery: Recovery, x0, gradient,
+                      lr: float, timeout: float = 20.0, **params) -> FaultRun:
+    """Run `steps` steps of `name` on `workers` thread ranks with the failures injected; see the module doc."""
+    config = strategies.make(name, **params)
+    servers = config.num_servers(workers)
+    schedule = check_schedule(failures, workers, steps, servers)
+    check_fits(recovery.mode, config, workers, schedule)
+    x0 = torch.as_tensor(np.array(x0, copy=True))
+    if getattr(config, "asynchronous", False):
+        if recovery.mode != PS_SHRINK:
+            raise FaultSettingError(f"recovery.mode = {recovery.mode!r} with a barrier-free parameter server "
+                                    f"(staleness={config.staleness!r}, backups={config.backups}): thread ranks run "
+                                    f"its failures with ps_shrink only (its servers serve a whole run at once)")
+        return _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout)
+    return _Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
+
+
+class _Segments:
+    """The run as segments of fixed membership, each on fresh thread ranks; a failure ends a segment."""
+
+    def __init__(self, config, workers, steps, schedule, recovery, x0, gradient, lr, timeout):
+        self.config, self.workers, self.steps, self.recovery = config, workers, steps, recovery
+        self.pending = list(schedule)  # failures still to happen (each happens once)
+        self.gradient, self.lr, self.timeout = gradient, lr, timeout
+        self.alive = list(range(workers))  # worker slots running, in rank order
+        self.params = {slot: x0.clone() for slot in self.alive}
+        self.step = 0  # the next step to run
+        self.steps_run = 0
+        self.rejoins: list[tuple[int, int]] = []  # (step, slot): a replacement joins at that step
+        self.checkpoint = (0, {slot: x0.clone() for slot in self.alive})
+        self.mixing: Mixing | None = None  # decentralized after a re-weighting
+        self.out = FaultRun({}, 0, 0)
+
+    def run(self) -> FaultRun:
+        death = None  # (time of death, failed slots, step, steps lost) awaiting the next segment's first step
+        while self.step < self.steps:
+            joining = [slot for at, slot in self.rejoins if at == self.step]
+            self.rejoins = [(at, slot) for at, slot in self.rejoins if at != self.step]
+            self.alive = sorted(self.alive + joining)
+            ready: list[float] = []
+            try:
+                self._segment(self.step, self._segment_end(), joining, ready)
+                if death:
+                    self._record(death, ready[0])
+                    death = None
+                continue
+            except RankFailed as e:
+                now = time.perf_counter()
+                if death:  # a failure before the recovered group's first step completed: counted from the first
+                    self._record(death, ready[0] if ready else now)
+                    death = None
+                failed_step = e.step
+                dead = sorted(f.rank for f in self.pending if f.step == failed_step and f.rank in self._ranks())
+                self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
+                try:
+                    death = self._recover(failed_step, dead, self._died_at)
+                except RunEnded as ended:  # recorded with its cause; no recovery, so no recovery seconds
+                    self.out.ended = ended
+                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive))
+                                          for rank in dead]
+                    break
+        if death:
+            self._record(death, time.perf_counter())
+        self.out.params = {slot: self.params[slot].numpy() for slot in self.alive}
+        self.out.completed_steps = self.step
+        self.out.steps_run = self.steps_run
+        return self.out
+
+    def _ranks(self) -> set[int]:
+        """Ranks that can fail now: the live worker slots and the server ranks (numbered after all workers)."""
+        return set(self.alive) | set(range(self.workers, self.workers + self.config.num_servers(self.workers)))
+
+    def _segment_end(self) -> int:
+        return min([at for at, _ in self.rejoins] + [self.steps])
+
+    def _recover(self, step: int, dead: list[int], died_at: float):
+        """The mode's answer to `dead` failing during `step`: (death time, dead, step, steps lost, survivors)."""
+        mode = self.recovery.mode
+        if mode == NONE:
+            raise RunEnded(f"rank(s) {dead} failed during step {step} and the run has no recovery "
+                           f"(recovery.mode = 'none')", step)
+        if mode == CHECKPOINT_RESTART:  # every rank restarts, the failed replaced, from the last checkpoint
+            at, saved = self.checkpoint
+            self.params = {slot: p.clone() for slot, p in saved.items()}
+            self.alive = sorted(saved)
+            self.step = at
+            return died_at, dead, step, step - at, len(self.alive)
+        if any(r >= self.workers for r in dead):
+            raise RunEnded(f"server rank(s) {[r for r in dead if r >= self.workers]} failed during step {step}: "
+                           f"recovery mode {mode!r} has no replica of a server", step)
+        self.alive = [s for s in self.alive if s not in dead]
+        if not self.alive:
+            raise RunEnded(f"rank(s) {dead} failed during step {step}: no worker left", step)
+        for slot in dead:
+            self.params.pop(slot)
+        if mode in (ELASTIC, PS_SHRINK) and self.recovery.rejoin_steps is not None:
+            self.rejoins += [(step + self.recovery.rejoin_steps, slot) for slot in dead]
+        if mode == REWEIGHT:
+            gone = [r for r in range(self.workers) if r not in self.alive]
+            alive, peers = survivors_graph(self.config, self.workers, gone)
+            if not connected(peers):
+                graph = {rank: [alive[j] for j in near] for rank, near in zip(alive, peers)}
+                raise RunEnded(f"rank(s) {dead} failed during step {step}: the survivors' graph {graph} (rank: "
+                               f"its neighbours) is disconnected, so averaging can never reach every survivor "
+                               f"(spectral gap 0)", step)
+            w = metropolis(peers)
+            self.mixing = Mixing(step, tuple(alive), w, spectral_gap(w))
+            self.out.mixings.append(self.mixing)
+        self.step = step  # the survivors redo the step in flight: no completed step is lost
+        return died_at, dead, step, 0, len(self.alive)
+
+    def _record(self, death, ready_at: float) -> None:
+        died_at, dead, step, lost, survivors = death
+        for rank in dead:
+            self.out.failures.append(FailureRecord(step, rank, lost, ready_at - died_at, survivors))
+
+    def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
+        """Steps start..end-1 on len(alive) worker thread ranks (+ servers); RankFailed when one dies."""
+        config, alive = self.config, list(self.alive)
+        m = len(alive)
+        servers = config.num_servers(m)
+        dying: dict[int, int] = {}  # rank -> the step it dies in: its first pending failure in the segment
+        for f in sorted(self.pending):
+            if start <= f.step < end:
+                dying.setdefault(f.rank, f.step)
+        self._died_at = 0.0
+        donor = next((slot for slot in alive if slot not in joining), None)
+
+        # a step counts once every rank has its result (a neighbour-averaging rank can finish a step its peer's death
+        # left others unable to finish): barriers of the harness's own, as the fabric's control plane is aborted
+        # by a death and a peer still leaving the previous step's exchange would be caught in it
+        finished = threading.Barrier(m + servers)
+
+        def body(comm):
+            try:
+                member(comm)
+            except threading.BrokenBarrierError as e:  # a consequence of the rank that failed, never the cause
+                raise RankAborted("the step's barrier broke: a peer failed") from e
+            except BaseException:
+                finished.abort()
+                raise
+
+        def member(comm):
+            position = comm.rank
+            slot = alive[position] if position < m else self.workers + position - m  # servers: ranks after workers
+            runtime = self._bind(comm, m)
+            if joining and donor is not None:  # a replacement fetches the parameters from a peer
+                fetch = self.params[donor] if slot == donor else torch.empty_like(self.params[donor])
+                if slot == donor:
+                    for j in joining:
+                        comm.send(fetch, alive.index(j))
+                elif slot in joining:
+                    comm.recv(fetch, alive.index(donor))
+                    self.params[slot] = fetch
+            comm.allgather_object(None)  # the group is formed: every rank bound, the replacements hold x
+            if position == 0:
+                ready.append(time.perf_counter())
+            for step in range(start, end):
+                if dying.get(slot) == step:
+                    self._died_at = time.perf_counter()
+                    raise RankFailed(slot, step)
+                if position >= m:
+                    runtime.serve(self.params[alive[0]].numel(), self.params[alive[0]].dtype, "mean")
+                    for _ in range(3):  # the workers' three waits of the step
+                        finished.wait(self.timeout)
+                    continue
+                x = self.params[slot]
+                if config.role == strategies.base.PARAMETERS:  # local step, then average the parameters
+                    x = x - self.lr * _grad(self.gradient, slot, step, x)
+                    runtime.sync(x, "mean")
+                else:
+                    g = _grad(self.gradient, slot, step, x)
+                    runtime.sync(g, "mean")
+                    x = x - self.lr * g
+                finished.wait(self.timeout)  # every rank has the step's result: none is kept before all are
+                self.params[slot] = x
+                finished.wait(self.timeout)
+                if position == 0:
+                    self._completed(step)  # counted and checkpointed once every rank kept its result
+                finished.wait(self.timeout)
+
+        run_threads(m + servers, body, timeout=self.timeout)
+
+    def _completed(self, step: int) -> None:
+        self.step = step + 1
+        self.steps_run += 1
+        every = self.recovery.checkpoint_every
+        if self.recovery.mode == CHECKPOINT_RESTART and self.step % every == 0:
+            self.checkpoint = (self.step, {slot: self.params[slot].clone() for slot in self.alive})
+
+    def _bind(self, comm, m: int):
+        if self.mixing is not None and comm.rank < m:  # the survivors' re-weighted plan
+            return _Reweighted(self.config, comm, m, self.mixing.matrix)
+        return self.config.bind(comm, m)
+
+
+class _Reweighted(Decentralized):
+    """Decentralized averaging with a given doubly stochastic W over the survivors (positions 0..m-1)."""
+
+    def __init__(self, config, comm, workers, w: np.ndarray):
+        super().__init__(config, comm, workers)
+        row = w[comm.rank]
+        near = [j for j in range(workers) if j != comm.rank and row[j] > 0]
+        self.plan = (near, [(j, float(row[j])) for j in near], float(row[comm.rank]))
+
+    def _plan(self, round):
+        return self.plan
+
+
+def _grad(gradient, slot: int, step: int, x: torch.Tensor) -> torch.Tensor:
+    g = torch.as_tensor(np.asarray(gradient(slot, step, x.numpy()), dtype=x.numpy().dtype))
+    if g.shape != x.shape:
+        raise ValueError(f"gradient(slot={slot}, step={step}) returned shape {tuple(g.shape)}, the parameters "
+                         f"have {tuple(x.shape)}")
+    return g.clone()
+
+
+# -- the barrier-free parameter server: a failed worker stops pushing, nothing else changes ------------------
+
+class _Lives(ShardServer):
+    """A server's shard served to each worker for as many steps as that worker lives (the failure detector
+    tells the server; on a cluster, the heartbeat)."""
+
+    def __init__(self, *args, lives: dict[int, int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lives = lives
+
+    def _serve_worker(self, worker: int, steps: int) -> None:
+        super()._serve_worker(worker, self.lives[worker])
+
+
+def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout) -> FaultRun:
+    lives = {slot: steps for slot in range(workers)}
+    for f in schedule:
+        lives[f.rank] = min(lives[f.rank], f.step)
+    server_params = x0.clone().reshape(-1)
+    numel, servers = server_params.numel(), config.num_servers(workers)
+    finals: dict[int, np.ndarray] = {}
+
+    def update(bucket, scaled, where):  # the server's SGD on its unit: x -= lr * g / n (scaled by 1/n already)
+        server_params[where] -= lr * scaled
+        return server_params[where]
+
+    def body(comm):
+        if comm.rank >= workers:
+            server = _Lives(comm, workers, servers, [numel], x0.dtype, update, config.staleness, config.backups,
+                            "cpu", "update", config.partition_mb, lives=lives)
+            return server.run(steps)
+        x = x0.clone().reshape(-1)
+        for step in range(lives[comm.rank]):
+            g = _grad(gradient, comm.rank, step, x.reshape(x0.shape)).reshape(-1)
+            push_pull(comm, g, workers, servers, config.partition_mb)  # the reply: the server's parameters
+            x = g
+        finals[comm.rank] = x.reshape(x0.shape).numpy()
+        return None
+
+    results = run_threads(workers + servers, body, timeout=timeout)
+    # pushes each server handled from each worker, counted on server 0's first unit (every unit sees each push)
+    pushes = {slot: sum(1 for r in results[workers] if r.worker == slot and r.unit == 0) for slot in range(workers)}
+    records = [FailureRecord(f.step, f.rank, 0, 0.0, sum(1 for life in lives.values() if life > f.step))
+               for f in schedule]
+    alive = {slot: finals[slot] for slot in range(workers) if lives[slot] == steps}
+    return FaultRun({**alive, "server": server_params.reshape(x0.shape).numpy()}, steps, steps, records,
+                    pushes=pushes)

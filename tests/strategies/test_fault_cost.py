@@ -1,0 +1,144 @@
+"""The failure model: hand-computed values, its limits, and a Monte Carlo of the same failure process."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from strategies.fault_cost import (
+    FaultCosts,
+    checkpoint_restart_time,
+    crossover_mtbf,
+    daly_interval,
+    expected_time,
+    young_interval,
+)
+from strategies.faults import FaultSettingError
+
+# 100 workers failing every 100,000 s each: the job fails every M = 1,000 s; 1,000 steps of 1 s
+N, MTBF, S = 100, 100_000.0, 1000
+
+
+def test_young_and_daly_intervals_by_hand():
+    # delta = 5 s, M = 1,000 s: Young sqrt(2 x 5 x 1000) = 100; Daly 100 x (1 + sqrt(5/2000)/3 + 5/18000) - 5
+    assert young_interval(5, 1000) == pytest.approx(100)
+    assert daly_interval(5, 1000) == pytest.approx(100 * (1 + 0.05 / 3 + 5 / 18000) - 5)
+    assert daly_interval(5, 1000) == pytest.approx(96.694, abs=1e-3)
+    assert daly_interval(3000, 1000) == 1000  # delta >= 2M: one interval of M
+
+
+def test_checkpoint_restart_by_hand():
+    # delta 5, detection 5 + restart 30 = R 35: Daly's interval 96.69 s -> 97 steps;
+    # T = 1000 e^(35/1000) (e^((97 + 5)/1000) - 1) x 1000 / 97 = 1000 x 1.0356197 x 0.1073835 x 10.309278 = 1146.48
+    costs = FaultCosts(step_s=1.0, detect_s=5, restart_s=30, checkpoint_s=5)
+    got = expected_time("checkpoint_restart", S, N, MTBF, costs)
+    assert got.checkpoint_every == 97
+    assert got.seconds == pytest.approx(1000 * 1.0356197 * 0.1073835 * (1000 / 97), rel=1e-6)
+    assert got.seconds == pytest.approx(1146.45, abs=0.05)
+    assert got.failures == pytest.approx(got.seconds / 1000)
+    # a given interval: every 10 steps costs more checkpoints: 1000 e^0.035 (e^0.015 - 1) x 100
+    ten = expected_time("checkpoint_restart", S, N, MTBF, costs, checkpoint_every=10)
+    assert ten.seconds == pytest.approx(1000 * math.exp(0.035) * math.expm1(0.015) * 100)
+    assert ten.seconds > got.seconds  # the optimum is the optimum
+    for every in (60, 80, 120, 150):
+        assert expected_time("checkpoint_restart", S, N, MTBF, costs, checkpoint_every=every).seconds >= got.seconds
+
+
+def test_elastic_and_ps_by_hand():
+    costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    # c = 5 + 10 + 0.5 + 60 (1 - 1/1.25) = 27.5; lambda = 100 / (100000 + 60) (a slot awaiting its replacement
+    # cannot fail); T = 1000 / (1 - lambda c)
+    rate = 100 / 100_060
+    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 27.5))
+    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1028.26, abs=0.01)
+    # synchronous PS: nothing to re-form, c = 5 + 0.5 + 12 = 17.5
+    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 17.5))
+    # barrier-free PS: c = (60 + 0.5) / 100
+    free = FaultCosts(step_s=1.0, detect_s=5, rejoin_s=60, barrier_free=True)
+    assert expected_time("ps_shrink", S, N, MTBF, free).seconds == pytest.approx(1000 / (1 - rate * 0.605))
+
+
+def test_failures_faster_than_recovery_never_reach_the_step():
+    costs = FaultCosts(step_s=1.0, detect_s=600, reform_s=600)  # 1,200.5 s per failure, one every 1,000 s
+    got = expected_time("elastic", S, N, MTBF, costs)
+    assert math.isinf(got.seconds) and "never catches up" in got.cause
+    none = expected_time("none", S, N, MTBF, costs)
+    assert math.isinf(none.seconds) and f"{math.exp(-1):.3g}" in none.cause
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"mode": "reweight"}, "the model prices none, checkpoint_restart, elastic, ps_shrink"),
+    ({"mtbf_s": 0.0}, "mtbf_s = 0.0"),
+    ({"steps": 0}, "steps = 0"),
+    ({"checkpoint_every": 0, "mode": "checkpoint_restart"}, "checkpoint_every = 0"),
+])
+def test_bad_model_inputs_are_named(kwargs, words):
+    args = {"mode": "elastic", "steps": S, "workers": N, "mtbf_s": MTBF, "costs": FaultCosts(step_s=1.0)} | kwargs
+    with pytest.raises(FaultSettingError, match=words):
+        expected_time(**args)
+    with pytest.raises(FaultSettingError, match="step_s = 0"):
+        FaultCosts(step_s=0)
+    with pytest.raises(FaultSettingError, match="detect_s = -1"):
+        FaultCosts(step_s=1, detect_s=-1)
+
+
+# -- a Monte Carlo of the same process: exponential failures, the same recoveries --------------------------------
+
+def monte_carlo_checkpoint(rng, work, tau, delta, restart, m):
+    """Intervals of tau compute + delta checkpoint; a failure loses the attempt, then a restart of `restart`
+    seconds (itself interrupted by failures) before trying again."""
+    total = 0.0
+    for _ in range(round(work / tau)):
+        while True:
+            t = rng.exponential(m)
+            if t >= tau + delta:
+                total += tau + delta
+                break
+            total += t
+            while (r := rng.exponential(m)) < restart:
+                total += r
+            total += restart
+    return total
+
+
+def monte_carlo_elastic(rng, work, rate, cost):
+    """Progress at full speed except while recovering; every failure (one while recovering too) adds `cost`
+    seconds of recovery."""
+    t, done, recovered_at = 0.0, 0.0, 0.0
+    while True:
+        failure = t + rng.exponential(1 / rate)
+        working_from = max(t, recovered_at)
+        if working_from < failure:
+            if done + failure - working_from >= work:
+                return working_from + work - done
+            done += failure - working_from
+        t = failure
+        recovered_at = max(recovered_at, t) + cost
+
+
+def test_the_model_matches_a_monte_carlo_of_its_process():
+    rng = np.random.default_rng(39)
+    want = checkpoint_restart_time(1000, 100, 5, 35, 1000)
+    runs = [monte_carlo_checkpoint(rng, 1000, 100, 5, 35, 1000) for _ in range(4000)]
+    assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
+    elastic = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    want = expected_time("elastic", S, N, MTBF, elastic).seconds
+    runs = [monte_carlo_elastic(rng, 1000, N / (MTBF + 60), 27.5) for _ in range(4000)]
+    assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
+
+
+def test_the_ranking_changes_with_the_failure_rate():
+    # a ring at 0.5 s a step restarting from checkpoints vs a barrier-free PS at 0.6 s a step: the ring wins
+    # while failures are rare, the PS once each of 1,024 workers fails more often than the crossover
+    ring = ("checkpoint_restart", FaultCosts(step_s=0.5, detect_s=30, restart_s=300, checkpoint_s=20))
+    ps = ("ps_shrink", FaultCosts(step_s=0.6, rejoin_s=300, barrier_free=True))
+    at = crossover_mtbf(ring, ps, 10_000, 1024)
+    assert at is not None
+    below = expected_time(ring[0], 10_000, 1024, at / 2, ring[1]).seconds, \
+        expected_time(ps[0], 10_000, 1024, at / 2, ps[1]).seconds
+    above = expected_time(ring[0], 10_000, 1024, at * 2, ring[1]).seconds, \
+        expected_time(ps[0], 10_000, 1024, at * 2, ps[1]).seconds
+    assert below[0] > below[1] and above[0] < above[1]
+    assert crossover_mtbf(ps, ps, 10_000, 1024) is None
