@@ -43,9 +43,10 @@ def step_times(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_distribution(steps: pd.DataFrame) -> dict | None:
-    """The distribution of one run's steps (its rows of the steps table); None when it has no timed worker step."""
+    """The distribution of one run's steps (its rows of the steps table); None when it has no timed worker step
+    with a measured time."""
     times = step_times(steps)
-    timed = times[times["timed"]]
+    timed = times[times["timed"] & times["step_s"].notna()]  # a step with no time measured (NaN) has no place
     if timed.empty:
         return None
     p50, p99 = percentile(timed["step_s"], 50), percentile(timed["step_s"], 99)

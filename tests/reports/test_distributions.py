@@ -97,3 +97,11 @@ def test_the_report_section_on_the_fixture_and_without_steps(tmp_path):
     row = frame.set_index("run").loc["ring-4-1Gbit"]
     assert row["p50 s"] == pytest.approx(ok.set_index("run_id").loc["ring-4-1Gbit", "step_time_s"])
     assert isinstance(dist.section(Results(runs=runs, ok=ok, steps=None, sweep_text=None, links=[])), Absent)
+
+
+def test_steps_without_a_measured_time_are_left_out_not_an_error():
+    """A results file whose steps carry no times (NaN) must not stop the report: the run has no distribution."""
+    nan = float("nan")
+    assert dist.run_distribution(_steps([[nan, nan]] * 4, [[nan, nan]] * 4)) is None
+    mixed = dist.run_distribution(_steps([[0.1, 0.1]] * 3 + [[nan, nan]], [[0.05, 0.05]] * 4))
+    assert mixed["steps"] == 1 and mixed["p50 s"] == pytest.approx(0.15)

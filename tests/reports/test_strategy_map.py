@@ -358,7 +358,7 @@ def test_equal_times_tie_at_any_band():
 def test_the_spot_checks_where_simgrid_reversed_a_sub_1pct_lead_are_ties_not_winners():
     # the map of docs/map.md's nine checks at its four cells where SimGrid put the colocated parameter server
     # 0.15% to 0.36% ahead of the ring the model put 0.08% to 0.97% ahead: the map calls them ties
-    from reports import map_check
+    from experiments import map_check
 
     cells = {(4, 100 * GBIT), (16, 10 * GBIT), (32, 2.5 * GBIT), (64, GBIT)}
     m = sm.strategy_map(sm.Workload(R50), (4, 16, 32, 64), (GBIT, 2.5 * GBIT, 10 * GBIT, 100 * GBIT), 2e-5,
@@ -387,7 +387,7 @@ def test_a_bad_tie_band_is_refused_before_pricing(monkeypatch, capsys):
 
 
 def test_spot_checks_go_to_the_cells_with_a_winner_first():
-    from reports import map_check
+    from experiments import map_check
 
     # as above: ring wins at 0.8 Gbit/s (9.4%), the three faster links are ties
     m = sm.strategy_map(sm.Workload(1_000_000, compute_s=1.0), (4,), (1e8, 4e8, 6e8, 1e9), 0.0,
@@ -398,7 +398,7 @@ def test_spot_checks_go_to_the_cells_with_a_winner_first():
 
 
 def test_a_winner_simgrid_reverses_is_marked_with_the_price_that_is_off():
-    from reports import map_check
+    from experiments import map_check
 
     # 16 workers at 400 Gbit/s: the model's ring leads the colocated parameter server by 6.8%, past the tie band;
     # a simulation pricing the server 20% under the model reverses it, and the mark names that price
