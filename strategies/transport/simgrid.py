@@ -197,8 +197,8 @@ class _Connection:
     started on the first backlog and ended when the backlog drains (SimGrid actors are OS threads). That actor costs
     each queued message two calls into SimGrid (wait for the one before, put): its sender gets a semaphore only if it
     waits for the message while it is still queued (a ring waits for its sends at the end, when they have arrived).
-    (A semaphore per message, released after a wait for its arrival, was 4 calls: ring at 256 ranks on `tcp`, where
-    two thirds of the messages queue, took about 15% more CPU.)"""
+    (A semaphore per message, released after a wait for its arrival, was 4 calls: ring at 256 ranks, where two thirds
+    of the messages queue, took about 5% more CPU on a quiet machine; docs/simulation.md.)"""
 
     __slots__ = ("sg", "host", "name", "head", "queue", "running")
 
