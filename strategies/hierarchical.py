@@ -25,6 +25,7 @@ same bytes, same results).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from strategies.base import MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
@@ -90,11 +91,23 @@ class Layout:
     def owner(self, node: list[int], c: int) -> int:
         """The rank of `node` that ends the node's reduce-scatter owning chunk c."""
         r = len(node)
-        s = next(i for i, (a, b) in enumerate(chunk_bounds(self.k, r)) if a <= c < b)
-        return node[(s - 1) % r]  # position p owns slice (p + 1) mod r
+        return node[(_slice_of_chunk(self.k, r)[c] - 1) % r]  # position p owns slice (p + 1) mod r
 
     def group(self, c: int) -> list[int]:
-        return [self.owner(node, c) for node in self.nodes()]
+        """Chunk c's across-node group: its owner in each node, node by node (O(nodes): every full node's owner
+        is at the same position)."""
+        full, rest = divmod(self.workers, self.k)
+        at = (_slice_of_chunk(self.k, self.k)[c] - 1) % self.k
+        group = list(range(at, full * self.k, self.k))
+        if rest:
+            group.append(full * self.k + (_slice_of_chunk(self.k, rest)[c] - 1) % rest)
+        return group
+
+
+@functools.lru_cache(maxsize=64)
+def _slice_of_chunk(k: int, r: int) -> tuple[int, ...]:
+    """For each of the k chunks, the slice of a node of r ranks that holds it (slices: chunk_bounds(k, r))."""
+    return tuple(s for s, (a, b) in enumerate(chunk_bounds(k, r)) for _ in range(a, b))
 
 
 @dataclass(frozen=True)
@@ -193,17 +206,23 @@ class NodeStage:
 def intra_traffic(layout: Layout, numel: int, itemsize: int) -> list[RankTraffic]:
     """Per worker rank: what the node's ring reduce-scatter and ring all-gather over its slices send and receive."""
     intra = [RankTraffic("worker", 0, 0, 0, 0)] * layout.workers
+    by_size: dict[int, list[int]] = {}  # a node's slice sizes, per node size (the last node may be short)
     for node in layout.nodes():
         r = len(node)
-        sizes = [(hi - lo) * itemsize for lo, hi in layout.slices(numel, r)]
+        if r not in by_size:
+            by_size[r] = [(hi - lo) * itemsize for lo, hi in layout.slices(numel, r)]
+        sizes = by_size[r]
+        total, nonzero = sum(sizes), nonempty(*sizes)
         for pos, rank in enumerate(node):
-            owned = (pos + 1) % r
-            # reduce-scatter round t sends slice pos - t, receives pos - t - 1; the all-gather round t sends
-            # slice owned - t, receives owned - t - 1 (the ring's pattern, on the node's slices)
-            sent = [sizes[(pos - t) % r] for t in range(r - 1)] + [sizes[(owned - t) % r] for t in range(r - 1)]
-            recv = [sizes[(pos - t - 1) % r] for t in range(r - 1)] + \
-                [sizes[(owned - t - 1) % r] for t in range(r - 1)]
-            intra[rank] = RankTraffic("worker", sum(sent), sum(recv), nonempty(*sent), nonempty(*recv))
+            # reduce-scatter round t (t = 0 .. r-2) sends slice pos - t, receives pos - t - 1: every slice but
+            # pos + 1 sent, every slice but pos received; the all-gather round t sends slice owned - t, receives
+            # owned - t - 1 (owned = pos + 1): every slice but pos + 2 sent, every slice but pos + 1 received (the
+            # ring's pattern on the node's slices, summed whole: O(r) per node, not O(r^2))
+            skip_rs_sent, skip_rs_recv, skip_ag_sent = sizes[(pos + 1) % r], sizes[pos], sizes[(pos + 2) % r]
+            intra[rank] = RankTraffic("worker", 2 * total - skip_rs_sent - skip_ag_sent,
+                                      2 * total - skip_rs_recv - skip_rs_sent,
+                                      2 * nonzero - nonempty(skip_rs_sent, skip_ag_sent),
+                                      2 * nonzero - nonempty(skip_rs_recv, skip_rs_sent))
     return intra
 
 
@@ -353,14 +372,25 @@ class HierarchicalConfig(StrategyConfig):
         intra = [[0, 0, 0, 0] for _ in range(workers)]
         nic = [[0, 0, 0, 0] for _ in range(workers)]
         inner, m = self.inner_config(), len(layout.nodes())
-        for lo, hi in chunk_bounds(numel, self.pieces(workers, numel, itemsize)):
-            for rank, t in enumerate(intra_traffic(layout, hi - lo, itemsize)):
-                _add(intra[rank], t)
-            for c, (a, b) in enumerate(chunk_bounds(hi - lo, layout.k)):
-                if b == a or m == 1:
+        inner_traffic: dict[int, Traffic] = {}  # per chunk size: chunks come in at most two sizes
+        # pieces of the same size send the same: each size once, times its count (O(workers), not O(workers^2))
+        for size, count in _piece_sizes(numel, self.pieces(workers, numel, itemsize)).items():
+            for rank, t in enumerate(intra_traffic(layout, size, itemsize)):
+                _add(intra[rank], t, count)
+            if m == 1:
+                continue
+            for c, (a, b) in enumerate(chunk_bounds(size, layout.k)):
+                if b == a:
                     continue
-                for pos, t in enumerate(inner.traffic(m, b - a, itemsize).ranks):
-                    _add(nic[layout.group(c)[pos]], t)
+                if b - a not in inner_traffic:
+                    inner_traffic[b - a] = inner.traffic(m, b - a, itemsize)
+                ranks = inner_traffic[b - a].ranks
+                group = layout.group(c)
+                if len(ranks) != len(group):
+                    raise ValueError(f"hierarchical inner = {self.inner!r}: its traffic on {m} nodes has "
+                                     f"{len(ranks)} ranks, expected one per node ({m})")
+                for rank, t in zip(group, ranks):
+                    _add(nic[rank], t, count)
         return {level: [RankTraffic("worker", *t) for t in totals] for level, totals in (("intra", intra),
                                                                                         ("nic", nic))}
 
@@ -379,32 +409,43 @@ class HierarchicalConfig(StrategyConfig):
         One piece: the two ring phases and the across-node allreduces one after another, unpipelined. P pieces
         cost P x the inner strategy's rounds (each piece a whole inner allreduce)."""
         layout = Layout(workers, self.ranks_per_node)
-        bounds = chunk_bounds(numel, self.pieces(workers, numel, itemsize))
-        half = [tuple(v // 2 for v in intra_path(layout, hi - lo, itemsize)) for lo, hi in bounds]  # one ring phase
-        across = [self._across_path(layout, hi - lo, itemsize) for lo, hi in bounds]
-        rounds, path = half[0]
-        for stage in range(1, len(bounds) + 1):
-            beside = [half[p] for p in (stage, stage - 2) if 0 <= p < len(bounds)]
+        sizes = [hi - lo for lo, hi in chunk_bounds(numel, self.pieces(workers, numel, itemsize))]
+        half, across = {}, {}  # per piece size (pieces come in at most two sizes)
+        for size in set(sizes):
+            half[size] = tuple(v // 2 for v in intra_path(layout, size, itemsize))  # one ring phase
+            across[size] = self._across_path(layout, size, itemsize)
+        rounds, path = half[sizes[0]]
+        for stage in range(1, len(sizes) + 1):
+            beside = [half[sizes[p]] for p in (stage, stage - 2) if 0 <= p < len(sizes)]
             intra_rounds = max((r for r, _ in beside), default=0)  # merged round by round: concurrent
             intra_bytes = sum(b for _, b in beside)
-            rounds += max(across[stage - 1][0], intra_rounds)
-            path += max(across[stage - 1][1], intra_bytes)
-        return rounds + half[-1][0], path + half[-1][1]
+            rounds += max(across[sizes[stage - 1]][0], intra_rounds)
+            path += max(across[sizes[stage - 1]][1], intra_bytes)
+        return rounds + half[sizes[-1]][0], path + half[sizes[-1]][1]
 
     def _across_path(self, layout: Layout, numel: int, itemsize: int) -> tuple[int, int]:
         """(rounds, bytes) of one piece's across-node allreduces for the rank serving the most chunks."""
         inner, m = self.inner_config(), len(layout.nodes())
         per_rank: dict[int, tuple[int, int]] = {}
         if m > 1:
+            traffic = {}  # per chunk size (chunks come in at most two sizes)
             for c, (lo, hi) in enumerate(chunk_bounds(numel, layout.k)):
                 if hi > lo:
-                    t = inner.traffic(m, hi - lo, itemsize)
+                    if hi - lo not in traffic:
+                        traffic[hi - lo] = inner.traffic(m, hi - lo, itemsize)
+                    t = traffic[hi - lo]
                     for rank in layout.group(c):
                         r0, p0 = per_rank.get(rank, (0, 0))
                         per_rank[rank] = (r0 + t.rounds, p0 + t.path_bytes)
         return max(per_rank.values(), default=(0, 0))
 
 
-def _add(totals: list[int], t: RankTraffic) -> None:
+def _add(totals: list[int], t: RankTraffic, times: int = 1) -> None:
     for i, v in enumerate((t.bytes_sent, t.bytes_recv, t.msgs_sent, t.msgs_recv)):
-        totals[i] += v
+        totals[i] += v * times
+
+
+def _piece_sizes(numel: int, pieces: int) -> dict[int, int]:
+    """How many of chunk_bounds(numel, pieces)'s pieces have each size (at most two sizes), without listing them."""
+    base, extra = divmod(numel, pieces)
+    return {size: count for size, count in ((base + 1, extra), (base, pieces - extra)) if count}

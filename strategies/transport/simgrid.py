@@ -128,7 +128,10 @@ def _wait_sent(comm, timeout) -> None:
 
 class _Receive:
     """A posted receive. Messages from one peer match receives in the order they were posted (as gloo's do):
-    wait() takes the pair's next messages for every earlier receive from that peer still pending, then its own."""
+    wait() takes the pair's next messages for every earlier receive from that peer still pending, then its own.
+    Slotted: a ring keeps a phase's n - 1 of them per rank pending at once."""
+
+    __slots__ = ("box", "rank", "src", "tensor", "posted", "done")
 
     def __init__(self, box, rank: int, src: int, tensor: torch.Tensor, posted):
         self.box, self.rank, self.src, self.tensor, self.posted = box, rank, src, tensor, posted
@@ -162,17 +165,21 @@ class _AnyReceive:
 class _Queued:
     """A send waiting for this rank's NIC (fifo mode): wait() blocks until the NIC actor has delivered it."""
 
-    __slots__ = ("nic", "box", "message", "nbytes", "done", "via", "sent")
+    __slots__ = ("nic", "box", "message", "nbytes", "done", "via", "sent", "comm")
 
     def __init__(self, nic, box, message, nbytes, via=None):
         self.nic, self.box, self.message, self.nbytes, self.done = nic, box, message, nbytes, False
         self.via = via  # buffered mode: `box` is the receiver's switch port (a _Port), `via` the pair's mailbox
-        self.sent = None  # shared mode: released once when the pair's actor has delivered it
+        self.sent = None  # shared mode: a waiter's semaphore, made only when someone waits while it is queued
+        self.comm = None  # shared mode: its transfer, once the pair's actor has put it on the wire
 
     def wait_sent(self, timeout):
-        """shared mode (a _Connection's queue): one waiter per message, its own semaphore."""
-        if not self.done:
+        """shared mode (a _Connection's queue): wait until the pair's actor has put it on the wire, then until it
+        has arrived. Actors run one at a time, so nothing happens between the check and the semaphore's making."""
+        if self.comm is None:
+            self.sent = self.nic.sg.Semaphore(0)
             self.sent.acquire()
+        _wait_sent(self.comm, timeout)
 
     def wait(self, timeout):
         while not self.done:  # each delivery releases once; a release meant for another send just loops
@@ -187,7 +194,11 @@ class _Connection:
     end, so no server could answer a partition before the last push (twice traffic()'s time), and a ring's next
     chunk slowed the one its neighbour was waiting for. A message posted while the pair is idle is put at once by
     the posting actor (no extra switch); one posted behind another waits in `queue` for an actor of the pair's own,
-    started on the first backlog and ended when the backlog drains (SimGrid actors are OS threads)."""
+    started on the first backlog and ended when the backlog drains (SimGrid actors are OS threads). That actor costs
+    each queued message two calls into SimGrid (wait for the one before, put): its sender gets a semaphore only if it
+    waits for the message while it is still queued (a ring waits for its sends at the end, when they have arrived).
+    (A semaphore per message, released after a wait for its arrival, was 4 calls: ring at 256 ranks, where two thirds
+    of the messages queue, took about 5% more CPU on a quiet machine; docs/simulation.md.)"""
 
     __slots__ = ("sg", "host", "name", "head", "queue", "running")
 
@@ -208,7 +219,6 @@ class _Connection:
     def post(self, box, message, nbytes: int):
         """The pair is busy: queue behind it; the handle's wait()."""
         item = _Queued(self, box, message, nbytes)
-        item.sent = self.sg.Semaphore(0)
         self.queue.append(item)
         if not self.running:
             self.running = True
@@ -217,14 +227,15 @@ class _Connection:
 
     def _run(self):
         try:
-            while self.queue:
+            while True:  # each message put when the one before it has arrived; ends when the last one has
                 if self.head is not None and self.head.finish_time < 0:
                     self.head.wait()
+                if not self.queue:
+                    break
                 item = self.queue.popleft()
-                self.head = item.box.put_async(item.message, item.nbytes)
-                self.head.wait()
-                item.done = True
-                item.sent.release()
+                item.comm = self.head = item.box.put_async(item.message, item.nbytes)
+                if item.sent is not None:  # its sender waits for it: it waits for the transfer itself now
+                    item.sent.release()
             self.running = False
         except Exception as e:  # noqa: BLE001 - SimGrid ends a deadlocked simulation's actors this way
             if type(e).__name__ != "ActorKilled":
