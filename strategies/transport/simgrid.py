@@ -48,6 +48,7 @@ from strategies.transport.communicator import CommError, Communicator
 from strategies.transport.link import Network
 from strategies.transport.names import NIC_MODES
 from strategies.transport.ranks import Board, RankRun
+from strategies.transport.recorder import Direction
 from strategies.transport.wire import check_received
 
 # Debian's python3-simgrid installs the extension module here; the venv does not see dist-packages.
@@ -153,13 +154,14 @@ class _Receive:
 
 class _AnyReceive:
     """A receive SimGridCommunicator.wait_any can wait for: posted at once (`get_async`), taken by wait_any.
-    `message`: the payload once it is in hand (a message that had arrived before the receive was posted)."""
+    `message`: the payload once it is in hand (a message that had arrived before the receive was posted);
+    `record`: the message recorder's done() (strategies/transport/recorder.py), None when nothing records."""
 
-    __slots__ = ("activity", "data", "tensor", "src", "nbytes", "message")
+    __slots__ = ("activity", "data", "tensor", "src", "nbytes", "message", "record")
 
-    def __init__(self, activity, data, tensor: torch.Tensor, src: int, nbytes: int, message=None):
+    def __init__(self, activity, data, tensor: torch.Tensor, src: int, nbytes: int, message=None, record=None):
         self.activity, self.data, self.tensor, self.src, self.nbytes = activity, data, tensor, src, nbytes
-        self.message = message
+        self.message, self.record = message, record
 
 
 class _Queued:
@@ -472,6 +474,9 @@ class SimGridCommunicator(Communicator):
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes == 0:  # the sender sends nothing (both sides know the size): done when posted
             return _AnyReceive(None, None, tensor, src, 0)
+        # recorded as irecv records: posted now, finished when wait_any takes it
+        record = (self.recorder.start(self.rank, src, Direction.RECV, nbytes, self.concurrency.clock)
+                  if self.recorder is not None else None)
         activity, data = self.cluster.box(src, self.rank).get_async()
         if activity.finish_time >= 0:
             # The send had arrived before this receive was posted: the mailbox's permanent receiver (eager
@@ -481,8 +486,8 @@ class SimGridCommunicator(Communicator):
             # One wait (no simulated time: it has finished) takes it now. A message still on the wire when its
             # receive is posted is copied when it ends, and wait_any takes it without a wait.
             activity.wait()
-            return _AnyReceive(activity, data, tensor, src, nbytes, data.get())
-        return _AnyReceive(activity, data, tensor, src, nbytes)
+            return _AnyReceive(activity, data, tensor, src, nbytes, data.get(), record)
+        return _AnyReceive(activity, data, tensor, src, nbytes, record=record)
 
     def wait_any(self, receives: list[_AnyReceive]) -> list[int]:
         """Wait until one of the posted receives has its message; take every one that has it by now (checked,
@@ -514,6 +519,8 @@ class SimGridCommunicator(Communicator):
             peer = self._peer(taken.src)
             peer.bytes_recv += taken.nbytes
             peer.msgs_recv += 1
+            if taken.record is not None:
+                taken.record()
         return found
 
     def allgather_object(self, obj) -> list:

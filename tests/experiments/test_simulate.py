@@ -486,6 +486,49 @@ def test_wait_any_takes_pushes_in_arrival_order_and_counts_them():
     assert "irecv_any from rank 0 while an irecv from it is pending" in refused
 
 
+def test_any_source_receives_are_recorded_like_every_other_receive():
+    """A recorder on a rank records irecv_any / wait_any's receives as irecv's: peer, bytes, the rank's posting
+    order, posted when irecv_any was called and finished when wait_any took it, on the simulated clock; once each,
+    whether the message had arrived before the receive was posted (rank 1) or after (rank 0), beside an ordered
+    irecv (rank 2) recorded the same way. Nothing is recorded once the recorder is off."""
+    from strategies.transport.recorder import Direction, MessageRecorder
+
+    platform = Platform.parse({"bandwidth": "1Gbit", "latency": "10us", "network_model": "alpha_beta"})
+
+    def fn(comm):
+        if comm.rank < 3:
+            comm.compute([0.2, 0.0, 0.1][comm.rank])
+            comm.send(torch.full((1000,), float(comm.rank)), 3)
+            comm.send(torch.full((10,), float(comm.rank)), 3)
+            return None
+        comm.compute(0.05)  # rank 1's first message has arrived by now
+        recorder = comm.recorder = MessageRecorder()
+        receiving = {src: comm.irecv_any(torch.zeros(1000), src) for src in (0, 1)}
+        ordered = comm.irecv(torch.zeros(1000), 2)
+        taken = {}
+        while receiving:
+            srcs = list(receiving)
+            for i in comm.wait_any([receiving[src] for src in srcs]):
+                taken[srcs[i]] = comm.now()
+                del receiving[srcs[i]]
+        ordered.wait()
+        taken[2] = comm.now()
+        comm.recorder = None
+        for src in (0, 1):  # their second messages: not recorded
+            comm.wait_any([comm.irecv_any(torch.zeros(10), src)])
+        comm.recv(torch.zeros(10), 2)
+        return recorder.events(), taken
+
+    events, taken = _child_call(fn, 4, platform)[3]
+    assert sorted((e.peer, e.seq) for e in events) == [(0, 0), (1, 1), (2, 2)]  # once each, in posting order
+    for e in events:
+        assert (e.rank, e.direction, e.nbytes) == (3, Direction.RECV, 4000)
+        assert e.posted == pytest.approx(0.05) and e.finished == pytest.approx(taken[e.peer])
+    by_peer = {e.peer: e for e in events}
+    assert by_peer[1].finished == pytest.approx(0.05)  # arrived before it was posted: taken at once
+    assert by_peer[0].finished > 0.2 and by_peer[2].finished > 0.1
+
+
 def test_wait_any_takes_pushes_that_arrived_before_the_server_posted_their_receive():
     """A barrier-free server posts a worker's next receive only once it has handled the previous push, so with
     several units per server (buckets, partitions) the next push has often arrived already (sends are eager).
