@@ -118,10 +118,10 @@ MUTATIONS = (
              '"comm_fraction": float(slowest["comm_s"].sum() / step_time.sum())',
              '"comm_fraction": float(slowest["compute_s"].sum() / step_time.sum())', SUMMARY_TESTS),
     # -- training ------------------------------------------------------------------------------------------------
-    Mutation("weight-decay-dropped-everywhere", "training", "experiments/pipeline/train.py",
+    Mutation("weight-decay-dropped-everywhere", "training", "experiments/pipeline/measured.py",
              "return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)",
              "return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)", TRAINING_TESTS),
-    Mutation("weight-decay-dropped-on-the-server", "training", "experiments/pipeline/train.py",
+    Mutation("weight-decay-dropped-on-the-server", "training", "experiments/pipeline/measured.py",
              "self.shards[key] = (param, _optimizer(self.spec, [param]))",
              "self.shards[key] = (param, torch.optim.SGD([param], lr=self.spec.lr, momentum=self.spec.momentum))",
              TRAINING_TESTS),
@@ -129,7 +129,7 @@ MUTATIONS = (
     Mutation("per-rank-links-ignored", "emulation", "strategies/transport/link.py",
              "Port(network.link(rank))", "Port(network.default)", EMULATION_TESTS),
     # -- controls: caught before issue 28 ------------------------------------------------------------------------
-    Mutation("server-drops-momentum", "control", "experiments/pipeline/train.py",
+    Mutation("server-drops-momentum", "control", "experiments/pipeline/measured.py",
              "self.shards[key] = (param, _optimizer(self.spec, [param]))",
              "self.shards[key] = (param, torch.optim.SGD([param], lr=self.spec.lr, "
              "weight_decay=self.spec.weight_decay))", TRAINING_TESTS),

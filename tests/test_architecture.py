@@ -315,7 +315,6 @@ KNOWN_LONG_FILES = {
     "strategies/transport/simgrid.py": "the engine's process setup apart from the communicator",
     "experiments/cli/main.py": "one module per command, bench as subcommands",
     "experiments/config/sweep.py": "one table of settings: ranges, parse, validation",
-    "experiments/pipeline/train.py": "the step loop; roles, servers, measured compute in their own modules",
     "reports/strategy_map.py": "the map's files (write) into map_figure.py",
 }
 KNOWN_LONG_FUNCTIONS = {

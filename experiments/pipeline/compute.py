@@ -1,6 +1,6 @@
 """What a worker computes per step, declared: the members the step loop (experiments/pipeline/train.py) calls.
 
-Two substrates implement it: the measured one (train.py's MeasuredCompute: the model, or a replayed profile, on
+Two substrates implement it: the measured one (measured.py's MeasuredCompute: the model, or a replayed profile, on
 the wall clock) and the simulated one (experiments/simulate/substrate.py's SimulatedCompute: a timeline on the
 simulated clock). The step loop calls only what this class declares; the optional members have defaults here
 that say "not on this substrate", so the loop never probes a compute object for a member.

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from experiments.config.sweep import RunSpec, SweepError, parse
+from experiments.pipeline.rows import step_row
 from experiments.pipeline.summary import summarize
-from experiments.pipeline.train import _row, train
+from experiments.pipeline.train import train
 from strategies.transport.threads import run_threads
 
 META = {"started_at": "2026-01-01T00:00:00", "duration_s": 1.0, "transport": "threads", "gpu": "", "cores": 8,
@@ -23,8 +24,8 @@ def _scripted(spec: RunSpec, curve: dict[int, float], step_s: float = 0.5) -> li
     counters = SimpleNamespace(bytes_sent=0, bytes_recv=0)
     rows = []
     for step in range(spec.steps):
-        row = _row(spec, step, 0, "worker", 0.2, step_s - 0.2, counters, step_s * (step + 1), loss=1.0,
-                   samples=spec.batch_size)
+        row = step_row(spec, step, 0, "worker", 0.2, step_s - 0.2, counters, step_s * (step + 1), loss=1.0,
+                       samples=spec.batch_size)
         row["eval_value"] = curve.get(step, math.nan)
         rows.append(row)
     final = {"loss": 1.0, "param_norm": 1.0, "numel": 10, "bucket_numels": [10], "trained": True,
