@@ -25,7 +25,7 @@ LANE, GAP = 14, 8  # pixels: one lane, the space between ranks
 COLOURS = {"forward": "#4c78a8", "backward": "#72b7b2", "forward+backward": "#4c78a8", "straggle": "#b279a2",
            "after backward": "#9d755d", "optimizer": "#54a24b", "apply": "#54a24b", "sync": "#e45756",
            "sync in backward": "#e45756", "hidden": "#88d27a", "exposed": "#f58518", "send": "#bab0ac",
-           "recv": "#79706e"}
+           "recv": "#79706e", "update": "#54a24b", "bound wait": "#e45756"}
 
 
 def chosen_runs(ok: pd.DataFrame, events: pd.DataFrame) -> list[tuple[str, pd.Series]]:

@@ -27,7 +27,9 @@ number of pushes it made to it; the bound spans steps.
   t's mean (the update the others applied, so every worker applies every step's mean once).
 
 Every push leaves a record: (step, worker, staleness, seconds its reply waited at the bound, dropped, lead,
-unit, elements). Colocated servers are refused by the config (ParameterServerConfig.validate): see there.
+unit, elements, and when, on the communicator's clock, it arrived, was handled and was answered: a traced step's
+server phases, experiments/pipeline/servers.py). Colocated servers are refused by the config
+(ParameterServerConfig.validate): see there.
 """
 
 from __future__ import annotations
@@ -53,11 +55,23 @@ class PushRecord:
     lead: int = 0      # the pusher's clock minus the slowest worker's when the reply left (SSP keeps it <= s)
     unit: int = 0      # which (bucket, partition) of this server's: the order a worker pushes them in
     numel: int = 0     # the unit's elements (its push and its reply each move this many)
+    # on the communicator's clock: the push was in hand, handled under the server's lock (from, to: the update,
+    # or the sum, or a backup's step made), its reply made (it leaves at once: answered - handled is its wait)
+    arrived_s: float = float("nan")
+    handle_start_s: float = float("nan")
+    handle_end_s: float = float("nan")
+    answered_s: float = float("nan")
 
 
 def unit_bounds(numel: int, servers: int, itemsize: int, partition_mb: float) -> list[list[tuple[int, int]]]:
     """Per server: its shard of a bucket of numel elements cut into partitions, (lo, hi) in the bucket."""
     return partitions(numel, servers, itemsize, partition_mb)
+
+
+def unit_buckets(numels, server: int, servers: int, itemsize: int, partition_mb: float) -> list[int]:
+    """The bucket of each unit of server `server` (0..servers-1), in unit order: a worker's step pushes to it (and
+    gets back) one message per unit, in this order."""
+    return [b for b, numel in enumerate(numels) for _ in unit_bounds(numel, servers, itemsize, partition_mb)[server]]
 
 
 def push_pull(comm, flat: torch.Tensor, workers: int, servers: int, partition_mb: float) -> None:
@@ -206,8 +220,9 @@ class ShardServer:
             for unit in self.units:
                 gradient = incoming[:unit.hi - unit.lo]
                 self.comm.recv(gradient, worker)
+                arrived = self.comm.concurrency.clock()
                 with self.cond:
-                    held = self._accept(unit, worker, step, gradient)
+                    held = self._accept(unit, worker, step, gradient, arrived)
                     if not self.cond.wait_for(held.ready, timeout=self.comm.timeout):
                         raise TimeoutError(held.timeout_message(self.comm.timeout))
                     reply = held.answer()
@@ -253,7 +268,7 @@ class ShardServer:
                 unit = self.units[position[worker] % len(self.units)]
                 progress = (unit.version, unit.clock.lowest)
                 waiting = self._accept(unit, worker, position[worker] // len(self.units),
-                                       incoming[worker][:unit.hi - unit.lo])
+                                       incoming[worker][:unit.hi - unit.lo], self.comm.concurrency.clock())
                 if waiting.ready():
                     answer(worker, waiting)
                 else:
@@ -265,14 +280,17 @@ class ShardServer:
         for sent in sends:
             sent.wait()
 
-    def _accept(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
-        """A push, under the lock: handled as its mode says; the reply may have to wait (Held.ready)."""
-        return (self._backup_push if self.staleness == 0 else self._stale_push)(unit, worker, step, gradient)
+    def _accept(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor, arrived: float) -> Held:
+        """A push (in hand since `arrived`), under the lock: handled as its mode says; the reply may have to wait
+        (Held.ready)."""
+        return (self._backup_push if self.staleness == 0 else self._stale_push)(unit, worker, step, gradient,
+                                                                                arrived)
 
     # -- stale-synchronous and asynchronous ------------------------------------------------------------
 
-    def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
+    def _stale_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor, arrived: float) -> Held:
         """SSP / async, under the lock: handle the push at once; the reply waits at the bound."""
+        begin = self.comm.concurrency.clock()
         staleness = unit.version - unit.read[worker]
         # a new tensor (`gradient` is the worker's receive buffer); the same bits as gradient / n. Meta tensors
         # (the simulator's) have a shape and no values: nothing to divide, and torch's meta ops cost 50-650 us
@@ -295,8 +313,10 @@ class ShardServer:
             return bound is None or unit.clock.lowest >= bound
 
         def answer():
-            self.records.append(PushRecord(step, worker, staleness, self.comm.concurrency.clock() - start, False,
-                                           unit.clock[worker] - unit.clock.lowest, unit.index, unit.hi - unit.lo))
+            now = self.comm.concurrency.clock()
+            self.records.append(PushRecord(step, worker, staleness, now - start, False,
+                                           unit.clock[worker] - unit.clock.lowest, unit.index, unit.hi - unit.lo,
+                                           arrived, begin, start, now))
             if self.mode == "update":
                 reply = unit.params.clone()
             else:  # the pushes since this worker's previous reply, in arrival order (its own included)
@@ -319,16 +339,17 @@ class ShardServer:
 
     # -- backup workers --------------------------------------------------------------------------------
 
-    def _backup_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor) -> Held:
+    def _backup_push(self, unit: Unit, worker: int, step: int, gradient: torch.Tensor, arrived: float) -> Held:
         """Backups, under the lock: the first n - b pushes of a step make it; a later one is dropped. The reply
         waits until the step is made."""
+        begin = self.comm.concurrency.clock()
         unit.clock[worker] += 1
         late = step in unit.made  # the step was made without this push
         if not late:
-            arrived = unit.pending.setdefault(step, {})
-            arrived[worker] = gradient.clone()
-            if len(arrived) == self.workers - self.backups:
-                rows = [arrived[w] for w in sorted(arrived)]  # worker-rank order: the same bits whoever came first
+            pushed = unit.pending.setdefault(step, {})
+            pushed[worker] = gradient.clone()
+            if len(pushed) == self.workers - self.backups:
+                rows = [pushed[w] for w in sorted(pushed)]  # worker-rank order: the same bits whoever came first
                 mean = rows[0].clone()
                 if not mean.is_meta:  # meta (the simulator's): the shape is the mean's, no values to add
                     for row in rows[1:]:
@@ -339,12 +360,14 @@ class ShardServer:
                 unit.version += 1
                 del unit.pending[step]
                 self.cond.notify_all()
+        handled = self.comm.concurrency.clock()
 
         def ready():
             return step in unit.made
 
         def answer():
-            self.records.append(PushRecord(step, worker, 0, 0.0, late, 0, unit.index, unit.hi - unit.lo))
+            self.records.append(PushRecord(step, worker, 0, 0.0, late, 0, unit.index, unit.hi - unit.lo,
+                                           arrived, begin, handled, self.comm.concurrency.clock()))
             if late:
                 made = unit.made[max(unit.made)] if self.mode == "update" else unit.made[step]
                 reply = made.clone()

@@ -24,7 +24,8 @@ from experiments.results.dataset import check_contained, has_results, read_event
 
 FORMATS = ("chrome", "chakra")
 US = 1e6  # Chrome traces count microseconds
-PHASE_TID, BUCKET_TID, MESSAGE_TID = 0, 100, 1000  # a rank's tracks: its phases, bucket b at 100+b, message lanes
+# a rank's tracks: its phases, bucket b at 100+b, message lanes, a barrier-free server's lane of worker w at 10000+w
+PHASE_TID, BUCKET_TID, MESSAGE_TID, LANE_TID = 0, 100, 1000, 10_000
 
 
 def add_arguments(p) -> None:
@@ -95,22 +96,26 @@ def chrome_trace(events: pd.DataFrame, run_id: str) -> dict:
         return tid
 
     message_tid: dict[int, int] = {}
+    lane_ends: dict[int, list[float]] = {}  # per rank, across steps (a barrier-free server's steps overlap)
     for (_, step), one in events.groupby(["run_id", "step"], sort=True):
         one = one.reset_index(drop=True)
         for _, e in one.iterrows():
             rank, step = int(e["rank"]), int(e["step"])
             ts, dur = e["start_s"] * US, (e["end_s"] - e["start_s"]) * US
+            lane = e["peer"] >= 0 and e["kind"] != "message"  # a barrier-free server's lane: one per worker
             if e["kind"] == "phase":
-                out.append({"ph": "X", "name": e["name"], "cat": PHASES[e["name"]], "pid": rank, "tid": PHASE_TID,
+                tid = track(rank, LANE_TID + int(e["peer"]), e["thread"]) if lane else PHASE_TID
+                out.append({"ph": "X", "name": e["name"], "cat": PHASES[e["name"]], "pid": rank, "tid": tid,
                             "ts": ts, "dur": dur, "args": {"step": step}})
             elif e["kind"] == "bucket_sync":
-                tid = track(rank, BUCKET_TID + int(e["bucket"]), f"bucket {int(e['bucket'])} sync ({e['thread']})")
+                tid = (track(rank, LANE_TID + int(e["peer"]), e["thread"]) if lane else
+                       track(rank, BUCKET_TID + int(e["bucket"]), f"bucket {int(e['bucket'])} sync ({e['thread']})"))
                 out.append({"ph": "X", "name": f"bucket {int(e['bucket'])}", "cat": "bucket", "pid": rank,
                             "tid": tid, "ts": ts, "dur": dur, "args": {"step": step}})
             elif e["kind"] == "bucket_ready":
                 out.append({"ph": "i", "s": "t", "name": f"bucket {int(e['bucket'])} ready", "cat": "bucket",
                             "pid": rank, "tid": PHASE_TID, "ts": ts, "args": {"step": step}})
-        lanes = _lanes(one[one["kind"] == "message"])
+        lanes = _lanes(one[one["kind"] == "message"], lane_ends)
         for i, lane in lanes.items():
             e = one.loc[i]
             rank = int(e["rank"])
@@ -135,12 +140,12 @@ def chrome_trace(events: pd.DataFrame, run_id: str) -> dict:
                           "clock": "seconds since the run's first recorded event, in microseconds"}}
 
 
-def _lanes(messages: pd.DataFrame) -> dict[int, int]:
+def _lanes(messages: pd.DataFrame, ends_by_rank: dict[int, list[float]]) -> dict[int, int]:
     """Each message's lane on its rank: the lowest whose last message ended before it was posted (slices on one
-    track must nest, and a rank's messages overlap)."""
+    track must nest, and a rank's messages overlap); `ends_by_rank`: each lane's last end, kept across calls."""
     lanes: dict[int, int] = {}
-    for _, mine in messages.groupby("rank"):
-        ends: list[float] = []
+    for rank, mine in messages.groupby("rank"):
+        ends = ends_by_rank.setdefault(int(rank), [])
         for i, m in mine.sort_values(["start_s", "seq"]).iterrows():
             lane = next((k for k, end in enumerate(ends) if end <= m["start_s"]), len(ends))
             if lane == len(ends):

@@ -11,6 +11,8 @@ import torch
 
 from experiments.pipeline.rows import step_row
 from experiments.pipeline.trace import StepTrace
+from strategies.parameter_server_async import unit_buckets
+from strategies.transport.ops import wire_dtype
 
 
 def serve_steps(comm, spec, config, buckets, update) -> dict:
@@ -53,10 +55,18 @@ def serve_without_barrier(comm, spec, config, buckets, update) -> dict:
     the pushes it took (each push is answered: as many bytes out as in)."""
     clock = update.clock
     runtime = config.bind(comm, spec.workers)
+    trace = StepTrace(spec, comm, clock)  # the traced steps: each push served, its update and wait, the messages
+    units = unit_buckets([b.numel for b in buckets], comm.rank - spec.workers, runtime.servers,
+                         wire_dtype(update.dtype).itemsize, config.partition_mb)
+    trace.begin_run(units)
     start = clock()
-    records = runtime.serve_run(spec.steps, [b.numel for b in buckets], update.dtype,
-                                lambda bucket, gradient, where: update(buckets[bucket], gradient, where),
-                                device=update.device)
+    try:
+        records = runtime.serve_run(spec.steps, [b.numel for b in buckets], update.dtype,
+                                    lambda bucket, gradient, where: update(buckets[bucket], gradient, where),
+                                    device=update.device)
+    finally:
+        comm.recorder = None  # recording off, whatever happened
+    trace.end_run(records, units)
     per_step = (clock() - start) / max(spec.steps, 1)
     itemsize = torch.empty(0, dtype=update.dtype).element_size()
     rows = []
@@ -72,7 +82,8 @@ def serve_without_barrier(comm, spec, config, buckets, update) -> dict:
         rows.append(row)
     return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
                                      "consensus_distance": math.nan, "buckets": len(buckets),
-                                     "bucket_numels": [b.numel for b in buckets], "trained": False}}
+                                     "bucket_numels": [b.numel for b in buckets], "trained": False},
+            "events": trace.events}
 
 
 def server_loop(config):

@@ -18,7 +18,7 @@ import math
 import time
 
 from experiments.results.timeline import COMM, COMPUTE, PHASES  # noqa: F401 - the phases' vocabulary, read back there
-from strategies.transport.recorder import MessageRecorder
+from strategies.transport.recorder import Direction, MessageEvent, MessageRecorder
 
 MAX_MESSAGES = 200_000  # messages one rank may record over a run's traced steps (the recorder's limit)
 
@@ -85,11 +85,79 @@ class StepTrace:
         """A server rank's bucket: from its first push expected to its replies sent."""
         self._add("bucket_sync", "bucket", start, end, thread="main", bucket=bucket)
 
+    # -- a server without a global barrier: it serves the whole run at once, the workers' steps interleaved ----
+
+    def begin_run(self, unit_buckets: list[int]) -> None:
+        """Before a barrier-free server's run: record its messages of the traced steps over the whole run. A
+        worker's step pushes one message per unit (`unit_buckets`: each unit's bucket, in push order) and gets
+        one reply per unit: its k-th push and k-th reply belong to its step k // units (ByStep)."""
+        if self.recorder is None or not unit_buckets:
+            return
+        self.recorder = ByStep(MAX_MESSAGES, len(unit_buckets), self.wants)
+        self.comm.recorder = self.recorder
+
+    def end_run(self, records, unit_buckets: list[int]) -> None:
+        """After the run: every traced push as one worker's lane of the server (thread `worker w`, peer w): its
+        unit served (`bucket_sync`, from the push in hand to its reply made), the `update` (its handling under
+        the server's lock) and the reply's `bound wait` (at the staleness bound, or for a step's first n - b
+        pushes); then the traced steps' messages."""
+        self.comm.recorder = None
+        if not isinstance(self.recorder, ByStep):
+            return
+        for r in records:
+            if not self.wants(r.step):
+                continue
+            self.step, bucket, lane = r.step, unit_buckets[r.unit], f"worker {r.worker}"
+            self._add("bucket_sync", "bucket", r.arrived_s, r.answered_s, thread=lane, bucket=bucket, peer=r.worker)
+            self._add("phase", "update", r.handle_start_s, r.handle_end_s, thread=lane, bucket=bucket, peer=r.worker)
+            if r.answered_s > r.handle_end_s:
+                self._add("phase", "bound wait", r.handle_end_s, r.answered_s, thread=lane, bucket=bucket,
+                          peer=r.worker)
+        for m in self.recorder.events():
+            self.step = self.recorder.step_of[m.seq]
+            self._add("message", str(m.direction.value), m.posted, m.finished, peer=m.peer, nbytes=m.nbytes,
+                      seq=m.seq)
+        self.step = -1
+
     def _add(self, kind: str, name: str, start: float, end: float, thread: str = "main", bucket: int = -1,
              peer: int = -1, nbytes: int = 0, seq: int = -1) -> None:
         self.events.append({"step": self.step, "rank": self.comm.rank, "kind": kind, "name": name, "thread": thread,
                             "bucket": int(bucket), "peer": int(peer), "nbytes": int(nbytes), "seq": int(seq),
                             "start_s": float(start) + self.offset, "end_s": float(end) + self.offset})
+
+
+class ByStep(MessageRecorder):
+    """A recorder over a barrier-free server's whole run that keeps only the traced steps' messages (they alone
+    count to the limit): the k-th message with a peer in one direction belongs to that worker's step
+    k // `units` (a worker's step is `units` pushes, each answered by one reply, posted in order per worker).
+    `step_of[seq]`: a kept message's step."""
+
+    def __init__(self, limit: int, units: int, wants):
+        super().__init__(limit)
+        self.units, self.wants = units, wants
+        self.step_of: dict[int, int] = {}
+        self._count: dict[tuple[int, Direction], int] = {}
+
+    def start(self, rank: int, peer: int, direction: Direction, nbytes: int, clock):
+        with self._lock:
+            k = self._count.get((peer, direction), 0)
+            self._count[(peer, direction)] = k + 1
+        step = k // self.units
+        if not self.wants(step):
+            return _not_kept
+        seq = self.post(rank)
+        with self._lock:
+            self.step_of[seq] = step
+        posted = clock()
+
+        def done() -> None:
+            self.add(MessageEvent(rank, peer, direction, nbytes, seq, posted, clock()))
+
+        return done
+
+
+def _not_kept() -> None:
+    """A message ByStep does not keep: nothing to record when its wait completes."""
 
 
 def worker_phases(trace: StepTrace, t: dict, exposed: float, role: str, straggles: bool) -> None:

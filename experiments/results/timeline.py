@@ -23,7 +23,9 @@ import pandas as pd
 COMPUTE, COMM = "compute", "comm"
 PHASES = {"forward": COMPUTE, "backward": COMPUTE, "forward+backward": COMPUTE, "straggle": COMPUTE,
           "after backward": COMPUTE, "optimizer": COMPUTE, "apply": COMPUTE, "sync in backward": COMM,
-          "sync": COMM}
+          "sync": COMM,
+          # a barrier-free parameter server's, per push (its lanes: one per worker): the push handled, the reply held
+          "update": COMPUTE, "bound wait": COMM}
 
 EPS = 1e-9  # seconds: ends this close count as the same instant
 

@@ -408,3 +408,59 @@ def test_a_step_of_too_many_messages_is_drawn_without_them(traced, monkeypatch):
     drawn = report_timeline.section(r)["drawn"]
     assert drawn and all(d["messages_left_out"] > 1 for d in drawn)
     assert all("send to rank" not in d["svg"] and "bucket 0 sync" in d["svg"] for d in drawn)
+
+
+BARRIER_FREE = """straggler = { ranks = [1], slowdown = 3 }
+bucket_mb = 0.02
+[strategy_params.parameter_server]
+servers = 2
+staleness = 1
+"""
+
+
+def test_a_barrier_free_servers_lanes_record_each_push_served_its_update_and_its_wait(tmp_path):
+    """A parameter server without a global barrier (staleness 1, 2 servers, several buckets, a straggler) on thread
+    ranks: each server rank records, per traced step, one lane per worker with every unit it served (push in hand
+    to reply made) holding its update and its wait at the bound, whose sum is the steps table's bound_wait_s; its
+    messages of that step are exactly the ones its workers sent it and took from it in that step (count, order,
+    bytes); the Chrome export keeps every track nested."""
+    out = _sweep(tmp_path, extra=BARRIER_FREE, strategies='["parameter_server"]')
+    runs = read_runs(out)
+    assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    events, steps = read_events(out), read_steps(out)
+    assert sorted(events["step"].unique()) == [1, 2]
+    messages = events[events["kind"] == "message"]
+    for step in (1, 2):
+        for server in (4, 5):
+            mine = events[(events["rank"] == server) & (events["step"] == step)]
+            served = mine[mine["kind"] == "bucket_sync"]
+            phases = mine[mine["kind"] == "phase"]
+            assert set(served["peer"]) == {0, 1, 2, 3} and set(phases["name"]) <= {"update", "bound wait"}
+            units = len(served) // 4
+            assert units > 1 and (served.groupby("peer").size() == units).all()
+            assert (phases["name"] == "update").sum() == 4 * units
+            for _, span in served.iterrows():  # the update and the wait lie inside the unit's span, on its lane
+                inside = phases[(phases["peer"] == span["peer"]) & (phases["start_s"] >= span["start_s"] - 1e-9)
+                                & (phases["end_s"] <= span["end_s"] + 1e-9)]
+                assert (inside["thread"] == f"worker {span['peer']}").all() and len(inside) >= 1
+            row = steps[(steps["rank"] == server) & (steps["step"] == step)].iloc[0]
+            waits = phases[phases["name"] == "bound wait"]
+            assert (waits["end_s"] - waits["start_s"]).sum() == pytest.approx(row["bound_wait_s"], abs=1e-6)
+            for worker in range(4):
+                for mine_dir, theirs_dir in (("recv", "send"), ("send", "recv")):
+                    here = messages[(messages["rank"] == server) & (messages["step"] == step)
+                                    & (messages["peer"] == worker) & (messages["name"] == mine_dir)]
+                    there = messages[(messages["rank"] == worker) & (messages["step"] == step)
+                                     & (messages["peer"] == server) & (messages["name"] == theirs_dir)]
+                    assert len(here) == units
+                    assert here.sort_values("seq")["nbytes"].tolist() == there.sort_values("seq")["nbytes"].tolist()
+    path = tmp_path / "trace.json"
+    assert cli(["trace", str(out), runs["run_id"].iloc[0], "--format", "chrome", "--out", str(path)]) == 0
+    tracks: dict = {}
+    for e in json.loads(path.read_text())["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-3 or b1 <= a1 + 1e-3, (a0, a1, b0, b1)
