@@ -454,6 +454,11 @@ def test_a_barrier_free_servers_lanes_record_each_push_served_its_update_and_its
                                      & (messages["peer"] == server) & (messages["name"] == theirs_dir)]
                     assert len(here) == units
                     assert here.sort_values("seq")["nbytes"].tolist() == there.sort_values("seq")["nbytes"].tolist()
+    from reports.timeline import gantt
+
+    step = timeline.one_step(events, runs["run_id"].iloc[0])
+    drawn = str(gantt(step, timeline.critical_path(step)))  # the report draws the server's phases
+    assert "<title>rank 4 update (compute):" in drawn and "<title>rank 5 update (compute):" in drawn
     path = tmp_path / "trace.json"
     assert cli(["trace", str(out), runs["run_id"].iloc[0], "--format", "chrome", "--out", str(path)]) == 0
     tracks: dict = {}
