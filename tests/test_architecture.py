@@ -318,7 +318,6 @@ KNOWN_LONG_FILES = {
     "reports/strategy_map.py": "the map's files (write) into map_figure.py",
 }
 KNOWN_LONG_FUNCTIONS = {
-    "experiments/cli/map.py::run": "the map command's arguments apart from its run",
     "experiments/config/sweep.py::parse": "one table of settings",
     "experiments/config/sweep.py::_make_spec": "one table of settings",
     "experiments/pipeline/summary.py::summarize": "the run row's sections (config, numbers, verdicts)",
