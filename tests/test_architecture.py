@@ -313,13 +313,10 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 80
 KNOWN_LONG_FILES = {
     "strategies/cost.py": "one pricing function per strategy; the node pricing is a module of its own",
     "strategies/transport/simgrid.py": "the engine's process setup apart from the communicator",
-    "experiments/cli/main.py": "one module per command, bench as subcommands",
     "experiments/config/sweep.py": "one table of settings: ranges, parse, validation",
     "reports/strategy_map.py": "the map's files (write) into map_figure.py",
 }
 KNOWN_LONG_FUNCTIONS = {
-    "experiments/cli/main.py::main": "the parser, one function per command",
-    "experiments/cli/map.py::run": "the map command's arguments apart from its run",
     "experiments/config/sweep.py::parse": "one table of settings",
     "experiments/config/sweep.py::_make_spec": "one table of settings",
     "experiments/pipeline/summary.py::summarize": "the run row's sections (config, numbers, verdicts)",

@@ -1,11 +1,18 @@
-"""What several commands of the command line share: the ranges of its size arguments, and the report written
-after a sweep. Beneath every command module (main.py, simulate.py, map.py), so that none imports another for it.
+"""What several commands of the command line share: the transports' names, the ranges of its size and link
+arguments, comma-separated names, and the report written after a sweep. Beneath every command module, so that none
+imports another for it.
 """
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
+
+# the transports' names, read from their one list without importing the strategies package (that imports torch)
+_TRANSPORT_NAMES = runpy.run_path(str(Path(__file__).resolve().parents[2] / "strategies" / "transport" / "names.py"))
+P2P_CHOICES = _TRANSPORT_NAMES["P2P"]
+P2P_DEFAULT = _TRANSPORT_NAMES["default_p2p"]("cpu")  # bench and verify move host tensors
 
 # Ranges of the command line's sizes (docs/settings.md); links take the sweep's link ranges.
 MAX_MESSAGE_BYTES = 2**34  # bench --sizes: 16 GiB per message (each rank holds 3; the memory check follows)
@@ -38,3 +45,24 @@ def closing_report(out: Path) -> None:
     except (StoreError, OSError) as e:
         print(f"report: not written: {e} (the runs are stored: `syncbench report {out}` once it can be)",
               file=sys.stderr)
+
+
+def check_link(bandwidth_option: str, bandwidth: str | None, latency_option: str, latency: str | None) -> None:
+    """A bandwidth and latency within the sweep's link ranges (1Mbit: a 1bit link hung `bench` for ever); None:
+    not given."""
+    from experiments.config.sweep import RANGES
+    from strategies.transport.link import parse_bandwidth, parse_latency
+
+    for option, text, parse, key, unit in ((bandwidth_option, bandwidth, parse_bandwidth, "link.bandwidth", "bytes/s"),
+                                          (latency_option, latency, parse_latency, "link.latency", "s")):
+        if text is None:
+            continue
+        value = parse(text)
+        if RANGES[key].problem(key, value):
+            shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
+            raise ValueError(f"{option} {shown} ({value:g} {unit}): accepted are {RANGES[key].describe()}")
+
+
+def names(text: str | None) -> list[str] | None:
+    """'a,b, c' -> ['a', 'b', 'c']; None or '' -> None (the command's default)."""
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None

@@ -74,12 +74,10 @@ def _print_nccl_reference(m) -> None:
 
 
 def run(args) -> int:
-    from reports.model import model_numel, workload_shapes
     from reports.strategy_map import (
         DEFAULT_BANDWIDTHS,
         DEFAULT_SIZES,
         DEFAULT_WORKERS,
-        Workload,
         check_grid,
         format_table,
         strategy_map,
@@ -113,24 +111,7 @@ def run(args) -> int:
     if args.step_time is not None and (args.profile or args.collective or not 0 < args.step_time < math.inf):
         raise ValueError(f"--step-time {args.step_time!r}: accepted is seconds > 0 with --model or --model-bytes")
 
-    if args.collective:
-        workload = Workload(numel=sizes[0] // 4, label="collective")
-    elif args.profile:
-        from workloads.profile import load_profile
-
-        profile = load_profile(args.profile)
-        workload = Workload(numel=profile.numel, profile=profile, bucket_mb=args.bucket_mb,
-                            shapes=workload_shapes(profile.model, profile.numel, profile.num_classes),
-                            label=f"{profile.model} (profile {profile.id})")
-    elif args.model:
-        numel = model_numel(args.model, args.num_classes)
-        workload = Workload(numel=numel, compute_s=args.step_time,
-                            shapes=workload_shapes(args.model, numel, args.num_classes), label=args.model)
-    else:
-        from experiments.cli.common import MAX_MODEL_BYTES, size_arg
-
-        nbytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
-        workload = Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
+    workload = _workload(args, sizes)
     if args.nccl_reference and (args.ranks_per_node != 1 or workload.measure != "sync"):
         raise ValueError("--nccl-reference prices one allreduce on one NIC per rank: accepted without "
                          "--ranks-per-node, --step-time or --profile")
@@ -161,3 +142,27 @@ def run(args) -> int:
         for path in write(m, args.out):
             print(f"wrote {path}")
     return 0
+
+
+def _workload(args, sizes: list[int] | None):
+    """What the map prices: a collective of the first size, a profile, a model or a message size."""
+    from reports.model import model_numel, workload_shapes
+    from reports.strategy_map import Workload
+
+    if args.collective:
+        return Workload(numel=sizes[0] // 4, label="collective")
+    if args.profile:
+        from workloads.profile import load_profile
+
+        profile = load_profile(args.profile)
+        return Workload(numel=profile.numel, profile=profile, bucket_mb=args.bucket_mb,
+                        shapes=workload_shapes(profile.model, profile.numel, profile.num_classes),
+                        label=f"{profile.model} (profile {profile.id})")
+    if args.model:
+        numel = model_numel(args.model, args.num_classes)
+        return Workload(numel=numel, compute_s=args.step_time,
+                        shapes=workload_shapes(args.model, numel, args.num_classes), label=args.model)
+    from experiments.cli.common import MAX_MODEL_BYTES, size_arg
+
+    nbytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES)
+    return Workload(numel=round(nbytes / 4), compute_s=args.step_time, label=f"{nbytes:,} bytes")
