@@ -23,14 +23,14 @@ test: $(VENV_STAMP)
 	$(PY) -m pytest -q --durations=15
 
 bench: $(VENV_STAMP)
-	.venv/bin/syncbench bench --transport
-	.venv/bin/syncbench bench --harness
+	.venv/bin/syncbench bench transport
+	.venv/bin/syncbench bench harness
 	.venv/bin/syncbench bench --workers 4 --sizes 4K,64K,1M,16M,64M
 	.venv/bin/syncbench bench --workers 8 --sizes 4K,16K,64K --strategies ring,halving_doubling,native
 	.venv/bin/syncbench bench --workers 4 --sizes 16M --bandwidth 1Gbit --latency 50us
 	.venv/bin/syncbench bench --workers 4 --p2p sockets
 	.venv/bin/syncbench bench --workers 8 --strategies ring,halving_doubling,reduce_broadcast,all_to_all,naive_ring,native,ddp --p2p sockets
-	.venv/bin/syncbench bench --ps
+	.venv/bin/syncbench bench ps
 
 # The correctness core for iteration (budget 3 minutes on 2 cores): every test but those marked ray, netns, gpu,
 # slow or simgrid. A new test file is in by default; a slow one opts out by marker (tests/conftest.py's SLOW_MODULES for a
@@ -62,4 +62,4 @@ clean:
 gpu-results: $(VENV_STAMP)
 	.venv/bin/syncbench run experiments/config/sweeps/scaling.toml --out results/scaling --resume
 	.venv/bin/python -m experiments.pipeline.publish results/scaling
-	.venv/bin/syncbench bench --harness --device cuda --workload resnet50 --image-size 224
+	.venv/bin/syncbench bench harness --device cuda --workload resnet50 --image-size 224

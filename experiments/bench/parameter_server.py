@@ -39,7 +39,7 @@ def ps_bench(workers: int = 4, bandwidth: str = "1Gbit", latency: str = "50us", 
     """Measure the profile once, run one sweep per overlap setting on thread ranks (python-emulated links), return
     one row per run. Overlap on: `bucket_mb` buckets and the first partition size only."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
-        raise ValueError(f"bench --ps --workers {workers!r}: accepted are 2 or more workers (a parameter server "
+        raise ValueError(f"bench ps --workers {workers!r}: accepted are 2 or more workers (a parameter server "
                          f"against ring needs peers)")
     # colocated servers run beside workers 0..k-1: server counts beyond the workers are left out, not refused
     servers = [k for k in servers if k <= workers]

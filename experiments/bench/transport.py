@@ -146,11 +146,11 @@ def harness_bench(workload: str = "resnet18", batch_size: int = 32, image_size: 
     point = {"workload": workload, "image_size": image_size, "batch_size": batch_size, "steps": steps,
              "warmup_steps": min(5, steps - 1), "strategy": "ring", "workers": 1, "device": device}
     try:
-        spec = parse({"name": "harness", "defaults": point}, where="bench --harness").runs[0]
+        spec = parse({"name": "harness", "defaults": point}, where="bench harness").runs[0]
     except SweepError as e:
         raise ValueError(str(e).replace(":\n  - ", ": ", 1).replace("\n  - ", "; ")) from None
     if device == "cuda" and not ray.is_initialized() and not torch.cuda.is_available():
-        raise ValueError("bench --harness --device cuda: this machine has no CUDA GPU (torch sees none): use cpu")
+        raise ValueError("bench harness --device cuda: this machine has no CUDA GPU (torch sees none): use cpu")
     rows = []
     with ray_session(), WorkerGroup(1, num_gpus=1 if device == "cuda" else 0) as group:
         for i in range(rounds):  # alternate, so drift in the machine's load hits both alike
