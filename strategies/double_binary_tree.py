@@ -104,7 +104,8 @@ def port_profiles(n: int, tree_k: int, port_k: int) -> tuple[tuple, tuple, int]:
     n ranks in nodes of tree_k, ports in nodes of port_k. A port's profile is its (tree, slot offset, messages)
     triples: in tree t it carries that many of chunk c's messages in slot c + offset. Returns the distinct NIC
     port profiles (a node's, sent or received, its ranks summed), the distinct rank port profiles and the deepest
-    tree's depth; ports with equal profiles carry equal bytes in every slot, so each profile is priced once."""
+    tree's depth; ports with equal profiles carry equal bytes in every slot, so each profile is priced once (each
+    level's profiles as _profile_arrays gives them)."""
     ports: dict[tuple[str, int, int], dict[tuple[int, int], int]] = {}
     top_all = 0
     for tree in (0, 1):
@@ -124,24 +125,39 @@ def port_profiles(n: int, tree_k: int, port_k: int) -> tuple[tuple, tuple, int]:
                         (("intra", src, 0), ("intra", dst, 1)):
                     profile = ports.setdefault(port, {})
                     profile[tree, offset] = profile.get((tree, offset), 0) + 1
-    unique = {level: {tuple(sorted(p.items())) for (lv, _, _), p in ports.items() if lv == level}
-              for level in ("nic", "intra")}
-    return tuple(sorted(unique["nic"])), tuple(sorted(unique["intra"])), top_all
+    return tuple(_profile_arrays({tuple(sorted(p.items())) for (lv, _, _), p in ports.items() if lv == level})
+                 for level in ("nic", "intra")) + (top_all,)
+
+
+def _profile_arrays(profiles: set) -> tuple:
+    """(how many profiles, per tree the (profile, slot offset, messages) arrays of their triples)."""
+    entries = [[(u, off, cnt) for u, profile in enumerate(sorted(profiles)) for (t, off), cnt in profile if t == tree]
+               for tree in (0, 1)]
+    return len(profiles), tuple(np.array(e, dtype=np.int64).reshape(-1, 3).T for e in entries)
 
 
 def _slot_bytes(profiles: tuple, sizes: list[list[int]], slots: int) -> np.ndarray:
     """Per slot, the busiest of these port profiles' bytes (chunk c of tree t is sizes[t][c] bytes)."""
-    if not profiles:
-        return np.zeros(slots, dtype=np.int64)
-    grid = np.zeros((len(profiles), slots), dtype=np.int64)
-    for tree in (0, 1):
-        rows, offsets, counts = (np.array(v, dtype=np.int64).reshape(-1) for v in zip(
-            *[(u, off, cnt) for u, profile in enumerate(profiles) for (t, off), cnt in profile if t == tree]
-            or [(), (), ()]))
-        for c, size in enumerate(sizes[tree]):
-            if size:
-                np.add.at(grid, (rows, offsets + c), counts * size)
+    count, trees = profiles
+    grid = np.zeros((max(count, 1), slots), dtype=np.int64)
+    for (rows, offsets, messages), chunk_sizes in zip(trees, sizes):
+        chunk = np.arange(len(chunk_sizes))
+        # a profile's entry carries chunk c in slot offset + c; entries of one profile may meet in a slot
+        np.add.at(grid, (rows[:, None], offsets[:, None] + chunk), messages[:, None] * np.array(chunk_sizes,
+                                                                                                  dtype=np.int64))
     return grid.max(axis=0)
+
+
+@functools.lru_cache(maxsize=64)
+def tree_degrees(n: int, k: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Per rank its edges (parent and children) in tree 0 and tree 1, over n ranks in nodes of k, and the deeper
+    tree's depth: traffic's counts, cached (every chunk count and buffer reuses them)."""
+    edges, depth = [], 0
+    for tree in (0, 1):
+        parents = node_tree_parents(n, k, tree)
+        edges.append([(p is not None) + len(c) for p, c in zip(parents, tree_children(parents))])
+        depth = max(depth, max(depths(parents), default=0))
+    return tuple(zip(*edges)), depth
 
 
 def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tuple[int, str, int, int]]:
@@ -292,7 +308,7 @@ class DoubleBinaryTreeConfig(StrategyConfig):
         the slots follow one another: the pipeline's fill and drain are the slots with less than the full load."""
         k, n = ranks_per_node or self.ranks_per_node, workers
         nic, intra, top = port_profiles(n, self.ranks_per_node, k)
-        if not nic and not intra:
+        if not nic[0] and not intra[0]:
             return []
         # every tree's slots start at 0 (its deepest child's first chunk) and end at its deepest parent's last
         slots = self.chunks + 2 * top - 1
@@ -302,19 +318,19 @@ class DoubleBinaryTreeConfig(StrategyConfig):
 
     def traffic(self, workers, numel, itemsize=4):
         n = workers
-        totals = [[0, 0, 0, 0] for _ in range(n)]
-        depth = 0
-        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
-            children = tree_children(parents)
-            sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
-            nbytes, count = sum(sizes), nonempty(*sizes)
-            for rank in range(n):
-                # reduce: one to the parent, one from each child; broadcast: the reverse
-                messages = (parents[rank] is not None) + len(children[rank])
-                for i in range(4):
-                    totals[rank][i] += messages * (nbytes if i < 2 else count)
-            depth = max(depth, max(depths(parents), default=0))
-        ranks = tuple(RankTraffic("worker", *t) for t in totals)
+        degrees, depth = tree_degrees(n, self.ranks_per_node)
+        halves = [[(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)] for lo, hi in
+                  chunk_bounds(numel, 2)]
+        nbytes, count = [sum(sizes) for sizes in halves], [nonempty(*sizes) for sizes in halves]
+        # reduce: one to the parent, one from each child; broadcast: the reverse (as many sent as received)
+        ranks, made = [], {}
+        for pair in degrees:
+            if pair not in made:
+                sent = sum(d * b for d, b in zip(pair, nbytes))
+                msgs = sum(d * c for d, c in zip(pair, count))
+                made[pair] = RankTraffic("worker", sent, sent, msgs, msgs)
+            ranks.append(made[pair])
+        ranks = tuple(ranks)
         # pipelined in slots, one after another (a slot's sends leave once the slot before's have): the path is
         # each slot's busiest NIC (a rank's sends or receives in that slot, every rank its own NIC), so the fill
         # and drain cost what they move; SimGrid agrees at 5, 8, 16 ranks where the busiest rank's bytes plus
