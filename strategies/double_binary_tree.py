@@ -20,7 +20,7 @@ messages in one order and while chunk c goes up a tree the chunks before it come
 receives first (the children's partial sums in a scratch of its children x the half, per tree), and its sends of
 a slot leave only once its sends of the slot before have: eager sends of later slots would otherwise share the
 NIC with the chunk a peer is waiting for (on SimGrid that made 4 chunks slower than 1). The slots then follow one
-another, which is what cost.node_cost prices (slot_levels: each slot's busiest port).
+another, which is what cost_nodes.node_cost prices (slot_levels: each slot's busiest port).
 """
 
 from __future__ import annotations
