@@ -20,12 +20,15 @@ messages in one order and while chunk c goes up a tree the chunks before it come
 receives first (the children's partial sums in a scratch of its children x the half, per tree), and its sends of
 a slot leave only once its sends of the slot before have: eager sends of later slots would otherwise share the
 NIC with the chunk a peer is waiting for (on SimGrid that made 4 chunks slower than 1). The slots then follow one
-another, which is what cost.node_cost prices (slot_levels: each slot's busiest port).
+another, which is what cost_nodes.node_cost prices (slot_levels: each slot's busiest port).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 from strategies.base import MAX_MESSAGES, RankTraffic, Strategy, StrategyConfig, Traffic, chunk_bounds, nonempty
 from strategies.ops import finish_reduction, reduce_into
@@ -80,14 +83,81 @@ def tree_children(parents: list[int | None]) -> list[list[int]]:
 
 
 def depths(parents: list[int | None]) -> list[int]:
-    """Every rank's hops to the root."""
-    out = []
+    """Every rank's hops to the root, O(n): a rank's depth is its parent's plus one (each chain walked once)."""
+    out: list[int | None] = [None] * len(parents)
     for rank in range(len(parents)):
-        hops = 0
-        while parents[rank] is not None:
-            rank, hops = parents[rank], hops + 1
-        out.append(hops)
+        path = []
+        while out[rank] is None and parents[rank] is not None:
+            path.append(rank)
+            rank = parents[rank]
+        hops = 0 if out[rank] is None else out[rank]
+        out[rank] = hops
+        for below in reversed(path):
+            hops += 1
+            out[below] = hops
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def port_profiles(n: int, tree_k: int, port_k: int) -> tuple[tuple, tuple, int]:
+    """The trees' messages by port, with no sizes in them (so every chunk count and buffer reuses them): trees over
+    n ranks in nodes of tree_k, ports in nodes of port_k. A port's profile is its (tree, slot offset, messages)
+    triples: in tree t it carries that many of chunk c's messages in slot c + offset. Returns the distinct NIC
+    port profiles (a node's, sent or received, its ranks summed), the distinct rank port profiles and the deepest
+    tree's depth; ports with equal profiles carry equal bytes in every slot, so each profile is priced once (each
+    level's profiles as _profile_arrays gives them)."""
+    ports: dict[tuple[str, int, int], dict[tuple[int, int], int]] = {}
+    top_all = 0
+    for tree in (0, 1):
+        parents = node_tree_parents(n, tree_k, tree)
+        depth = depths(parents)
+        top = max(depth, default=0)
+        top_all = max(top_all, top)
+        for child, parent in enumerate(parents):
+            if parent is None:
+                continue
+            nic = child // port_k != parent // port_k
+            # up: sent in slot c + D - depth(child); down: sent in slot c + D + depth(parent)
+            for offset, src, dst in ((top - depth[child], child, parent), (top + depth[parent], parent, child)):
+                # a message between nodes crosses both ranks' own ports into their nodes too (the nodes
+                # platform's route: port, NIC, switch, NIC, port), beside their intra-node messages
+                for port in ((("nic", src // port_k, 0), ("nic", dst // port_k, 1)) if nic else ()) + \
+                        (("intra", src, 0), ("intra", dst, 1)):
+                    profile = ports.setdefault(port, {})
+                    profile[tree, offset] = profile.get((tree, offset), 0) + 1
+    return tuple(_profile_arrays({tuple(sorted(p.items())) for (lv, _, _), p in ports.items() if lv == level})
+                 for level in ("nic", "intra")) + (top_all,)
+
+
+def _profile_arrays(profiles: set) -> tuple:
+    """(how many profiles, per tree the (profile, slot offset, messages) arrays of their triples)."""
+    entries = [[(u, off, cnt) for u, profile in enumerate(sorted(profiles)) for (t, off), cnt in profile if t == tree]
+               for tree in (0, 1)]
+    return len(profiles), tuple(np.array(e, dtype=np.int64).reshape(-1, 3).T for e in entries)
+
+
+def _slot_bytes(profiles: tuple, sizes: list[list[int]], slots: int) -> np.ndarray:
+    """Per slot, the busiest of these port profiles' bytes (chunk c of tree t is sizes[t][c] bytes)."""
+    count, trees = profiles
+    grid = np.zeros((max(count, 1), slots), dtype=np.int64)
+    for (rows, offsets, messages), chunk_sizes in zip(trees, sizes):
+        chunk = np.arange(len(chunk_sizes))
+        # a profile's entry carries chunk c in slot offset + c; entries of one profile may meet in a slot
+        np.add.at(grid, (rows[:, None], offsets[:, None] + chunk), messages[:, None] * np.array(chunk_sizes,
+                                                                                                  dtype=np.int64))
+    return grid.max(axis=0)
+
+
+@functools.lru_cache(maxsize=64)
+def tree_degrees(n: int, k: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Per rank its edges (parent and children) in tree 0 and tree 1, over n ranks in nodes of k, and the deeper
+    tree's depth: traffic's counts, cached (every chunk count and buffer reuses them)."""
+    edges, depth = [], 0
+    for tree in (0, 1):
+        parents = node_tree_parents(n, k, tree)
+        edges.append([(p is not None) + len(c) for p, c in zip(parents, tree_children(parents))])
+        depth = max(depth, max(depths(parents), default=0))
+    return tuple(zip(*edges)), depth
 
 
 def schedule(parents: list[list[int | None]], rank: int, chunks: int) -> list[tuple[int, str, int, int]]:
@@ -212,15 +282,16 @@ class DoubleBinaryTreeConfig(StrategyConfig):
         totals = {level: [[0, 0, 0, 0] for _ in range(n)] for level in ("intra", "nic")}
         for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
             sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
+            nbytes, count = sum(sizes), nonempty(*sizes)
             for child, parent in enumerate(parents):
                 if parent is None:
                     continue
                 level = "intra" if child // k == parent // k else "nic"
                 for a, b in ((child, parent), (parent, child)):  # up in the reduce, down in the broadcast
-                    totals[level][a][0] += sum(sizes)
-                    totals[level][a][2] += nonempty(*sizes)
-                    totals[level][b][1] += sum(sizes)
-                    totals[level][b][3] += nonempty(*sizes)
+                    totals[level][a][0] += nbytes
+                    totals[level][a][2] += count
+                    totals[level][b][1] += nbytes
+                    totals[level][b][3] += count
         return {level: [RankTraffic("worker", *t) for t in ranks] for level, ranks in totals.items()}
 
     def chunk_bytes(self, numel: int, itemsize: int = 4) -> int:
@@ -236,44 +307,30 @@ class DoubleBinaryTreeConfig(StrategyConfig):
         `ranks_per_node` (default: the strategy's own). A slot's sends leave when the slot before's have, so
         the slots follow one another: the pipeline's fill and drain are the slots with less than the full load."""
         k, n = ranks_per_node or self.ranks_per_node, workers
-        slots: dict[int, dict[tuple[str, int, int], int]] = {}
-        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
-            depth = depths(parents)
-            top = max(depth, default=0)
-            sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
-            for child, parent in enumerate(parents):
-                if parent is None:
-                    continue
-                nic = child // k != parent // k
-                for c, size in enumerate(sizes):
-                    # up: sent in slot c + D - depth(child); down: sent in slot c + D + depth(parent)
-                    for slot, src, dst in ((c + top - depth[child], child, parent),
-                                           (c + top + depth[parent], parent, child)):
-                        ports = slots.setdefault(slot, {})
-                        # a message between nodes crosses both ranks' own ports into their nodes too (the nodes
-                        # platform's route: port, NIC, switch, NIC, port), beside their intra-node messages
-                        for port in ((("nic", src // k, 0), ("nic", dst // k, 1)) if nic else ()) + \
-                                (("intra", src, 0), ("intra", dst, 1)):
-                            ports[port] = ports.get(port, 0) + size
-        return [(max((b for (level, _, _), b in ports.items() if level == "nic"), default=0),
-                 max((b for (level, _, _), b in ports.items() if level == "intra"), default=0))
-                for _, ports in sorted(slots.items())]
+        nic, intra, top = port_profiles(n, self.ranks_per_node, k)
+        if not nic[0] and not intra[0]:
+            return []
+        # every tree's slots start at 0 (its deepest child's first chunk) and end at its deepest parent's last
+        slots = self.chunks + 2 * top - 1
+        sizes = [[(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
+                 for lo, hi in chunk_bounds(numel, 2)]
+        return [(int(b), int(i)) for b, i in zip(_slot_bytes(nic, sizes, slots), _slot_bytes(intra, sizes, slots))]
 
     def traffic(self, workers, numel, itemsize=4):
         n = workers
-        sent = [[] for _ in range(n)]
-        recv = [[] for _ in range(n)]
-        depth = 0
-        for parents, (lo, hi) in zip(self.parents(n), chunk_bounds(numel, 2)):
-            children = tree_children(parents)
-            sizes = [(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
-            for rank in range(n):
-                has_parent = parents[rank] is not None
-                for size in sizes:  # reduce: one to the parent, one from each child; broadcast: the reverse
-                    sent[rank] += [size] * (has_parent + len(children[rank]))
-                    recv[rank] += [size] * (len(children[rank]) + has_parent)
-            depth = max(depth, max(depths(parents), default=0))
-        ranks = tuple(RankTraffic("worker", sum(s), sum(r), nonempty(*s), nonempty(*r)) for s, r in zip(sent, recv))
+        degrees, depth = tree_degrees(n, self.ranks_per_node)
+        halves = [[(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)] for lo, hi in
+                  chunk_bounds(numel, 2)]
+        nbytes, count = [sum(sizes) for sizes in halves], [nonempty(*sizes) for sizes in halves]
+        # reduce: one to the parent, one from each child; broadcast: the reverse (as many sent as received)
+        ranks, made = [], {}
+        for pair in degrees:
+            if pair not in made:
+                sent = sum(d * b for d, b in zip(pair, nbytes))
+                msgs = sum(d * c for d, c in zip(pair, count))
+                made[pair] = RankTraffic("worker", sent, sent, msgs, msgs)
+            ranks.append(made[pair])
+        ranks = tuple(ranks)
         # pipelined in slots, one after another (a slot's sends leave once the slot before's have): the path is
         # each slot's busiest NIC (a rank's sends or receives in that slot, every rank its own NIC), so the fill
         # and drain cost what they move; SimGrid agrees at 5, 8, 16 ranks where the busiest rank's bytes plus
