@@ -161,7 +161,7 @@ MUTATIONS = (
                                          "gets_the_newest_parameters_not_its_own_steps",),
              "tests/strategies/test_parameter_server_async.py::test_a_late_backup_worker_gets_the_newest", PS_WIDE),
     Mutation("dbt-one-chunk-too-many", "survivor", "strategies/double_binary_tree.py",
-             "path = busiest + max(2 * depth - 2, 0) * chunk", "path = busiest + max(2 * depth - 1, 0) * chunk",
+             "rounds = 2 * depth + (self.chunks - 1) if n > 1", "rounds = 2 * depth + self.chunks if n > 1",
              TABLES, "tests/strategies/test_traffic_tables.py::test_traffic_is_the_hand_worked_table[double_binary",
              ("tests/strategies/test_double_binary_tree.py", *MATRIX)),
     Mutation("topk-floor", "survivor", "strategies/compression.py",
