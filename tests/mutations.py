@@ -95,8 +95,7 @@ MUTATIONS = (
              "{winner['throughput'] / runner_up['throughput']:.2f}x",
              "{runner_up['throughput'] / winner['throughput']:.2f}x", REPORT_TESTS),
     Mutation("efficiency-target-wrong", "report", "reports/tables.py",
-             "s = bandwidth_needed(path_bytes, ts[workload][0], p)",
-             "s = bandwidth_needed(path_bytes, ts[workload][0], 0.9)", REPORT_TESTS),
+             "ts[workload][0]), p)", "ts[workload][0]), 0.9)", REPORT_TESTS),
     Mutation("traffic-check-always-equal", "report", "reports/tables.py",
              'same = np.isclose(both["bytes_sent_per_worker"], both["analytic_bytes_sent_per_worker"], rtol=1e-9, '
              'atol=0.5)',
@@ -171,7 +170,7 @@ MUTATIONS = (
              "path + t.path_bytes,", "max(path, t.path_bytes),", SUMMARY_TESTS,
              "tests/experiments/test_run_metrics.py::test_a_bucketed_runs_analytic_traffic", SUMMARY_WIDE),
     Mutation("one-run-winner-called-clear", "survivor", "reports/verdicts.py",
-             '(others["runs"] < 2) | (best["runs"] < 2) | ', '(others["runs"] < 2) | ', REPORT_TESTS,
+             'return best["runs"] >= 2 and other["runs"] >= 2 and', 'return other["runs"] >= 2 and', REPORT_TESTS,
              "tests/reports/test_report_numbers.py::test_a_one_run_winner", REPORT_WIDE),
     Mutation("comm-share-as-a-fraction", "survivor", "reports/verdicts.py",
              '"comm share %": best["comm_fraction"] * 100', '"comm share %": best["comm_fraction"]', REPORT_TESTS,
@@ -223,7 +222,7 @@ MUTATIONS = (
              "reached = int(met.index[0]) + 1", "reached = int(met.index[0])", (*SUMMARY_TESTS, *TIME_TO_TARGET)),
     # -- verdicts and report tables --------------------------------------------------------------------------------
     Mutation("touching-intervals-called-clear", "report", "reports/verdicts.py",
-             '(others["throughput_hi"] >= best["throughput_lo"])', '(others["throughput_hi"] > best["throughput_lo"])',
+             'other["throughput_hi"] < best["throughput_lo"]', 'other["throughput_hi"] <= best["throughput_lo"]',
              REPORT_TESTS, "", REPORT_WIDE),
     Mutation("overlap-efficiency-from-busy-time", "report", "reports/tables.py",
              '"P": agg["compute_s"] / (agg["compute_s"] + agg["exposed_comm_s"])',
