@@ -314,15 +314,12 @@ KNOWN_LONG_FILES = {
     "strategies/cost.py": "one pricing function per strategy; the node pricing is a module of its own",
     "strategies/transport/simgrid.py": "the engine's process setup apart from the communicator",
     "experiments/cli/main.py": "one module per command, bench as subcommands",
-    "experiments/config/sweep.py": "one table of settings: ranges, parse, validation",
     "experiments/pipeline/train.py": "the step loop; roles, servers, measured compute in their own modules",
     "reports/strategy_map.py": "the map's files (write) into map_figure.py",
 }
 KNOWN_LONG_FUNCTIONS = {
     "experiments/cli/main.py::main": "the parser, one function per command",
     "experiments/cli/map.py::run": "the map command's arguments apart from its run",
-    "experiments/config/sweep.py::parse": "one table of settings",
-    "experiments/config/sweep.py::_make_spec": "one table of settings",
     "experiments/pipeline/summary.py::summarize": "the run row's sections (config, numbers, verdicts)",
     "reports/model.py::model_table": "one row per strategy apart from the table",
     "experiments/simulate/faults.py::simulate_failures": "its driver, segment and ranks (closures) as a class",
