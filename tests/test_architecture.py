@@ -315,8 +315,6 @@ KNOWN_LONG_FILES = {
 KNOWN_LONG_FUNCTIONS = {
     "experiments/cli/main.py::main": "the parser, one function per command",
     "experiments/cli/map.py::run": "the map command's arguments apart from its run",
-    "experiments/pipeline/summary.py::summarize": "the run row's sections (config, numbers, verdicts)",
-    "reports/model.py::model_table": "one row per strategy apart from the table",
     "experiments/simulate/faults.py::simulate_failures": "its driver, segment and ranks (closures) as a class",
 }
 
