@@ -15,6 +15,7 @@ from experiments.config.settings import (
     RANGES,
     SETTINGS,
     TYPES,
+    is_int,
     is_number,
     type_problem,
 )
@@ -295,8 +296,7 @@ def _check_straggler(value, errors: list[str]) -> dict | None:
         errors.append(f"straggler = {value!r}: expected {{ ranks = [1], slowdown = 2.0 }}")
         return None
     ranks, slowdown = value["ranks"], value.get("slowdown", 2.0)
-    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) and not isinstance(r, bool)
-                                                           and r >= 0 for r in ranks):
+    if not isinstance(ranks, list) or not ranks or not all(is_int(r) and r >= 0 for r in ranks):
         errors.append(f"straggler.ranks = {ranks!r}: expected a non-empty list of worker ranks (integers >= 0)")
         return None
     if problem := BY_NAME["straggler.slowdown"].problem(slowdown):

@@ -57,6 +57,11 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_int(value) -> bool:
+    """An int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def type_problem(key: str, typ: type, value) -> str | None:
     """`key = value: expected ...` when value is not of typ (strict: a bool is not an int, a string not a bool;
     an int is a float), else None."""
@@ -114,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
             Range(125e3, 12.5e12, text="1Mbit to 100Tbit (125KB/s to 12.5TB/s)"), "bytes/s"),
     Setting("link.latency", None, "the emulated link's one-way latency", Range(0, 1, text="0s to 1s"), "s"),
     Setting("straggler.slowdown", float, "a straggler's compute takes this many times as long", Range(1, 100)),
+    Setting("failures.seed", int, "the seed of failures drawn from an mtbf",
+            Range(0, 2**31 - 1, text="whole numbers 0 to 2,147,483,647")),
     Setting("bucket_mb", float, "gradient bucket size (DDP's bucket_cap_mb); unset: one flat bucket",
             Range(0, 1_000_000, low_open=True), "MiB"),
     Setting("overlap", bool, "sync each bucket from a communication thread as soon as its gradients are ready"),
