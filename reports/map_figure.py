@@ -12,7 +12,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.offline
 
-from reports.strategy_map import (
+from reports.map_text import (
     EXACT_TIE,
     StrategyMap,
     _column_value,

@@ -109,53 +109,9 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     (strategies.cost.node_cost), the NIC's and intra-node bytes and the bottleneck get columns; a strategy with no
     per-level traffic gets a note instead of numbers.
     """
-    if profile is not None:
-        if model is not None or model_bytes is not None or step_time is not None:
-            raise ValueError("a profile names the model and its step time: give it without model, model bytes or "
-                             "step time")
-        model, num_classes, step_time = profile.model, profile.num_classes, profile.step_s
-    if (model is None) == (model_bytes is None):
-        raise ValueError(f"give a model name or model bytes, not {'both' if model else 'neither'} "
-                         f"(model={model!r}, model_bytes={model_bytes!r})")
-    if model is not None:
-        numel = profile.numel if profile is not None else model_numel(model, num_classes)
-        num_classes = profile.num_classes if profile is not None else (
-            default_num_classes(model) if num_classes is None else num_classes)
-    else:
-        if not model_bytes > 0:
-            raise ValueError(f"bad model bytes {model_bytes!r}: expected a size > 0, e.g. 553.36MB")
-        numel = round(model_bytes / 4)  # fp32
-    if isinstance(workers, bool) or int(workers) != workers or not 1 <= workers <= MAX_MODEL_WORKERS:
-        raise ValueError(f"bad workers {workers!r}: expected a whole number from 1 to {MAX_MODEL_WORKERS:,}")
-    if not 0 < bandwidth < math.inf:
-        raise ValueError(f"bad bandwidth {bandwidth!r}: expected bytes/s greater than zero")
-    if step_time is None or not 0 < step_time < math.inf:
-        raise ValueError(f"bad step time {step_time!r}: expected the compute time per step in seconds, > 0")
-    if not 0 <= latency < math.inf:
-        raise ValueError(f"bad latency {latency!r}: expected seconds >= 0")
-    if not 0 < target_efficiency < 1:
-        raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")
-    if isinstance(ranks_per_node, bool) or int(ranks_per_node) != ranks_per_node or not 1 <= ranks_per_node <= 1024:
-        raise ValueError(f"bad ranks per node {ranks_per_node!r}: expected a whole number from 1 to 1024")
-    if not intra_bandwidth > 0:
-        raise ValueError(f"bad intra-node bandwidth {intra_bandwidth!r}: expected bytes/s greater than zero")
-    known = strategy_names()
-    specs = [parse_strategy(text) for text in strategies] if strategies else [(name, {}) for name in known]
-    # a node-aware strategy groups by the priced nodes unless its parameters say otherwise (as a sweep's run does)
-    specs = [(name, {"ranks_per_node": int(ranks_per_node), **params}
-              if name in known and "ranks_per_node" in get_strategy(name).parameters() else params)
-             for name, params in specs]
-    unknown = [n for n, _ in specs if n not in known]
-    if unknown:
-        raise ValueError(f"unknown strategy {unknown[0]!r}: known are {', '.join(known)}")
-    labels = list(strategies) if strategies else known
-    configs = []
-    for label, (name, params) in zip(labels, specs):
-        try:
-            configs.append(make_strategy(name, **params))
-            configs[-1].check_messages(int(workers), numel)  # before pricing: 1e-9 MiB partitions took 7 GB
-        except TypeError as e:
-            raise ValueError(f"strategy {label!r}: {e}") from None
+    model, numel, num_classes, step_time = _resolve_model(model, model_bytes, step_time, num_classes, profile)
+    _check_inputs(workers, bandwidth, step_time, latency, target_efficiency, ranks_per_node, intra_bandwidth)
+    labels, configs = _configs(strategies, int(workers), numel, ranks_per_node)
 
     buckets = make_buckets(profile.numels, bucket_mb, profile.itemsize) if profile is not None else ()
     fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth)
@@ -176,6 +132,67 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
                     profile=profile, bucket_mb=bucket_mb, buckets=len(buckets), ranks_per_node=int(ranks_per_node),
                     intra_bandwidth=intra_bandwidth)
     return df
+
+
+def _resolve_model(model, model_bytes, step_time, num_classes, profile) -> tuple:
+    """(model, numel, num_classes, step_time): from the profile, the model's name or its bytes (one of them)."""
+    if profile is not None:
+        if model is not None or model_bytes is not None or step_time is not None:
+            raise ValueError("a profile names the model and its step time: give it without model, model bytes or "
+                             "step time")
+        model, num_classes, step_time = profile.model, profile.num_classes, profile.step_s
+    if (model is None) == (model_bytes is None):
+        raise ValueError(f"give a model name or model bytes, not {'both' if model else 'neither'} "
+                         f"(model={model!r}, model_bytes={model_bytes!r})")
+    if model is not None:
+        numel = profile.numel if profile is not None else model_numel(model, num_classes)
+        num_classes = profile.num_classes if profile is not None else (
+            default_num_classes(model) if num_classes is None else num_classes)
+    else:
+        if not model_bytes > 0:
+            raise ValueError(f"bad model bytes {model_bytes!r}: expected a size > 0, e.g. 553.36MB")
+        numel = round(model_bytes / 4)  # fp32
+    return model, numel, num_classes, step_time
+
+
+def _check_inputs(workers, bandwidth, step_time, latency, target_efficiency, ranks_per_node, intra_bandwidth) -> None:
+    """ValueError naming the first bad number and what is accepted."""
+    if isinstance(workers, bool) or int(workers) != workers or not 1 <= workers <= MAX_MODEL_WORKERS:
+        raise ValueError(f"bad workers {workers!r}: expected a whole number from 1 to {MAX_MODEL_WORKERS:,}")
+    if not 0 < bandwidth < math.inf:
+        raise ValueError(f"bad bandwidth {bandwidth!r}: expected bytes/s greater than zero")
+    if step_time is None or not 0 < step_time < math.inf:
+        raise ValueError(f"bad step time {step_time!r}: expected the compute time per step in seconds, > 0")
+    if not 0 <= latency < math.inf:
+        raise ValueError(f"bad latency {latency!r}: expected seconds >= 0")
+    if not 0 < target_efficiency < 1:
+        raise ValueError(f"bad target efficiency {target_efficiency!r}: expected a number between 0 and 1")
+    if isinstance(ranks_per_node, bool) or int(ranks_per_node) != ranks_per_node or not 1 <= ranks_per_node <= 1024:
+        raise ValueError(f"bad ranks per node {ranks_per_node!r}: expected a whole number from 1 to 1024")
+    if not intra_bandwidth > 0:
+        raise ValueError(f"bad intra-node bandwidth {intra_bandwidth!r}: expected bytes/s greater than zero")
+
+
+def _configs(strategies: list[str] | None, workers: int, numel: int, ranks_per_node: int) -> tuple[list, list]:
+    """The strategies' labels (as given, or every known name) and their configs, each checked for its messages."""
+    known = strategy_names()
+    specs = [parse_strategy(text) for text in strategies] if strategies else [(name, {}) for name in known]
+    # a node-aware strategy groups by the priced nodes unless its parameters say otherwise (as a sweep's run does)
+    specs = [(name, {"ranks_per_node": int(ranks_per_node), **params}
+              if name in known and "ranks_per_node" in get_strategy(name).parameters() else params)
+             for name, params in specs]
+    unknown = [n for n, _ in specs if n not in known]
+    if unknown:
+        raise ValueError(f"unknown strategy {unknown[0]!r}: known are {', '.join(known)}")
+    labels = list(strategies) if strategies else known
+    configs = []
+    for label, (name, params) in zip(labels, specs):
+        try:
+            configs.append(make_strategy(name, **params))
+            configs[-1].check_messages(workers, numel)  # before pricing: 1e-9 MiB partitions took 7 GB
+        except TypeError as e:
+            raise ValueError(f"strategy {label!r}: {e}") from None
+    return labels, configs
 
 
 def _path_bytes(config, workers, numel, fabric, itemsize, shapes) -> float:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 
 import strategies.faults as faults
+from experiments.config.settings import BY_NAME, is_int
 from strategies.transport.link import parse_latency
 
 MTBF_RANGE_S = (1.0, 1e9)  # one second to about 32 years, per worker
-SEED_MAX = 2**31 - 1
+SEED_MAX = BY_NAME["failures.seed"].range.high
 FAILURE_KEYS = ("schedule", "mtbf", "seed")
 RECOVERY_KEYS = ("mode", "checkpoint_every", "rejoin_steps")
 EXAMPLE_FAILURES = '{ schedule = [{ rank = 2, step = 5 }] } or { mtbf = "7.9h", seed = 1 }'
@@ -72,8 +73,8 @@ def _failures(value, workers: int, steps: int, servers: int, errors: list[str]) 
         errors.append(str(e))
         return {}
     seed = value.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
-        errors.append(f"failures.seed = {seed!r}: accepted are whole numbers 0 to {SEED_MAX:,}")
+    if (accepted := BY_NAME["failures.seed"]).problem(seed):
+        errors.append(f"failures.seed = {seed!r}: accepted are {accepted.range.describe()}")
         return {}
     return {"mtbf_s": mtbf_s, "seed": seed}
 
@@ -85,7 +86,7 @@ def _schedule(rows, workers: int, steps: int, servers: int, errors: list[str]) -
     listed = []
     for row in rows:
         if not isinstance(row, dict) or set(row) != {"rank", "step"} or not all(
-                isinstance(row[k], int) and not isinstance(row[k], bool) for k in row):
+                is_int(row[k]) for k in row):
             errors.append(f"failures.schedule row {row!r}: expected {{ rank = <integer>, step = <integer> }}")
             return {}
         listed.append(faults.Failure(row["step"], row["rank"]))

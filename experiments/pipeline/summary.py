@@ -27,82 +27,118 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     config = spec.strategy_config()
     strategy = config.unwrapped()  # the registered strategy under compression and local SGD
     servers = config.num_servers(spec.workers)
-    network = spec.network()
-    straggler = spec.straggler or {}
-    row = {"run_id": spec.run_id, "sweep": spec.sweep, "substrate": "ray", "workload": spec.workload,
-           "dataset": spec.dataset, "image_size": spec.image_size, "batch_size": spec.batch_size,
-           "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
-           "repeat": spec.repeat,
-           "lr": spec.lr, "strategy": spec.strategy,
-           # every parameter the strategy ran with (defaults included), each a typed param_<name> column
-           **{f"param_{k}": getattr(strategy, k) for k in type(strategy).parameters()},
-           **spec.wrapper_settings(),  # compression and local SGD, typed columns of their own
-           "workers": spec.workers, "servers": servers, "bytes_counted": bool(config.counted),
-           "link_bandwidth": network.default.bandwidth if network else math.nan,
-           "link_latency_s": network.default.latency if network else 0.0,
-           "link_emulation": network.emulation if network else "",
-           "bypasses_link": not config.counted and network is not None and network.emulation == "python",
-           "link_heterogeneous": bool(network and network.overrides),
-           "link_ranks": tuple(sorted(rank for rank, _ in network.overrides)) if network else (),
-           "ranks_per_node": spec.ranks_per_node,
-           "link_intra_bandwidth": network.intra.bandwidth if network and spec.ranks_per_node > 1 else math.nan,
-           "link_intra_latency_s": network.intra.latency if network and spec.ranks_per_node > 1 else math.nan,
-           **_knob_columns(spec.knob_choice),
-           "straggler_ranks": tuple(straggler.get("ranks", ())),
-           "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
-           "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,
-           "overlap": bool(spec.overlap), "trace_steps": traced_steps(spec), "profile_id": "", "profile_device": "",
-           "status": "failed" if results is None else "ok", "error": error,
-           "cores_oversubscribed": spec.workers + servers > meta["cores"],
-           # GPU ranks sharing a GPU fall back from NCCL to gloo: their compute and transfers contend
-           "gpu_shared": spec.device == "cuda" and spec.workers > 1 and meta["transport"] != "nccl",
-           **meta}
-    metrics = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
-               "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
-               "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "numel",
-               "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy",
-               "buckets", "backward_end_s", "exposed_comm_s", "comm_busy_s", "overlap_fraction", "profile_step_s",
-               "fast_step_s")
-    row.update({k: math.nan for k in metrics})
+    row = _config_row(spec, config, strategy, servers, results, error, meta)
+    row.update({k: math.nan for k in METRICS})
     if results is None:
         return schema_row(RUNS, **row), []
 
     steps = pd.DataFrame([r for result in results for r in result["steps"]])
     finals = [r["final"] for r in results[: spec.workers]]
-    worker_loss = steps.loc[steps["role"] == "worker", ["step", "rank", "loss"]]
-    bad = worker_loss[~worker_loss["loss"].map(math.isfinite)]
-    if finals[0].get("trained", True) and not bad.empty:  # a non-finite loss is never an ok result
-        first = bad.sort_values(["step", "rank"]).iloc[0]
-        row["status"] = "failed"
-        row["error"] = f"loss is {first['loss']} at step {int(first['step'])} on rank {int(first['rank'])}"
+    if finals[0].get("trained", True) and (bad_loss := _non_finite_loss(steps)):  # never an ok result
+        row.update({"status": "failed", "error": bad_loss})
         return schema_row(RUNS, **row), []
     steps.insert(0, "run_id", row["run_id"])
     numel = int(finals[0]["numel"])
-    numels = finals[0].get("bucket_numels") or [numel]
-    traffic = analytic_traffic(config, spec.workers, numels)
-    per_step = None
-    if finals[0].get("step_bucket_numels"):  # ddp through a strategy: the buckets its reducer made, per step
-        seen = finals[0]["step_bucket_numels"]
-        per_step = {s: analytic_traffic(config, spec.workers, seen[min(s, len(seen) - 1)])
-                    for s in sorted(set(steps["step"]))}
-    elif config.step_dependent:  # compression's warm-up, local SGD's local steps: traffic depends on the step
-        shapes = finals[0].get("bucket_shapes")  # PowerSGD compresses each parameter of a bucket on its own
-        per_step = {s: analytic_traffic(config, spec.workers, numels, s, shapes) for s in sorted(set(steps["step"]))}
-        traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
+    traffic, per_step = _run_traffic(config, spec, steps, finals[0], numel)
     mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""
     mismatch = mismatch or ranks_disagree(config, spec, finals)
     if mismatch:
         row.update({"status": "failed", "error": mismatch})
         return schema_row(RUNS, **row), steps.to_dict("records")
     workers = steps[(steps["role"] == "worker") & steps["timed"]].copy()
-    servers_df = steps[(steps["role"] == "server") & steps["timed"]]
     # the group's step time is the slowest worker's compute + communication in that step
     workers["total_s"] = workers["compute_s"] + workers["comm_s"]
     slowest = workers.loc[workers.groupby("step")["total_s"].idxmax()]
+    row.update(_numbers(steps, workers, slowest, servers, traffic, finals, numel))
+    row.update(_overlap_columns(slowest, finals[0]))
+    barrier_free = bool(strategy.asynchronous)  # a parameter server's SSP, async or backups
+    paces = workers.groupby("rank")["total_s"].mean()  # each worker's own seconds per step
+    if barrier_free:
+        row["fast_step_s"] = float(paces.min())
+    row.update(time_to_target(spec, steps, row["step_time_s"], paces if barrier_free else None))
+    if not config.exact:
+        row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
+        row["spectral_gap"] = float(config.spectral_gap(spec.workers))
+    return schema_row(RUNS, **row), steps.to_dict("records")
+
+
+METRICS = ("throughput", "step_time_s", "compute_s", "comm_s", "comm_fraction", "bytes_sent_per_worker",
+           "bytes_recv_per_worker", "bytes_sent_per_server", "bytes_recv_per_server",
+           "analytic_bytes_sent_per_worker", "analytic_rounds", "analytic_path_bytes", "numel",
+           "model_bytes", "final_loss", "param_norm", "consensus_distance", "spectral_gap", "accuracy",
+           "buckets", "backward_end_s", "exposed_comm_s", "comm_busy_s", "overlap_fraction", "profile_step_s",
+           "fast_step_s")  # NaN until the run's steps give them
+
+
+def _config_row(spec: RunSpec, config, strategy, servers: int, results, error: str, meta: dict) -> dict:
+    """The run's settings as it ran them, its status and what the substrate says (meta, which wins)."""
+    network = spec.network()
+    straggler = spec.straggler or {}
+    return {"run_id": spec.run_id, "sweep": spec.sweep, "substrate": "ray", "workload": spec.workload,
+            "dataset": spec.dataset, "image_size": spec.image_size, "batch_size": spec.batch_size,
+            "steps": spec.steps, "warmup_steps": spec.warmup_steps, "device": spec.device, "seed": spec.seed,
+            "repeat": spec.repeat,
+            "lr": spec.lr, "strategy": spec.strategy,
+            # every parameter the strategy ran with (defaults included), each a typed param_<name> column
+            **{f"param_{k}": getattr(strategy, k) for k in type(strategy).parameters()},
+            **spec.wrapper_settings(),  # compression and local SGD, typed columns of their own
+            "workers": spec.workers, "servers": servers, "bytes_counted": bool(config.counted),
+            "link_bandwidth": network.default.bandwidth if network else math.nan,
+            "link_latency_s": network.default.latency if network else 0.0,
+            "link_emulation": network.emulation if network else "",
+            "bypasses_link": not config.counted and network is not None and network.emulation == "python",
+            "link_heterogeneous": bool(network and network.overrides),
+            "link_ranks": tuple(sorted(rank for rank, _ in network.overrides)) if network else (),
+            "ranks_per_node": spec.ranks_per_node,
+            "link_intra_bandwidth": network.intra.bandwidth if network and spec.ranks_per_node > 1 else math.nan,
+            "link_intra_latency_s": network.intra.latency if network and spec.ranks_per_node > 1 else math.nan,
+            **_knob_columns(spec.knob_choice),
+            "straggler_ranks": tuple(straggler.get("ranks", ())),
+            "straggler_slowdown": float(straggler.get("slowdown", 1.0)),
+            "compute": spec.compute, "bucket_mb": spec.bucket_mb if spec.bucket_mb is not None else math.nan,
+            "overlap": bool(spec.overlap), "trace_steps": traced_steps(spec), "profile_id": "", "profile_device": "",
+            "status": "failed" if results is None else "ok", "error": error,
+            "cores_oversubscribed": spec.workers + servers > meta["cores"],
+            # GPU ranks sharing a GPU fall back from NCCL to gloo: their compute and transfers contend
+            "gpu_shared": spec.device == "cuda" and spec.workers > 1 and meta["transport"] != "nccl",
+            **meta}
+
+
+def _non_finite_loss(steps: pd.DataFrame) -> str:
+    """The first worker step whose loss is not finite, as an error; '' when every loss is."""
+    worker_loss = steps.loc[steps["role"] == "worker", ["step", "rank", "loss"]]
+    bad = worker_loss[~worker_loss["loss"].map(math.isfinite)]
+    if bad.empty:
+        return ""
+    first = bad.sort_values(["step", "rank"]).iloc[0]
+    return f"loss is {first['loss']} at step {int(first['step'])} on rank {int(first['rank'])}"
+
+
+def _run_traffic(config, spec: RunSpec, steps: pd.DataFrame, final: dict, numel: int) -> tuple[dict, dict | None]:
+    """The analytic traffic of one step (the timed steps' mean where it depends on the step) and, where it does,
+    each step's."""
+    numels = final.get("bucket_numels") or [numel]
+    traffic = analytic_traffic(config, spec.workers, numels)
+    per_step = None
+    if final.get("step_bucket_numels"):  # ddp through a strategy: the buckets its reducer made, per step
+        seen = final["step_bucket_numels"]
+        per_step = {s: analytic_traffic(config, spec.workers, seen[min(s, len(seen) - 1)])
+                    for s in sorted(set(steps["step"]))}
+    elif config.step_dependent:  # compression's warm-up, local SGD's local steps: traffic depends on the step
+        shapes = final.get("bucket_shapes")  # PowerSGD compresses each parameter of a bucket on its own
+        per_step = {s: analytic_traffic(config, spec.workers, numels, s, shapes) for s in sorted(set(steps["step"]))}
+        traffic = _mean_traffic([per_step[s] for s in sorted(set(steps.loc[steps["timed"], "step"]))], traffic)
+    return traffic, per_step
+
+
+def _numbers(steps: pd.DataFrame, workers: pd.DataFrame, slowest: pd.DataFrame, servers: int, traffic: dict,
+             finals: list[dict], numel: int) -> dict:
+    """Throughput, times, bytes (measured and analytic) and the final model's numbers over the timed steps."""
+    servers_df = steps[(steps["role"] == "server") & steps["timed"]]
     samples = workers.groupby("step")["samples"].sum()
     step_time = slowest.set_index("step")["total_s"]
     analytic_workers = [sent for role, sent, _ in traffic["ranks"] if role == "worker"]
-    row.update({
+    return {
         "throughput": float(samples.sum() / step_time.sum()),
         "step_time_s": float(step_time.mean()),
         "compute_s": float(slowest["compute_s"].mean()),
@@ -122,17 +158,7 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
         "param_norm": float(sum(f["param_norm"] for f in finals) / len(finals)),
         "accuracy": (float(sum(f["accuracy"] for f in finals) / len(finals))
                      if "accuracy" in finals[0] else math.nan),
-    })
-    row.update(_overlap_columns(slowest, finals[0]))
-    barrier_free = bool(strategy.asynchronous)  # a parameter server's SSP, async or backups
-    paces = workers.groupby("rank")["total_s"].mean()  # each worker's own seconds per step
-    if barrier_free:
-        row["fast_step_s"] = float(paces.min())
-    row.update(time_to_target(spec, steps, row["step_time_s"], paces if barrier_free else None))
-    if not config.exact:
-        row["consensus_distance"] = float(sum(f["consensus_distance"] for f in finals) / len(finals))
-        row["spectral_gap"] = float(config.spectral_gap(spec.workers))
-    return schema_row(RUNS, **row), steps.to_dict("records")
+    }
 
 
 def ranks_disagree(config, spec, finals: list[dict]) -> str:
