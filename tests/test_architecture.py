@@ -310,7 +310,6 @@ KNOWN_LONG_FILES = {
     "strategies/transport/simgrid.py": "the engine's process setup apart from the communicator",
 }
 KNOWN_LONG_FUNCTIONS = {
-    "experiments/simulate/faults.py::simulate_failures": "its driver, segment and ranks (closures) as a class",
 }
 
 

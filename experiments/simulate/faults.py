@@ -74,48 +74,68 @@ class FaultSimResult:
 
 def simulate_failures(sim: FaultSim) -> FaultSimResult:
     """Run the simulation in this process (SimGrid's engine: once per process; see run_child)."""
-    from strategies.transport import factory
-    from strategies.transport.simgrid import Cluster, SimGridCommunicator, load_simgrid
+    from strategies.transport.simgrid import load_simgrid
 
     sg = load_simgrid()
     if getattr(sg, "_syncbench_engine_used", False):
         raise RuntimeError("simulate_failures: SimGrid's engine has already run in this process")
     sg._syncbench_engine_used = True
-    config = strategies.make(sim.strategy, **sim.params)
-    servers = config.num_servers(sim.workers)
-    engine = sg.Engine(["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in sim.platform.config])
-    hosts = sim.platform.build(sg, sim.workers + servers + 1)  # the last: the driver's
-    rng = np.random.default_rng([sim.seed, sim.workers, 39])
-    costs = sim.costs
-    state = {"next_fail": {}, "segment": 0}
-    out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
-    step_times: dict[int, list[float]] = {}
+    run = _FaultRun(sim, sg)
+    sg.Actor.create("driver", run.hosts[-1], run.driver)
+    run.engine.run()
+    return run.result()
 
-    def draw(slot: int, now: float) -> None:
-        state["next_fail"][slot] = now + rng.exponential(sim.mtbf_s)
 
-    class SegmentCluster(Cluster):
-        """A fresh cluster per segment: its mailboxes named apart from earlier segments' (a message a dead
-        segment left behind must never match a new receive)."""
+class _FaultRun:
+    """One simulation: a driver actor runs segments of steps on the live slots (a fresh cluster each), draws each
+    slot's next failure, and recovers by the mode: back to the last checkpoint, or on without the failed slots
+    until their replacements rejoin."""
 
-        def __init__(self, world_size, tag):
-            super().__init__(sg, world_size, sim.platform.nic)
-            self.tag = tag
+    def __init__(self, sim: FaultSim, sg):
+        self.sim, self.sg = sim, sg
+        self.config = strategies.make(sim.strategy, **sim.params)
+        servers = self.config.num_servers(sim.workers)
+        self.engine = sg.Engine(["syncbench", "--log=root.thres:critical"]
+                                + [f"--cfg={c}" for c in sim.platform.config])
+        self.hosts = sim.platform.build(sg, sim.workers + servers + 1)  # the last: the driver's
+        self.rng = np.random.default_rng([sim.seed, sim.workers, 39])
+        self.costs = sim.costs
+        self.next_fail: dict[int, float] = {}
+        self.segments = 0
+        self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
+        self.step_times: dict[int, list[float]] = {}
 
-        def box(self, src, dst):
-            key = (src, dst)
-            box = self.boxes.get(key)
-            if box is None:
-                box = self.boxes[key] = sg.Mailbox.by_name(f"{self.tag}:{src}>{dst}")
-                box.set_receiver(self.actors[dst])
-            return box
+    def draw(self, slot: int, now: float) -> None:
+        self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
 
-    def segment(alive: list[int], start: int, rejoin_at: float, checkpoints: list) -> dict:
+    def _cluster(self, world: int, tag: str):
+        """A fresh cluster per segment: its mailboxes named apart from earlier segments' (a message a dead segment
+        left behind must never match a new receive)."""
+        from strategies.transport.simgrid import Cluster
+
+        sg, nic = self.sg, self.sim.platform.nic
+
+        class SegmentCluster(Cluster):
+            def box(self, src, dst):
+                key = (src, dst)
+                box = self.boxes.get(key)
+                if box is None:
+                    box = self.boxes[key] = sg.Mailbox.by_name(f"{tag}:{src}>{dst}")
+                    box.set_receiver(self.actors[dst])
+                return box
+
+        return SegmentCluster(sg, world, nic)
+
+    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list) -> dict:
         """Steps from `start` on the live slots until the end, a failure or a rejoin is due; what happened."""
+        from strategies.transport import factory
+        from strategies.transport.simgrid import SimGridCommunicator
+
+        sg, sim, config = self.sg, self.sim, self.config
         m = len(alive)
         world = config.world_size(m)
-        state["segment"] += 1
-        cluster = SegmentCluster(world, f"s{state['segment']}")
+        self.segments += 1
+        cluster = self._cluster(world, f"s{self.segments}")
         done = {"completed": [], "stop": None}
 
         def rank_main(position):
@@ -125,7 +145,7 @@ def simulate_failures(sim: FaultSim) -> FaultSimResult:
             step = start
             while True:
                 now = sg.Engine.clock
-                dead = [s for s in alive if state["next_fail"][s] <= now] if position == 0 else None
+                dead = [s for s in alive if self.next_fail[s] <= now] if position == 0 else None
                 rejoin = position == 0 and rejoin_at <= now
                 verdict = comm.allgather_object((dead, rejoin))[0]  # zero simulated time: every rank sees rank 0's
                 if verdict[0] or verdict[1] or step >= sim.steps:
@@ -142,88 +162,94 @@ def simulate_failures(sim: FaultSim) -> FaultSimResult:
                         done["completed"].append((step, began, sg.Engine.clock))
                 step += 1
                 if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
-                    comm.compute(costs.checkpoint_s)  # every rank writes its part
+                    comm.compute(self.costs.checkpoint_s)  # every rank writes its part
                     if position == 0:
                         checkpoints.append((step, sg.Engine.clock))
 
-        where = [hosts[s] for s in alive] + [hosts[sim.workers + i] for i in range(world - m)]
+        where = [self.hosts[s] for s in alive] + [self.hosts[sim.workers + i] for i in range(world - m)]
         actors = []
         for position in range(world):
-            cluster.actors[position] = actor = sg.Actor.create(f"s{state['segment']}r{position}", where[position],
+            cluster.actors[position] = actor = sg.Actor.create(f"s{self.segments}r{position}", where[position],
                                                                rank_main, position)
             actors.append(actor)
         for actor in actors:
             actor.join()
         return done
 
-    def driver():
+    def driver(self) -> None:
+        sim, out = self.sim, self.out
         alive = list(range(sim.workers))
         for slot in alive:
-            draw(slot, 0.0)
+            self.draw(slot, 0.0)
         step, rejoins = 0, []  # rejoins: (time, slot)
         checkpoints = [(0, 0.0)]  # (steps complete, time the checkpoint finished)
         while step < sim.steps:
-            now = sg.Engine.clock
+            now = self.sg.Engine.clock
             joined = [slot for at, slot in rejoins if at <= now]
             rejoins = [(at, slot) for at, slot in rejoins if at > now]
             for slot in joined:
-                draw(slot, now)  # the replacement's clock starts now
+                self.draw(slot, now)  # the replacement's clock starts now
             alive = sorted(alive + joined)
             rejoin_at = min((at for at, _ in rejoins), default=math.inf)
-            done = segment(alive, step, rejoin_at, checkpoints)
+            done = self.segment(alive, step, rejoin_at, checkpoints)
             out.steps_run += len(done["completed"])
             for _, began, ended in done["completed"]:
-                step_times.setdefault(len(alive), []).append(ended - began)
+                self.step_times.setdefault(len(alive), []).append(ended - began)
             stop_step, dead, noticed = done["stop"]
             if not dead:
                 step = stop_step
                 continue
-            t_fail = min(state["next_fail"][s] for s in dead)
-            failed = [s for s in dead if state["next_fail"][s] == t_fail]
-            # the step in flight at t_fail, and those after it, never completed
-            in_flight = next((s for s, _, ended in done["completed"] if ended > t_fail), stop_step)
-            step = min(stop_step, in_flight)
-            out.failures += [(t_fail, s) for s in failed]
-            # detection, then the recovery; a failure meanwhile restarts the window from it
-            window = costs.detect_s + (costs.restart_s if sim.mode == CHECKPOINT_RESTART else
-                                       costs.reform_s if sim.mode == ELASTIC else 0.0)
-            start = t_fail
-            if noticed > t_fail + costs.detect_s:
-                out.overshoots += 1
-            lost_members = set(failed)
-            incident = [(t_fail, s) for s in failed]
-            while True:
-                others = [(state["next_fail"][s], s) for s in alive if s not in lost_members
-                          and start < state["next_fail"][s] < max(start + window, noticed)]
-                if not others:
-                    break
-                start, slot = min(others)
-                lost_members.add(slot)
-                incident.append((start, slot))
-                out.failures.append((start, slot))
-            sg.this_actor.sleep_until(max(start + window, noticed))
-            if sim.mode == CHECKPOINT_RESTART:
-                back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
-                out.steps_lost += step - back
-                step = back
-                for slot in lost_members:
-                    draw(slot, sg.Engine.clock)  # replaced at the restart
-                del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
-            else:
-                alive = [s for s in alive if s not in lost_members]
-                if not alive:
-                    raise RuntimeError(f"no worker left at {sg.Engine.clock:.6g} simulated s")
-                rejoins += [(t + costs.rejoin_s, s) for t, s in incident]
-                for slot in lost_members:
-                    state["next_fail"][slot] = math.inf  # not running until it rejoins
-        out.time_s = sg.Engine.clock
+            alive, step, incident = self._recover(alive, dead, done["completed"], stop_step, noticed, checkpoints)
+            rejoins += [(t + self.costs.rejoin_s, s) for t, s in incident]
+        out.time_s = self.sg.Engine.clock
 
-    sg.Actor.create("driver", hosts[-1], driver)
-    engine.run()
-    full, shrunk = step_times.get(sim.workers, []), step_times.get(sim.workers - 1, [])
-    out.step_s = float(np.mean(full)) if full else math.nan
-    out.step_s_shrunk = float(np.mean(shrunk)) if shrunk else math.nan
-    return out
+    def _recover(self, alive, dead, completed, stop_step, noticed, checkpoints):
+        """After a failure: detection, then the mode's recovery (a failure meanwhile restarts the window from it).
+        The live slots, the step to go on from, and the incident's (time, slot) failures (elastic: to rejoin)."""
+        sim, out, costs = self.sim, self.out, self.costs
+        t_fail = min(self.next_fail[s] for s in dead)
+        failed = [s for s in dead if self.next_fail[s] == t_fail]
+        # the step in flight at t_fail, and those after it, never completed
+        in_flight = next((s for s, _, ended in completed if ended > t_fail), stop_step)
+        step = min(stop_step, in_flight)
+        out.failures += [(t_fail, s) for s in failed]
+        window = costs.detect_s + (costs.restart_s if sim.mode == CHECKPOINT_RESTART else
+                                   costs.reform_s if sim.mode == ELASTIC else 0.0)
+        start = t_fail
+        if noticed > t_fail + costs.detect_s:
+            out.overshoots += 1
+        lost_members = set(failed)
+        incident = [(t_fail, s) for s in failed]
+        while True:
+            others = [(self.next_fail[s], s) for s in alive if s not in lost_members
+                      and start < self.next_fail[s] < max(start + window, noticed)]
+            if not others:
+                break
+            start, slot = min(others)
+            lost_members.add(slot)
+            incident.append((start, slot))
+            out.failures.append((start, slot))
+        self.sg.this_actor.sleep_until(max(start + window, noticed))
+        if sim.mode == CHECKPOINT_RESTART:
+            back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
+            out.steps_lost += step - back
+            for slot in lost_members:
+                self.draw(slot, self.sg.Engine.clock)  # replaced at the restart
+            del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
+            return alive, back, []
+        alive = [s for s in alive if s not in lost_members]
+        if not alive:
+            raise RuntimeError(f"no worker left at {self.sg.Engine.clock:.6g} simulated s")
+        for slot in lost_members:
+            self.next_fail[slot] = math.inf  # not running until it rejoins
+        return alive, step, incident
+
+    def result(self) -> FaultSimResult:
+        full = self.step_times.get(self.sim.workers, [])
+        shrunk = self.step_times.get(self.sim.workers - 1, [])
+        self.out.step_s = float(np.mean(full)) if full else math.nan
+        self.out.step_s_shrunk = float(np.mean(shrunk)) if shrunk else math.nan
+        return self.out
 
 
 @dataclass(frozen=True)
