@@ -244,7 +244,7 @@ def bench_nodes(n: int, k: int, names: list[str] | None = None, log=None, networ
     log = sys.stderr if log is None else log  # the stderr of now: a default bound at import may be closed
     import torch
 
-    from strategies.transport.simgrid import run_simgrid
+    from strategies.transport.simgrid_run import run_simgrid
     from workloads.buckets import make_buckets
     from workloads.profile import load_profile
 

@@ -279,7 +279,7 @@ def simulate_sweep(path: str | Path, out: str | Path, resume: bool = False, over
 
 def simulate(spec: RunSpec, sim: SimSpec) -> list[dict]:
     """Run the simulation in this process (once per process); every rank's {"steps": [...], "final": {...}}."""
-    from strategies.transport.simgrid import run_simgrid
+    from strategies.transport.simgrid_run import run_simgrid
     from workloads.buckets import make_buckets
 
     config = spec.strategy_config()

@@ -9,7 +9,8 @@ import torch
 
 from experiments.simulate.platform import Platform
 from experiments.simulate.substrate import run_in_child
-from strategies.transport.simgrid import run_simgrid, simgrid_available
+from strategies.transport.simgrid import simgrid_available
+from strategies.transport.simgrid_run import run_simgrid
 
 pytestmark = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
 

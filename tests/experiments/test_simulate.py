@@ -33,7 +33,8 @@ from experiments.simulate.substrate import (
 )
 from strategies.transport.communicator import CommError
 from strategies.transport.link import Network
-from strategies.transport.simgrid import run_simgrid, simgrid_available
+from strategies.transport.simgrid import simgrid_available
+from strategies.transport.simgrid_run import run_simgrid
 from strategies.transport.threads import run_threads
 
 pytestmark = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "SimGrid is installed")
