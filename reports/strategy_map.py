@@ -38,7 +38,7 @@ from reports.map_text import (  # noqa: F401 (the result and its words, named he
 from strategies.cost import GBIT, Fabric, step_timeline, sync_seconds
 from strategies.knobs import CHUNKS, PARTITIONS_MB, PIPELINE_MB, cheapest  # the values a run's unset knob tries too
 
-MAX_WORKERS = 1024  # as `syncbench model`: counting a strategy's traffic grows about as n^2
+MAX_WORKERS = 16384  # as sweeps: every strategy's traffic counts in O(n) (16,384 workers: about 6 s a row)
 MAX_RANKS_PER_NODE = 1024
 MAX_MESSAGE_BYTES = 2**34
 DEFAULT_WORKERS = tuple(2**i for i in range(1, 11))  # 2 .. 1,024
@@ -142,7 +142,7 @@ def check_grid(workers, bandwidths, latency: float, ranks_per_node: int = 1, str
                sizes=None, placement: str = "colocated", within: float = DEFAULT_WITHIN) -> list[str]:
     """The strategies to rank; ValueError naming the first bad value and what is accepted, before any pricing."""
     if not workers:
-        raise ValueError("no worker counts: accepted are whole numbers from 2 to 1,024, e.g. 2,4,8")
+        raise ValueError(f"no worker counts: accepted are whole numbers from 2 to {MAX_WORKERS:,}, e.g. 2,4,8")
     for n in workers:
         if not _whole(n) or not 2 <= n <= MAX_WORKERS:
             raise ValueError(f"bad workers {n!r}: accepted are whole numbers from 2 to {MAX_WORKERS:,}")

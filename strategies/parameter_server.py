@@ -348,9 +348,10 @@ class ParameterServerConfig(StrategyConfig):
                            path_bytes=max(worker_path, server_path) + n * largest)
         # colocated: worker w (w < k) also runs server w; its own push and pull of shard w move no bytes
         ranks, paths = [], []
+        total_b, total_c = sum(shard), sum(count)  # once: inside the loop they made it O(n k)
         for w in range(n):
             own_b, own_c = (shard[w], count[w]) if w < k else (0, 0)
-            pushed_b, pushed_c = sum(shard) - own_b, sum(count) - own_c
+            pushed_b, pushed_c = total_b - own_b, total_c - own_c
             sent_b, sent_c = pushed_b + (n - 1) * own_b, pushed_c + (n - 1) * own_c
             ranks.append(RankTraffic("worker", sent_b, sent_b, sent_c, sent_c))
             # transmit side: pushes first, then the replies, which wait for the first partition from n - 1 peers

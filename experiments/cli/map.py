@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
                         "(Ts + sync, no overlap) instead of the sync alone")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="with --profile: bucket size in MiB (default 25)")
     p.add_argument("--workers", default=None,
-                   help="comma-separated worker counts, 2 to 1024 (default 2,4,...,1024)")
+                   help="comma-separated worker counts, 2 to 16384 (default 2,4,...,1024)")
     p.add_argument("--bandwidth", default=None,
                    help="comma-separated NIC bandwidths per rank, e.g. 1Gbit,10Gbit,100Gbit (default 1 to 400 "
                         "Gbit/s; with --collective: one, default 10Gbit)")
@@ -89,7 +89,7 @@ def run(args) -> int:
         value = float(text)
         return int(value) if value.is_integer() else value
 
-    workers = _list("--workers", args.workers, whole, "whole numbers from 2 to 1,024, e.g. 2,4,8") \
+    workers = _list("--workers", args.workers, whole, "whole numbers from 2 to 16,384, e.g. 2,4,8") \
         if args.workers else list(DEFAULT_WORKERS)
     default_bw = [parse_bandwidth("10Gbit")] if args.collective else list(DEFAULT_BANDWIDTHS)
     bandwidths = _list("--bandwidth", args.bandwidth, parse_bandwidth, "bandwidths > 0, e.g. 1Gbit,10Gbit") \

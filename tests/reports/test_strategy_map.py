@@ -152,8 +152,8 @@ def test_inexact_candidates_are_priced_apart_never_ranked():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"workers": (0, 4)}, "bad workers 0: accepted are whole numbers from 2 to 1,024"),
-    ({"workers": (2, 2048)}, "bad workers 2048"),
+    ({"workers": (0, 4)}, "bad workers 0: accepted are whole numbers from 2 to 16,384"),
+    ({"workers": (2, 32768)}, "bad workers 32768"),
     ({"bandwidths": (-1.0,)}, "bad bandwidth -1.0: accepted are bytes/s greater than zero"),
     ({"latency": -1e-6}, "bad latency -1e-06: accepted are seconds >= 0"),
     ({"strategies": ["ring", "warp_drive"]}, "unknown strategy 'warp_drive': accepted are"),
@@ -173,7 +173,7 @@ def test_bad_input_is_refused_before_any_pricing(monkeypatch, kwargs, message):
 
 def test_cli_refuses_bad_values_naming_them(capsys):
     assert main(["map", "--model-bytes", "1MB", "--workers", "0,4"]) == 2
-    assert "bad workers 0: accepted are whole numbers from 2 to 1,024" in capsys.readouterr().err
+    assert "bad workers 0: accepted are whole numbers from 2 to 16,384" in capsys.readouterr().err
     assert main(["map", "--model-bytes", "1MB", "--bandwidth=1Gbit,-5Gbit"]) == 2
     err = capsys.readouterr().err
     assert "-5Gbit" in err and "accepted are bandwidths > 0" in err
@@ -418,3 +418,17 @@ def test_a_winner_simgrid_reverses_is_marked_with_the_price_that_is_off():
 
 def test_percentages_read_as_numbers_never_in_exponent_form():
     assert [sm._pct(f) for f in (0.0, 6.5e-7, 6.8e-6, 0.0197, 0.18)] == ["0%", "<0.0001%", "0.00068%", "2%", "18%"]
+
+
+def test_the_map_prices_16384_workers():
+    """The cap is the sweeps' 16,384: every strategy's traffic counts in O(n) there (the colocated parameter
+    server's summed its shards once per worker, O(n k): 30 s of a 16,384-worker row, now well under one)."""
+    import time
+
+    from strategies import make
+
+    start = time.process_time()
+    make("parameter_server", servers=16384, placement="colocated").traffic(16384, NUMEL)
+    assert time.process_time() - start < 2.0
+    m = sm.strategy_map(sm.Workload(NUMEL, compute_s=0.1), (16384,), (GBIT,), 2e-5)
+    assert list(m.cells["workers"]) == [16384] and m.cells["winner"].iloc[0]
