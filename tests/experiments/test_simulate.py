@@ -101,6 +101,7 @@ def _emulated_sync_s(strategy: str, workers: int, numel: int, network: Network, 
     return min(max(rank[i] for rank in per_rank) for i in range(repeats))
 
 
+@pytest.mark.timing  # the emulated side is measured wall-clock time
 @pytest.mark.parametrize("workers", [4, 8])
 def test_simulated_sync_matches_the_python_emulation(workers):
     """Star platform, SimGrid's corrections off, the emulation's NIC model (nic = "buffered": a rank's sends
@@ -113,9 +114,9 @@ def test_simulated_sync_matches_the_python_emulation(workers):
                                "nic": "buffered"})
     numel = 250_000
     for strategy in SIMULABLE:
-        if (strategy, workers) in SIMULATION_GAPS:  # strict: the day it agrees, this fails and the entry goes
-            with pytest.raises(AssertionError):
-                _check_simulated_against_emulated(strategy, workers, numel, network, platform)
+        if (strategy, workers) in SIMULATION_GAPS:
+            # not checked either way: the emulated side is wall-clock time, and on a loaded machine it grows into
+            # the simulated one (a strict "must still differ" failed at load 3, 2026-11-26)
             continue
         _check_simulated_against_emulated(strategy, workers, numel, network, platform)
 
