@@ -40,6 +40,7 @@ import time
 
 import torch
 
+from experiments.results.timeline import union_length
 from strategies.base import Pending
 from strategies.transport.communicator import DONE
 from workloads.buckets import Bucket
@@ -149,7 +150,7 @@ class BucketSync:
                 self.bucket_spans.append((index, *self._spans[-1]))
         finally:
             self._in_flight = []  # after a failure the rest is abandoned with the step: never waited again
-        self.busy_s = _union(self._spans)
+        self.busy_s = union_length(self._spans)
 
     def _send_one(self) -> bool:
         """While no bucket is ready: wait for the sends of the oldest started bucket with any left (its replies
@@ -196,13 +197,3 @@ class BucketSync:
                 following = 0
                 self._in_flight = []
                 self._done.set()
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    """Total length of the union of [start, end] intervals."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total

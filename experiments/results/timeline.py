@@ -74,7 +74,7 @@ def totals(step: pd.DataFrame) -> pd.DataFrame:
         kinds = phases["name"].map(category)
         compute = phases[kinds == COMPUTE]
         buckets = mine[mine["kind"] == "bucket_sync"]
-        busy = _union(list(zip(buckets["start_s"], buckets["end_s"])))
+        busy = union_length(list(zip(buckets["start_s"], buckets["end_s"])))
         hidden = _overlap(list(zip(buckets["start_s"], buckets["end_s"])),
                           list(zip(compute["start_s"], compute["end_s"])))
         sends = mine[(mine["kind"] == "message") & (mine["name"] == "send")]
@@ -139,7 +139,8 @@ def critical_path(step: pd.DataFrame) -> list[Link]:
     return path[::-1]
 
 
-def _union(spans: list[tuple[float, float]]) -> float:
+def union_length(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end] intervals (also a live step's busy time: pipeline/bucket_sync.py)."""
     total, reach = 0.0, float("-inf")
     for start, end in sorted(spans):
         if end > reach:

@@ -293,7 +293,7 @@ def test_pipelined_buckets_over_gloo(group2):
 
 
 def test_busy_time_is_the_union_of_the_buckets_intervals():
-    from experiments.pipeline.bucket_sync import _union
+    from experiments.results.timeline import union_length as _union
 
     assert _union([]) == 0.0
     assert _union([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
