@@ -194,17 +194,17 @@ class CompressedSync(Strategy):
         acc = flat.detach().to(torch.float32)
         if self.settings.error_feedback and self.residual is not None:
             acc = acc + self.residual
-        index = acc.abs().topk(k, sorted=False).indices if k else torch.empty(0, dtype=torch.long)
+        index = acc.abs().topk(k, sorted=False).indices if k else torch.empty(0, dtype=torch.long, device=acc.device)
         values = acc[index]
         if self.settings.error_feedback:  # what was not sent, exactly: acc with the sent entries zeroed
             self.residual = acc.clone()
             self.residual[index] = 0
-        slots = torch.zeros(n * 2 * k, dtype=torch.int32)
+        slots = torch.zeros(n * 2 * k, dtype=torch.int32, device=acc.device)
         mine = slots[self.rank * 2 * k:(self.rank + 1) * 2 * k]
         mine[:k] = index.to(torch.int32)
         mine[k:] = values.contiguous().view(torch.int32)
         self._inner("slots").sync(slots, "sum")
-        out = torch.zeros(numel, dtype=torch.float32)
+        out = torch.zeros(numel, dtype=torch.float32, device=acc.device)
         for worker in range(n):  # in worker order on every rank: identical bits
             words = slots[worker * 2 * k:(worker + 1) * 2 * k]
             out.index_add_(0, words[:k].to(torch.long), words[k:].contiguous().view(torch.float32))
@@ -222,7 +222,7 @@ class CompressedSync(Strategy):
         acc = flat.detach().to(torch.float32)
         if s.error_feedback and self.residual is not None:
             acc = acc + self.residual
-        out = torch.empty(numel, dtype=torch.float32)
+        out = torch.empty(numel, dtype=torch.float32, device=acc.device)
         # the tensors sent as they are (biases, 1-d, small ones): one collective, in the buffer's dtype
         rest = [p for p in plan if not p.rank]
         if sum(p.numel for p in rest):
@@ -241,7 +241,9 @@ class CompressedSync(Strategy):
             matrices.append(m.view(p.rows, p.cols))
         if self.qs is None or not s.powersgd_warm_start:  # the same random Qs on every rank: seeded by the step
             generator = torch.Generator().manual_seed(self.step)
-            self.qs = [torch.linalg.qr(torch.randn(p.cols, p.rank, generator=generator)).Q for p in compressed]
+            # drawn on the host (one generator's bits on every rank and device), then moved to the buffer's device
+            self.qs = [torch.linalg.qr(torch.randn(p.cols, p.rank, generator=generator)).Q.to(acc.device)
+                       for p in compressed]
         ps = torch.cat([(m @ q).reshape(-1) for m, q in zip(matrices, self.qs)])
         self._inner("p").sync(ps, op)
         ps = [torch.linalg.qr(part.view(p.rows, p.rank)).Q  # orthonormal columns, the same bits on every rank

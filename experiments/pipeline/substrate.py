@@ -139,7 +139,8 @@ def now_utc() -> str:
 
 class ThreadSubstrate(Substrate):
     """Every rank a thread of this process, messages through queues (strategies/transport/threads.py): the
-    measured pipeline without Ray, for tests. Link emulation applies; the threads share this process's cores."""
+    measured pipeline without Ray (tests, and the GPU check where Ray is not installed). Link emulation applies; the
+    threads share this process's cores, and with device = "cuda" its one GPU."""
 
     name = "threads"
     nodes = True  # run_threads places the ranks in nodes; the emulated network shares each node's NIC
@@ -148,6 +149,16 @@ class ThreadSubstrate(Substrate):
         from experiments.pipeline.train import train
 
         self.train_fn = train_fn or train
+
+    def problems(self, run: Run) -> list[str]:
+        found = super().problems(run)
+        if run.spec.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                found.append(f"run {run.spec.strategy} x {run.spec.workers} workers: device = 'cuda' but torch sees "
+                             f"no CUDA GPU on this machine; accepted here is device = 'cpu'")
+        return found
 
     @contextlib.contextmanager
     def session(self, runs: list[Run], store, log):
@@ -161,9 +172,10 @@ class ThreadSubstrate(Substrate):
         from strategies.transport.threads import run_threads
 
         spec = run.spec
+        cuda = spec.device == "cuda"
 
-        def body(comm):
-            ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device="cpu", state={})
+        def body(comm):  # every thread rank computes on the run's device (all of them share one GPU)
+            ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device=spec.device, state={})
             return self.train_fn(ctx, spec)
 
         started_at, start = now_utc(), time.perf_counter()
@@ -174,6 +186,13 @@ class ThreadSubstrate(Substrate):
         except Exception as e:  # noqa: BLE001 - the run fails, the sweep goes on
             results, error = None, f"{type(e).__name__}: {e}"
         meta = {"started_at": started_at, "duration_s": time.perf_counter() - start, "transport": "threads",
-                "gpu": "", "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"}
+                "gpu": _gpu_name() if cuda else "", "cores": os.cpu_count() or 1, "host": platform.node(),
+                "substrate": "threads"}
         row, steps = summarize(spec, results, error, meta)
         return row, steps, run_events(row["run_id"], results)
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
