@@ -43,6 +43,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 STEPS = ("environment", "harness", "profiles", "strategies", "scaling")
@@ -76,6 +77,7 @@ class Sizes:
     scaling_batch: int
     scaling_steps: int
     scaling_workers: tuple[int, ...]
+    scaling_strategies: tuple[str, ...] | None  # None: every strategy the thread ranks run
     budgets_s: tuple[float, ...]  # per step, in STEPS' order: a step starts no new unit of work after its budget
     timeout_s: float  # every wait of a run
 
@@ -86,14 +88,15 @@ FULL = Sizes(harness_workload="resnet50", harness_image=224, harness_classes=100
              profile_batches=(32, 64, 128), profile_warmup=2, profile_timed=5,
              strategies_workload="resnet18", strategies_image=32, strategies_batch=16, strategies_steps=3,
              scaling_workload="resnet50", scaling_image=224, scaling_classes=1000, scaling_batch=32, scaling_steps=4,
-             scaling_workers=(1, 2, 4), budgets_s=(45, 75, 60, 75, 135), timeout_s=120)
+             scaling_workers=(1, 2, 4), scaling_strategies=None, budgets_s=(45, 75, 60, 75, 135), timeout_s=120)
 TINY = Sizes(harness_workload="tiny", harness_image=16, harness_classes=10, harness_batch=4,
              harness_warmup=1, harness_timed=2, harness_rounds=1,
              profile_workloads=("tiny",), profile_image=16, profile_classes=10,
              profile_batches=(4, 8), profile_warmup=1, profile_timed=2,
              strategies_workload="tiny", strategies_image=16, strategies_batch=4, strategies_steps=2,
              scaling_workload="tiny", scaling_image=16, scaling_classes=10, scaling_batch=4, scaling_steps=2,
-             scaling_workers=(1, 2, 4), budgets_s=(30, 30, 30, 60, 60), timeout_s=60)
+             scaling_workers=(1, 2, 4), scaling_strategies=("ring", "parameter_server", "native"),
+             budgets_s=(30, 30, 30, 60, 60), timeout_s=60)
 GRACE_S = 45  # a step still running this long after its budget is left behind (recorded timed out)
 
 
@@ -388,7 +391,7 @@ def scaling(check: Check) -> dict:
 
     s = check.sizes
     substrate = ThreadSubstrate()
-    names = [n for n in strategies.registry.names()
+    names = [n for n in s.scaling_strategies or strategies.registry.names()
              if not substrate.problems(Run("", _parse(_sweep_toml(
                  "probe", s.scaling_workload, s.scaling_image, s.scaling_classes, s.scaling_batch, s.scaling_steps, 1,
                  check, strategies=[n], workers=[max(s.scaling_workers)])).runs[0]))]
@@ -398,10 +401,12 @@ def scaling(check: Check) -> dict:
     stopped = ""
     try:
         runs, _ = check.run_sweep(text, folder, budget=True)
-    except BudgetSpent as e:
+    except BudgetSpent as e:  # the runs finished before it are stored (none: the runner removed the folder)
         from experiments.pipeline.store import Store
 
-        stopped, runs = str(e), Store(folder).runs()
+        stopped = str(e)
+        runs = Store(folder).runs() if folder.exists() else pd.DataFrame(
+            {"strategy": [], "workers": [], "status": [], "error": [], "throughput": []})
     finally:
         if folder.exists():
             check.pack(folder, "scaling.tar.gz")
