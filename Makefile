@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed-stamp
 
-.PHONY: install demo test test-fast mutations bench lint clean gpu-results
+.PHONY: install demo test test-fast mutations bench lint clean gpu-results gpu-check
 
 $(VENV_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -63,3 +63,11 @@ gpu-results: $(VENV_STAMP)
 	.venv/bin/syncbench run experiments/config/sweeps/scaling.toml --out results/scaling --resume
 	.venv/bin/python -m experiments.pipeline.publish results/scaling
 	.venv/bin/syncbench bench harness --device cuda --workload resnet50 --image-size 224
+
+# On the GPU machine, nothing installed (the image's own torch; no Ray, plotly or jsonschema needed): the prepared
+# check of docs/gpu.md (environment, harness vs plain PyTorch, measured profiles, every strategy on CUDA, a trimmed
+# scaling sweep), about 6 minutes on an H200, its files in $(OUT). The CPU dry run: tests/experiments/test_gpu_check.py.
+OUT ?= gpu-check
+GPU_CHECK_DEVICE ?= cuda
+gpu-check:
+	PYTHONPATH=. timeout 480 python3 -m experiments.gpu_check --out $(OUT) --device $(GPU_CHECK_DEVICE)

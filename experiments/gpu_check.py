@@ -478,7 +478,9 @@ class Check:
 
         class Bounded(ThreadSubstrate):
             def _execute(self, run):
-                if budget:
+                if budget:  # the runs stored so far packed first: a kill during this run keeps them
+                    if any(folder.rglob("*.parquet")):
+                        check.pack(folder, f"{folder.name}.tar.gz")
                     check.spend()
                 return super()._execute(run)
 
@@ -683,8 +685,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_summary(summary))
-    return 0 if all(e.get("status") == "ok" for e in summary["steps"].values()) else 1
+    print(format_summary(summary), flush=True)
+    statuses = [e.get("status") for e in summary["steps"].values()]
+    if "timed out" in statuses:  # a step's thread may still hold the device: leave without waiting for it
+        sys.stderr.flush()
+        os._exit(1)
+    return 0 if all(s == "ok" for s in statuses) else 1
 
 
 if __name__ == "__main__":
