@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments import gpu_check
+from experiments.gpu_check import core, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ def dry_run(tmp_path_factory):
 def test_every_step_runs_and_is_recorded_ok(dry_run):
     proc, _, summary = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert list(summary["steps"]) == list(gpu_check.STEPS)
+    assert list(summary["steps"]) == list(core.STEPS)
     for name, entry in summary["steps"].items():
         assert entry["status"] == "ok", (name, entry.get("error"))
         assert entry["seconds"] >= 0 and "result" in entry, name
@@ -53,7 +54,7 @@ def test_the_files_fit_what_the_device_returns(dry_run):
 def test_the_harness_measures_both_loops_and_their_ratio(dry_run):
     result = dry_run[2]["steps"]["harness"]["result"]
     for key in ("plain_bf16_channels_last", "plain_fp32", "syncbench_fp32"):
-        assert len(result[key]) == gpu_check.TINY.harness_rounds and all(v > 0 for v in result[key]), key
+        assert len(result[key]) == core.TINY.harness_rounds and all(v > 0 for v in result[key]), key
     assert result["ratio_fp32"] == pytest.approx(result["syncbench_fp32_images_per_s"] /
                                                  result["plain_fp32_images_per_s"])
 
@@ -65,8 +66,8 @@ def test_the_profiles_are_in_the_committed_format(dry_run, tmp_path):
     with tarfile.open(out / "profiles.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     listed = summary["steps"]["profiles"]["result"]["profiles"]
-    assert [p["file"] for p in listed] == [f"tiny_cpu_b{b}.json" for b in gpu_check.TINY.profile_batches]
-    for entry, batch in zip(listed, gpu_check.TINY.profile_batches):
+    assert [p["file"] for p in listed] == [f"tiny_cpu_b{b}.json" for b in core.TINY.profile_batches]
+    for entry, batch in zip(listed, core.TINY.profile_batches):
         profile = load_profile(tmp_path / "profiles" / entry["file"])
         assert (profile.model, profile.batch_size, profile.device) == ("tiny", batch, "cpu")
         assert not profile.synthetic and profile.step_s * 1e3 == pytest.approx(entry["step_ms"])
@@ -113,7 +114,7 @@ def test_a_failing_step_is_recorded_and_the_next_one_still_runs(tmp_path, monkey
     def broken(check):
         raise RuntimeError("a broken step")
 
-    monkeypatch.setattr(gpu_check, "profiles", broken)
+    monkeypatch.setattr(measure, "profiles", broken)
     summary = gpu_check.run_check(tmp_path, "cpu", tiny=True, steps=("profiles", "environment"))
     assert summary["steps"]["profiles"]["status"] == "failed"
     assert "RuntimeError: a broken step" in summary["steps"]["profiles"]["error"]
@@ -123,11 +124,31 @@ def test_a_failing_step_is_recorded_and_the_next_one_still_runs(tmp_path, monkey
 
 def test_a_spent_budget_stops_the_sweep_between_runs(tmp_path, monkeypatch):
     """Budget 0: the scaling step starts no run, says so, and the check goes on."""
-    budgets = tuple(0 if s == "scaling" else b for s, b in zip(gpu_check.STEPS, gpu_check.TINY.budgets_s))
-    monkeypatch.setattr(gpu_check, "TINY", dataclasses.replace(gpu_check.TINY, budgets_s=budgets))
+    budgets = tuple(0 if s == "scaling" else b for s, b in zip(core.STEPS, core.TINY.budgets_s))
+    monkeypatch.setattr(core, "TINY", dataclasses.replace(core.TINY, budgets_s=budgets))
     entry = gpu_check.run_check(tmp_path, "cpu", tiny=True, steps=("scaling",))["steps"]["scaling"]
     assert entry["status"] == "ok" and entry["result"]["runs"] == 0
     assert "budget was spent" in entry["result"]["stopped"]
+
+
+def test_a_sweep_stopped_by_its_budget_keeps_and_packs_the_runs_before(tmp_path, monkeypatch):
+    """The budget runs out before the third run: two runs are stored, packed and counted; the step is ok."""
+    from experiments.results.dataset import read_runs
+
+    calls = []
+
+    def spend(check):
+        calls.append(check.step)
+        if len(calls) == 3:
+            raise core.BudgetSpent(f"step {check.step}: its budget was spent; what it measured before is kept")
+
+    monkeypatch.setattr(core.Check, "spend", spend)
+    entry = gpu_check.run_check(tmp_path, "cpu", tiny=True, steps=("scaling",))["steps"]["scaling"]
+    assert entry["status"] == "ok", entry.get("error")
+    assert (entry["result"]["runs"], entry["result"]["ok"]) == (2, 2) and entry["result"]["stopped"]
+    with tarfile.open(tmp_path / "scaling.tar.gz") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert len(read_runs(tmp_path / "unpacked" / "scaling")) == 2
 
 
 @pytest.mark.parametrize("argv, names", [(["--device", "tpu"], "accepted are cuda and cpu"),
@@ -143,5 +164,5 @@ def test_the_device_tag_names_the_gpu_model(monkeypatch):
 
     for name, tag in (("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-40GB", "a100")):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_, n=name: n)
-        assert gpu_check._device_tag("cuda") == tag, name
-    assert gpu_check._device_tag("cpu") == "cpu"
+        assert measure._device_tag("cuda") == tag, name
+    assert measure._device_tag("cpu") == "cpu"
