@@ -174,6 +174,7 @@ def strategies(check: Check) -> dict:
             runs, _ = check.run_sweep(text, check.work / "strategies", keep=finals)
         check.pack(check.work / "strategies", "strategies.tar.gz")
         native = finals.get("native")
+        moved = _moved(native, s.strategies_workload, s.strategies_image)
         for _, run in runs.iterrows():
             name = run["strategy"]
             row = {"strategy": name, "status": run["status"], "message": run["error"] or "",
@@ -183,14 +184,27 @@ def strategies(check: Check) -> dict:
             row.update(_against_native(strategies.get(name), finals.get(name), native, name))
             ok &= row["status"] == "ok" and row["params"] in ("equal", "not compared", "native itself")
             rows[name] = row
+        ok &= moved > 100 * PARAMS_TOLERANCE  # else "equal" would say nothing: the parameters barely trained
     result = {"workers": 4, "workload": s.strategies_workload, "image_size": s.strategies_image,
               "steps": s.strategies_steps, "tolerance": PARAMS_TOLERANCE,
+              "native_moved_max_abs": moved if runnable else math.nan,
               "strategies": [rows[n] for n in names if n in rows]}
     check.partial(result)
     result["world_size_1"] = world_size_one(check)
     ok &= all(r["status"] == "ok" for r in result["world_size_1"])
     result["all_ok"] = bool(ok)
     return result
+
+
+def _moved(native, workload: str, image_size: int) -> float:
+    """How far native's final parameters are from the initial ones (max |difference|; NaN when unknown)."""
+    from workloads.models import build_model
+
+    if native is None:
+        return math.nan
+    start = torch.nn.utils.parameters_to_vector(
+        build_model(workload, num_classes=10, image_size=image_size, seed=0).parameters()).detach()
+    return float((native - start).abs().max()) if start.shape == native.shape else math.nan
 
 
 def _against_native(config, params, native, name: str) -> dict:
@@ -272,13 +286,17 @@ servers = 1
 
 @contextlib.contextmanager
 def _deterministic(device: str):
-    """cuDNN's deterministic kernels while strategies are compared with native's (its atomics would add noise)."""
-    before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    """cuDNN's deterministic kernels and full fp32 (no TF32) while strategies are compared with native's: atomics
+    and TF32's 10-bit rounding would turn the sums' different order into differences far above it."""
+    cudnn = torch.backends.cudnn
+    before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = True, False, False
+    torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = before[:3]
+        torch.set_float32_matmul_precision(before[3])
 
 
 def _device_tag(device: str) -> str:

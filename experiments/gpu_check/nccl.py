@@ -52,6 +52,9 @@ def world_size_one_child(backend: str, settings: dict, out: str) -> None:
     from strategies.transport.torch_dist import TorchCommunicator
 
     torch.set_num_threads(1)
+    # the device machine has no network: gloo and NCCL bootstrap on the loopback (one rank: nothing leaves it)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     device = settings["device"]
     if backend == "nccl":
         torch.cuda.set_device(0)
