@@ -60,7 +60,7 @@ FULL = Sizes(harness_workload="resnet50", harness_image=224, harness_classes=100
              profile_batches=(32, 64, 128), profile_warmup=2, profile_timed=5,
              strategies_workload="resnet18", strategies_image=32, strategies_batch=16, strategies_steps=3,
              scaling_workload="resnet50", scaling_image=224, scaling_classes=1000, scaling_batch=32, scaling_steps=4,
-             scaling_workers=(1, 2, 4), scaling_strategies=None, budgets_s=(45, 75, 60, 75, 135), timeout_s=120)
+             scaling_workers=(1, 2, 4), scaling_strategies=None, budgets_s=(45, 70, 60, 75, 120), timeout_s=120)
 TINY = Sizes(harness_workload="tiny", harness_image=16, harness_classes=10, harness_batch=4,
              harness_warmup=1, harness_timed=2, harness_rounds=1,
              profile_workloads=("tiny",), profile_image=16, profile_classes=10,
