@@ -167,3 +167,17 @@ def test_the_device_tag_names_the_gpu_model(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_, n=name: n)
         assert measure._device_tag("cuda") == tag, name
     assert measure._device_tag("cpu") == "cpu"
+
+
+def test_thread_ranks_refuse_cuda_before_work_where_torch_sees_no_gpu(monkeypatch):
+    """The thread substrate computes on the run's device; without a GPU a cuda run is refused, naming the value."""
+    import torch
+
+    from experiments.config.run import RunSpec
+    from experiments.pipeline.substrate import Run, ThreadSubstrate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = RunSpec(workload="tiny", strategy="ring", workers=2, device="cuda")
+    problems = ThreadSubstrate().problems(Run(spec.run_id, spec))
+    assert any("device = 'cuda'" in p and "accepted here is device = 'cpu'" in p for p in problems), problems
+    assert not ThreadSubstrate().problems(Run(spec.run_id, RunSpec(workload="tiny", strategy="ring", workers=2)))
