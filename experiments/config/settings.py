@@ -8,6 +8,7 @@ docs/settings.md (experiments/config/settings_doc.py; a test fails when the comm
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -74,21 +75,14 @@ def type_problem(key: str, typ: type, value) -> str | None:
     return f"{key} = {value!r}: expected {expected}"
 
 
-class _Marker:
-    """A value no setting takes: the marks of Setting.omitted_at."""
+class Omit(enum.Enum):
+    """The marks of Setting.omitted_at (a value no setting takes)."""
 
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-    def __reduce__(self):  # unpickles as the module's own marker, so `is` holds in every actor
-        return self.name
+    NEVER = "always in the run id"
+    AT_DEFAULT = "left out of the run id at its default"
 
 
-NEVER = _Marker("NEVER")  # always in the run id
-AT_DEFAULT = _Marker("AT_DEFAULT")  # left out of the run id at its default
+NEVER, AT_DEFAULT = Omit.NEVER, Omit.AT_DEFAULT
 
 
 @dataclass(frozen=True)
