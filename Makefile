@@ -33,15 +33,15 @@ bench: $(VENV_STAMP)
 	.venv/bin/syncbench bench ps
 
 # The correctness core for iteration (budget 3 minutes on 2 cores): every test but those marked ray, netns, gpu,
-# slow or simgrid. A new test file is in by default; a slow one opts out by marker (tests/conftest.py's SLOW_MODULES for a
+# slow, simgrid or timing. A new test file is in by default; a slow one opts out by marker (tests/conftest.py's SLOW_MODULES for a
 # whole file, @pytest.mark.slow for one test). In it: strategies against their references on thread ranks (the
 # generic matrix and errors), the hand-worked traffic tables, strategy details, compression, the barrier-free
 # parameter server, sweep parsing, the results schema and store, run metrics, time to target, the model and the
-# report's numbers. SimGrid simulations (`simgrid`) are left to make test. Wall-clock tests (`timing`) stay in: three
-# of them are the fast tier's catch of tests/mutations.py's pool-counters-carry-over, async-push-not-scaled-by-n
-# and ssp-bound-one-step-loose (left out, all three got through make test-fast); on a loaded machine:
-# make test-fast FAST_MARKERS="... and not timing".
-FAST_MARKERS := not ray and not netns and not gpu and not slow and not simgrid
+# report's numbers. SimGrid simulations (`simgrid`) and wall-clock tests (`timing`, load-sensitive) are left to make
+# test; the bugs of tests/mutations.py that only timing tests once caught (pool-counters-carry-over,
+# async-push-not-scaled-by-n, ssp-bound-one-step-loose) are caught in the fast tier by tests that script the order
+# of events instead of a clock.
+FAST_MARKERS := not ray and not netns and not gpu and not slow and not simgrid and not timing
 test-fast: $(VENV_STAMP)
 	.venv/bin/ruff check .
 	SYNCBENCH_TEST_BUDGET_S=180 $(PY) -m pytest -q -m "$(FAST_MARKERS)"

@@ -11,8 +11,8 @@ import pytest
 RAY_FIXTURES = {"ray_session", "group2", "_shared_groups", "lend_groups"}
 
 
-# `make test-fast` is every test but those marked ray, netns, gpu, slow or simgrid: a new test file is in it by
-# default (`timing` tests stay in: three of them catch bugs of tests/mutations.py no other fast test does). The
+# `make test-fast` is every test but those marked ray, netns, gpu, slow, simgrid or timing: a new test file is in it
+# by default (a test asserting on wall-clock time carries @pytest.mark.timing and runs in make test only). The
 # files below opt out as a whole (marked `slow` here; a single slow test elsewhere carries @pytest.mark.slow
 # itself), each for its cost on 2 cores: whole training runs, simulations, sockets and subprocesses, a browser,
 # or many more cases than the fast tier's 3-minute budget holds. Their numbers' bugs are caught in the fast tier by
@@ -41,7 +41,8 @@ SLOW_MODULES = {
     "workloads/test_workloads_models.py", "test_docs.py",
 }
 # Files whose tests run SimGrid simulations (marked `simgrid`; a single simulating test elsewhere carries
-# @pytest.mark.simgrid itself). make test-fast leaves out every test marked ray, netns, gpu, slow or simgrid.
+# @pytest.mark.simgrid itself). make test-fast leaves out every test marked ray, netns, gpu, slow, simgrid or
+# timing.
 SIMGRID_MODULES = {"experiments/test_simulate.py", "experiments/test_simulate_scale.py",
                    "experiments/test_ps_substrates.py"}
 TESTS_DIR = Path(__file__).resolve().parent

@@ -126,17 +126,17 @@ def test_a_probe_of_an_undeclared_or_declared_strategy_member_is_named():
 
 
 def test_the_fast_tier_is_chosen_by_marker():
-    """A new test is fast unless marked slow, ray, netns, simgrid or gpu: make test-fast's marker expression says
-    so, and every one of those markers is registered (pytest -m on an unknown one selects none). `timing` is
-    registered and stays in the fast tier: three timing tests are its only catch of three of tests/mutations.py's
-    bugs (measured: left out, pool-counters-carry-over, async-push-not-scaled-by-n and ssp-bound-one-step-loose
-    got through make test-fast)."""
+    """A new test is fast unless marked slow, ray, netns, simgrid, timing or gpu: make test-fast's marker
+    expression says so, and every one of those markers is registered (pytest -m on an unknown one selects none).
+    The three bugs of tests/mutations.py once caught only by timing tests (pool-counters-carry-over,
+    async-push-not-scaled-by-n, ssp-bound-one-step-loose) are caught by fast tests that order events without a
+    clock (make mutations checks it)."""
     import re
     import tomllib
 
     fast = re.search(r"^FAST_MARKERS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert {m.removeprefix("not ").strip() for m in fast.split(" and ")} == \
-        {"ray", "netns", "gpu", "slow", "simgrid"}, fast
+        {"ray", "netns", "gpu", "slow", "simgrid", "timing"}, fast
     registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     assert {"ray", "netns", "gpu", "slow", "simgrid", "timing"} <= {m.split(":")[0] for m in registered}
 

@@ -295,7 +295,7 @@ def _check_straggler(value, errors: list[str]) -> dict | None:
     if not isinstance(value, dict) or set(value) - {"ranks", "slowdown"} or "ranks" not in value:
         errors.append(f"straggler = {value!r}: expected {{ ranks = [1], slowdown = 2.0 }}")
         return None
-    ranks, slowdown = value["ranks"], value.get("slowdown", 2.0)
+    ranks, slowdown = value["ranks"], value.get("slowdown", BY_NAME["straggler.slowdown"].default)
     if not isinstance(ranks, list) or not ranks or not all(is_int(r) and r >= 0 for r in ranks):
         errors.append(f"straggler.ranks = {ranks!r}: expected a non-empty list of worker ranks (integers >= 0)")
         return None

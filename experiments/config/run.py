@@ -1,4 +1,5 @@
-"""RunSpec: one run's settings, their defaults (its fields), and the run id that names it (resume relies on it)."""
+"""RunSpec: one run's settings (a field per row of the table of settings, its default the row's), and the run id
+that names it (resume relies on it)."""
 
 from __future__ import annotations
 
@@ -6,75 +7,16 @@ import functools
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, make_dataclass
 
 import strategies
+from experiments.config.settings import BY_NAME, NEVER, SETTINGS
 from strategies.registry import WRAPPER_SETTINGS
 from strategies.transport.link import Network
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one run needs; picklable, sent to every actor."""
-
-    sweep: str = "sweep"
-    workload: str = "resnet18"
-    dataset: str = "synthetic"
-    image_size: int = 32
-    num_classes: int = 10
-    batch_size: int = 32
-    steps: int = 20
-    warmup_steps: int = 3
-    device: str = "cpu"
-    seed: int = 0
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    strategy: str = "ring"
-    workers: int = 1
-    link: dict | None = None
-    straggler: dict | None = None
-    # failure injection and recovery (experiments/config/faults.py: their forms; strategies/faults.py: the modes)
-    failures: dict | None = None
-    recovery: dict | None = None
-    timeout: float = 120.0
-    strategy_params: dict = field(default_factory=dict)
-    bucket_mb: float | None = None  # MiB per gradient bucket (DDP's grouping); None: one flat bucket
-    overlap: bool = False  # sync each bucket from a communication thread as soon as its gradients are ready
-    compute: str = "real"  # "real": the model computes; "profile": a measured timeline is replayed
-    profile: str | None = None  # compute = "profile": a profile JSON file; None: measured at the run's start
-    # what carries the messages (strategies.transport.names.P2P); a sweep that does not say takes default_p2p(device):
-    # syncbench's sockets for host tensors, gloo/NCCL for GPU ones
-    p2p: str = "sockets"
-    # compression of the gradients (strategies/compression.py) and its parameters
-    compression: str = "none"
-    powersgd_rank: int = 1
-    powersgd_start: int = 10
-    powersgd_warm_start: bool = True
-    topk_ratio: float = 0.01
-    error_feedback: bool = True
-    # local SGD / DiLoCo (strategies/local_sgd.py): average parameters every sync_every steps
-    sync_every: int = 1
-    outer_optimizer: str = "none"
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    # time to target: {"metric": "accuracy" | "loss", "value": v}, evaluated on held-out data every eval_every steps
-    # (and after the last), outside the timed part of the step; None: no target
-    target: dict | None = None
-    eval_every: int = 10
-    # nodes of this many consecutive ranks: they share one NIC (the link) and talk over link.intra_* inside the node;
-    # node-aware strategies (hierarchical) group by it
-    ranks_per_node: int = 1
-    # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
-    repeat: int = 0
-    # the first trace_steps steps after warm-up record every rank's phases and messages (experiments/pipeline/trace.py);
-    # None: DEFAULT_TRACE_STEPS in a run of at most MAX_TRACED_RANKS ranks, none in a larger one
-    trace_steps: int | None = None
-    # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
-    # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
-    # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
-    # and a run the model set is the same run as one the sweep set to that value (listed twice, it runs once)
-    knob_choice: dict | None = field(default=None, compare=False)
+class _Run:
+    """What a run knows of itself beyond its settings: its id, its link, its strategy config (RunSpec's methods)."""
 
     @property
     def run_id(self) -> str:
@@ -133,16 +75,31 @@ class RunSpec:
         return self.strategy_config().world_size(self.workers)
 
 
+# The run's fields: its sweep's name, a field per run setting of the table (its type and default, in table order),
+# and what the sweep makes of the rest: the strategy's own parameters, which repeat the run is, the model's size knob.
+RunSpec = make_dataclass("RunSpec", [
+    ("sweep", str, field(default="sweep")),
+    *[(one.name, one.annotation, field(default=one.default)) for one in SETTINGS if one.run_field],
+    ("strategy_params", dict, field(default_factory=dict)),
+    # the sweep's `repeats`: this run is repeat number `repeat` (0-based) of its configuration, its seed seed + repeat
+    ("repeat", int, field(default=0)),
+    # what the model says of the strategy's size knob (strategies/knobs.py KnobChoice.record(): the knob, the value
+    # used, whether the model chose it because the sweep left it unset, the model's best value and the run's value's
+    # price over the best's); None: no size knob or no link to price. Derived from the settings: not in the run id,
+    # and a run the model set is the same run as one the sweep set to that value (listed twice, it runs once)
+    ("knob_choice", dict | None, field(default=None, compare=False)),
+], bases=(_Run,), frozen=True, namespace={"__doc__": "Everything one run needs; picklable, sent to every actor."})
+RunSpec.__module__ = __name__  # pickled by reference: experiments.config.run.RunSpec
+
+
 def setting(point: dict, key: str):
-    """A run setting of a grid point: its value, or RunSpec's default (the one place defaults live)."""
-    return point.get(key, getattr(RunSpec, key))
+    """A run setting of a grid point: its value, or its default (the table's)."""
+    return point.get(key, BY_NAME[key].default)
 
 
 # keys a sweep sets per run; `repeats` expands into runs with `repeat` = 0, 1, ... (set by parse, not by the sweep)
-RUN_KEYS = ({f.name for f in fields(RunSpec)} - {"sweep", "strategy_params", "repeat", "knob_choice"}) | {"repeats"}
-# Settings added after results existed: at these values they stay out of the run id, so earlier results resume
-# (p2p: runs before the sockets became the default were gloo's, and a gloo run keeps that id).
-_LATER_DEFAULTS = {"bucket_mb": None, "overlap": False, "compute": "real", "profile": None, "p2p": "gloo",
-                   "target": None, "eval_every": 10, "ranks_per_node": 1, "repeat": 0, "trace_steps": None,
-                   "failures": None, "recovery": None,
-                   **{f.name: f.default for f in fields(RunSpec) if f.name in WRAPPER_SETTINGS}}
+RUN_KEYS = {one.name for one in SETTINGS if "." not in one.name}
+# Settings added after results existed (the table's omitted_at): at these values they stay out of the run id, so
+# earlier results resume; `repeat` 0 is the run without repeats.
+_LATER_DEFAULTS = {**{one.name: one.id_omitted() for one in SETTINGS if one.run_field and one.omitted_at is not NEVER},
+                   "repeat": 0}

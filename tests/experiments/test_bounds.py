@@ -40,6 +40,7 @@ def _load(tmp_path, strategy: str, params: str, workload: str = "resnet50", work
     return sweep_mod.load(path)
 
 
+@pytest.mark.timing  # an upper bound on wall time: out of make test-fast
 @pytest.mark.parametrize("strategy, params, fragments", [
     ("parameter_server", "partition_mb = 1e-9", ["parameter_server", "partition_mb from", "100,000"]),
     ("parameter_server", "partition_mb = 1e-6", ["parameter_server", "partition_mb from"]),
@@ -81,6 +82,7 @@ def test_the_accepted_bound_named_is_the_bound(tmp_path):
         assert partition_count(numel, servers, 4, mb) == sum(len(p) for p in partitions(numel, servers, 4, mb))
 
 
+@pytest.mark.timing  # an upper bound on wall time: out of make test-fast
 def test_a_runtime_refuses_an_array_cut_into_too_many_messages_before_sending():
     """The same bound where a runtime meets the array (verify, bench, a plug-in's caller): before any message."""
     import numpy as np
@@ -105,6 +107,7 @@ def test_the_link_inside_a_node_is_range_checked(tmp_path, link, fragment):
     assert fragment in str(info.value) and "accepted are" in str(info.value)
 
 
+@pytest.mark.timing  # an upper bound on wall time: out of make test-fast
 def test_cli_refuses_bombs_in_one_line(capsys):
     started = time.perf_counter()
     assert main(["model", "--model", "resnet50", "--workers", "4", "--bandwidth", "1Gbit", "--step-time", "0.1",
@@ -257,6 +260,7 @@ def test_bench_ps_fits_its_server_counts_to_the_workers_and_leaves_no_temporary_
     assert "--workers 1: accepted are 2 or more workers" in capsys.readouterr().err
 
 
+@pytest.mark.timing  # an upper bound on wall time: out of make test-fast
 def test_a_batch_that_cannot_fit_is_refused_before_measuring_or_any_run(tmp_path, capsys):
     started = time.perf_counter()
     with pytest.raises(SweepError, match=r"batch_size = 65,536 of resnet50 at 224x224 needs about .* GB .* "
@@ -276,6 +280,7 @@ def test_a_batch_that_cannot_fit_is_refused_before_measuring_or_any_run(tmp_path
     assert time.perf_counter() - started < 30
 
 
+@pytest.mark.timing  # the runs beside it must finish inside timeout = 3 s (at load 20 one did not)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_thread_run_longer_than_its_timeout_is_stopped_and_failed_and_the_sweep_goes_on(tmp_path, workers):
     """The timeout bounds a whole run, whatever its settings: a million tiny steps under timeout = 3 stop at
@@ -312,6 +317,7 @@ def test_a_thread_run_longer_than_its_timeout_is_stopped_and_failed_and_the_swee
     assert took < 60, took
 
 
+@pytest.mark.timing  # an upper bound on wall time: out of make test-fast
 def test_thread_ranks_deep_in_messages_stop_at_the_run_timeout():
     """Within one step of endless small messages (each wait far inside the per-wait timeout, as a partition of
     millions): the run's deadline aborts every wait, and the failure names the run's timeout."""

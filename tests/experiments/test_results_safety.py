@@ -194,6 +194,7 @@ def test_resume_checks_every_part_before_any_run(tmp_path, capsys):
     assert sorted(Store(out).runs()["run_id"]) == ["a", "b"]  # nothing ran
 
 
+@pytest.mark.simgrid
 def test_simulate_writes_report_html_as_run_does(tmp_path, capsys):
     from strategies.transport.simgrid import simgrid_available
     from tests.helpers import SIMULATE_TOML

@@ -316,6 +316,7 @@ def test_trace_refuses_an_unknown_run_and_a_run_without_events(traced, tmp_path,
 # -- the report -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_the_report_draws_each_compared_configuration_with_its_critical_path(traced):
     from reports.page import build
 

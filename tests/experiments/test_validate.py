@@ -52,6 +52,7 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
     return out
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 @pytest.mark.parametrize("label,workers,k,bandwidth,latency", _cells())
 def test_model_agrees_with_simgrid_alpha_beta(label, workers, k, bandwidth, latency):
@@ -68,6 +69,7 @@ GAPS = [
 ]
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 @pytest.mark.parametrize("label,workers,k", GAPS)
 def test_known_gaps_still_differ(label, workers, k):
@@ -75,6 +77,7 @@ def test_known_gaps_still_differ(label, workers, k):
     assert row["status"] == "DIFF", row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_dedicated_node_servers_reply_while_the_pushes_stream_in():
     """One node of 4 workers, 2 dedicated servers in the next node, 10 Gbit/s and 0 us between nodes (100 Gbit/s,
@@ -96,6 +99,7 @@ def test_dedicated_node_servers_reply_while_the_pushes_stream_in():
     assert row["model_s"] == pytest.approx(hand, rel=0.002), row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_a_short_nodes_rank_pushes_all_its_chunks_at_once():
     """8 workers in nodes of 3 (the last node of 2), one colocated server per chunk in node 0, 10 Gbit/s and 0 us
@@ -117,6 +121,7 @@ def test_a_short_nodes_rank_pushes_all_its_chunks_at_once():
     assert row["model_s"] == pytest.approx(hand, rel=0.002), row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_double_binary_tree_at_3_ranks_worked_by_hand():
     """A known gap, worked by hand: 3 ranks, 1 Gbit/s, 0 us, 4 chunks of a quarter of each half (3,194,629 floats,
@@ -132,6 +137,7 @@ def test_double_binary_tree_at_3_ranks_worked_by_hand():
     assert row["status"] == "DIFF", row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_model_and_simgrid_agree_on_how_many_dedicated_servers_tie_ring():
     """8 workers at 25 Gbit/s, ResNet-50: the model's fewest dedicated servers no slower than ring is k = 6 (BytePS's
@@ -145,6 +151,7 @@ def test_model_and_simgrid_agree_on_how_many_dedicated_servers_tie_ring():
         assert ratio == pytest.approx(sizing.model_ratio[k], rel=0.02), (k, sizing)
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_a_message_between_nodes_crosses_the_ranks_ports_too():
     """double_binary_tree, 1 chunk, 4 ranks in nodes of 2, NICs as fast as the ports (100 Gbit/s), worked by hand:
@@ -162,6 +169,7 @@ def test_a_message_between_nodes_crosses_the_ranks_ports_too():
     assert row["model_s"] == pytest.approx(hand, rel=0.001), row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_update_servers_answer_each_partition_after_its_update():
     """One dedicated server in update mode, 2 workers, 10 Gbit/s, the ResNet-50 profile with overlap: the step waits
@@ -195,6 +203,7 @@ def test_update_servers_answer_each_partition_after_its_update():
     assert row["model_s"] == pytest.approx(row["sim_s"], rel=0.002), row
 
 
+@pytest.mark.simgrid
 @needs_simgrid
 def test_a_cell_a_substrate_cannot_run_is_not_run_with_the_reason():
     native = run_cell(Cell(BY_LABEL["native"], 4, "10Gbit", "5us"))

@@ -211,6 +211,7 @@ def test_the_command_states_the_recording_bounds():
 
 # -- the report's section -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_the_report_draws_each_strategy_of_the_sweep(built_report):
     page = built_report.read_text()
     section = page.split('<section id="explain">')[1].split("</section>")[0]

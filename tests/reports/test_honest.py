@@ -43,6 +43,7 @@ def ok_runs(path) -> pd.DataFrame:
 
 # ---- shaped and unshaped runs never share axes ---------------------------------------------------------------
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_runs_that_bypassed_the_emulated_link_are_drawn_apart(results_dir):
     """native on a python-emulated link moved its bytes unshaped inside gloo: it is in the loopback reference, not
     in the throughput, scaling or step-time figures nor in the verdicts."""
@@ -69,6 +70,7 @@ def test_runs_that_bypassed_the_emulated_link_are_drawn_apart(results_dir):
 
 # ---- honest axes --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_every_facet_has_a_labelled_or_shared_y_axis_with_units(built_report):
     figs = page_figures(built_report.read_text())
     assert len(figs) == 13  # with the teaching question's model figure and the strategy map
@@ -82,6 +84,7 @@ def test_every_facet_has_a_labelled_or_shared_y_axis_with_units(built_report):
             assert not own or "(" in own, f"{title}: y axis {own!r} has no unit"
 
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_step_time_facets_share_one_y_scale(built_report):
     """A 0.2 s bar and a 1.5 s bar never reach the same height: every facet matches the first axis."""
     (fig,) = page_figures(section(built_report.read_text(), "step-time"))
@@ -116,6 +119,7 @@ def test_calibration_leaves_out_overlapped_server_and_distorted_runs(tmp_path, f
     assert calibration.extrapolation_alpha(fits, ok).calibrated
 
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_an_alpha_far_above_latency_and_transport_cost_is_not_used(tmp_path, fake_results):
     """40 ms per round on a link with no latency: the bandwidth fits and the residuals are nil, yet alpha is 184x
     the transport's per-message cost. The fit is shown as implausible and the extrapolation does not use it."""
@@ -240,6 +244,7 @@ def test_in_profile_mode_the_profile_is_the_baseline(tmp_path, fake_results):
 
 # ---- relevance: no convergence for runs that did not train; absent sections once ---------------------------
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_profile_mode_has_no_convergence_curves(tmp_path, fake_results):
     fake_results(tmp_path)
     edit_runs(tmp_path, lambda runs: runs.assign(compute="profile", profile_step_s=0.2, profile_id="p1"))
@@ -251,6 +256,7 @@ def test_profile_mode_has_no_convergence_curves(tmp_path, fake_results):
     assert len(headings) == len(set(headings)) and headings[-1] == "Not in this sweep"
 
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_the_runs_table_comes_last_labelled_by_strategy_and_the_axes_that_vary(built_report):
     html = built_report.read_text()
     headings = re.findall(r"<h2>([^<]*)</h2>", html)

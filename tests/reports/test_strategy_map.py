@@ -420,6 +420,7 @@ def test_percentages_read_as_numbers_never_in_exponent_form():
     assert [sm._pct(f) for f in (0.0, 6.5e-7, 6.8e-6, 0.0197, 0.18)] == ["0%", "<0.0001%", "0.00068%", "2%", "18%"]
 
 
+@pytest.mark.slow  # 16,384 workers priced and a CPU-time bound: out of make test-fast
 def test_the_map_prices_16384_workers():
     """The cap is the sweeps' 16,384: every strategy's traffic counts in O(n) there (the colocated parameter
     server's summed its shards once per worker, O(n k): 30 s of a 16,384-worker row, now well under one)."""

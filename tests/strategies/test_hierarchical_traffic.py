@@ -143,6 +143,7 @@ def test_many_pieces_are_counted_not_listed():
     assert config.levels(workers, numel, 4) == ref_levels(config, workers, numel, 4)
 
 
+@pytest.mark.slow  # 16,384 ranks and a CPU-time bound: out of make test-fast
 def test_traffic_at_16384_ranks_is_linear_time():
     """The old sums took over 20 s at 16,384 ranks (rank by rank, every group rebuilt per rank); now well under
     one (a generous bound for a loaded machine: the check is against quadratic growth, not a benchmark)."""

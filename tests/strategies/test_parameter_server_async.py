@@ -126,6 +126,74 @@ def test_ssp_never_lets_a_worker_run_more_than_s_steps_ahead(params):
     assert all(np.isfinite(o[-1]).all() for o in outputs)
 
 
+# -- the same sums and bound with no clock: the order of the pushes scripted by events (make test-fast keeps them) --
+
+def test_async_summation_in_a_scripted_push_order_sums_every_push_since_the_last_reply_scaled_by_1_over_n():
+    """Workers push in turns, (step 0: worker 0, 1, 2), (step 1: 0, 1, 2), ...: each push is answered before the
+    next begins, so a reply is exactly the pushes since the worker's previous one, own included, each / 3; and
+    each unit's staleness is the number of other pushes in between."""
+    import threading
+
+    workers, steps = 3, 4
+    turn, turned = [0], threading.Condition()
+
+    def before_step(rank, step):
+        with turned:
+            assert turned.wait_for(lambda: turn[0] == step * workers + rank, timeout=20), "the turns stalled"
+
+    def after_step(rank, step):
+        with turned:
+            turn[0] += 1
+            turned.notify_all()
+
+    outputs, records = run(workers, steps, [[0.0] * steps] * workers, staleness="async", mode="summation",
+                           servers=2, buckets=[6, 5], partition_mb=TINY_PARTITIONS, before_step=before_step,
+                           after_step=after_step)
+    order = [[t * workers + w for t in range(steps)] for w in range(workers)]  # each push's place in the turns
+    implied = implied_async_staleness(order)
+    for server in records:
+        assert len({r.unit for r in server}) >= 3
+        assert {(r.step, r.worker, r.unit): r.staleness for r in server} == {
+            (r.step, r.worker, r.unit): implied[(r.step, r.worker)] for r in server}
+    for w in range(workers):
+        for t in range(steps):
+            read = order[w][t - 1] if t else -1
+            want = sum((v + 1) / workers for v in range(workers) for at in order[v] if read < at <= order[w][t])
+            np.testing.assert_allclose(outputs[w][t], np.full(11, want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": TINY_PARTITIONS}])
+def test_ssp_holds_the_fast_workers_at_s_steps_ahead_of_a_straggler_that_has_not_pushed(params):
+    """Worker 2 pushes nothing until workers 0 and 1 have finished steps 0..s-1 (s ahead of it: its clock is 0),
+    then gives them a second to finish step s, which the bound forbids; no clock is asserted on: a correct bound
+    holds them whatever the machine's load, a bound one step loose lets them through at once."""
+    import threading
+
+    steps, s = 6, 2
+    done, lock = {0: -1, 1: -1}, threading.Condition()
+    ahead = []
+
+    def before_step(rank, step):
+        if rank == 2 and step == 0:
+            with lock:
+                assert lock.wait_for(lambda: min(done.values()) >= s - 1, timeout=20), "workers 0, 1 never got ahead"
+                lock.wait_for(lambda: max(done.values()) >= s, timeout=1.0)  # only a loose bound lets this happen
+                ahead.append(dict(done))
+
+    def after_step(rank, step):
+        if rank < 2:
+            with lock:
+                done[rank] = step
+                lock.notify_all()
+
+    outputs, records = run(3, steps, [[0.0] * steps] * 3, staleness=s, servers=2, before_step=before_step,
+                           after_step=after_step, **params)
+    assert ahead == [{0: s - 1, 1: s - 1}]  # held at the bound: s steps ahead of the straggler, not s + 1
+    for server in records:
+        assert max(r.lead for r in server) == s
+    assert all(np.isfinite(o[-1]).all() for o in outputs)
+
+
 @pytest.mark.parametrize("params", [{}, {"mode": "summation", "partition_mb": 1.0}])
 def test_staleness_zero_is_the_synchronous_server(params):
     config = strategies.make("parameter_server", servers=2, staleness=0, **params)

@@ -176,36 +176,49 @@ def test_analytic_rounds_and_paths():
 
 # -- the harness itself: a pool of thread ranks, and check_strategy's report ----------------------------------
 
-@pytest.mark.timing
+def _exchange(comm):
+    """Each of 3 ranks sends its rank to the next: what it got and its counters."""
+    got = torch.empty(4)
+    handles = [comm.irecv(got, (comm.rank - 1) % 3), comm.isend(torch.full((4,), float(comm.rank)),
+                                                                  (comm.rank + 1) % 3)]
+    for h in handles:
+        h.wait()
+    return got.tolist(), comm.counters().as_dict()
+
+
+def _rank1_fails(comm):
+    if comm.rank == 1:
+        raise ValueError("rank 1 fails (test)")
+    comm.recv(torch.empty(4), 1)  # would wait out the timeout, but the failure aborts it at once
+
+
 @pytest.mark.parametrize("p2p", ["threads", "sockets"])
 def test_a_pool_of_ranks_serves_many_runs_each_counted_from_zero_and_starts_afresh_after_a_failure(p2p):
+    """(No clock here, so make test-fast keeps it: the pool's counters start from zero at every run.)"""
     from strategies.transport.threads import ThreadRanks
-
-    def exchange(comm):
-        got = torch.empty(4)
-        handles = [comm.irecv(got, (comm.rank - 1) % 3), comm.isend(torch.full((4,), float(comm.rank)),
-                                                                      (comm.rank + 1) % 3)]
-        for h in handles:
-            h.wait()
-        return got.tolist(), comm.counters().as_dict()
-
-    def rank1_fails(comm):
-        if comm.rank == 1:
-            raise ValueError("rank 1 fails (test)")
-        comm.recv(torch.empty(4), 1)  # would wait out the timeout, but the failure aborts it at once
 
     with ThreadRanks(3, timeout=20, p2p=p2p) as ranks:
         for _ in range(3):
-            for rank, (got, counters) in enumerate(ranks.run(exchange)):
+            for rank, (got, counters) in enumerate(ranks.run(_exchange)):
                 assert got == [float((rank - 1) % 3)] * 4
                 assert counters == {"bytes_sent": 16, "bytes_recv": 16, "msgs_sent": 1, "msgs_recv": 1}
         assert ranks.groups == 1
+        with pytest.raises(ValueError, match="rank 1 fails"):
+            ranks.run(_rank1_fails)
+        assert [got for got, _ in ranks.run(_exchange)] == [[2.0] * 4, [0.0] * 4, [1.0] * 4]
+        assert ranks.groups == 2
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("p2p", ["threads", "sockets"])
+def test_a_failing_rank_aborts_the_pool_run_at_once_not_after_the_timeout(p2p):
+    from strategies.transport.threads import ThreadRanks
+
+    with ThreadRanks(3, timeout=20, p2p=p2p) as ranks:
         start = time.monotonic()
         with pytest.raises(ValueError, match="rank 1 fails"):
-            ranks.run(rank1_fails)
+            ranks.run(_rank1_fails)
         assert time.monotonic() - start < 10
-        assert [got for got, _ in ranks.run(exchange)] == [[2.0] * 4, [0.0] * 4, [1.0] * 4]
-        assert ranks.groups == 2
 
 
 def test_check_strategy_names_every_failing_case_in_one_error(monkeypatch):
