@@ -55,9 +55,9 @@ def _setting_label(name: str, params: dict) -> str:
     return name + "".join(f"[{k}={v}]" for k, v in params.items())
 
 
-def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name):
-    """Each setting once on this rank, inputs from strategies.testing.make_inputs; what it ended with and
-    every counter (sent and received, bytes and messages) of that one call."""
+def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name, device: str = "cpu"):
+    """Each setting once on this rank, inputs from strategies.testing.make_inputs (on `device`); what it ended
+    with (on the host) and every counter (sent and received, bytes and messages) of that one call."""
     rows = []
     for name, params in settings:
         config = strategies.make(name, **params)
@@ -69,9 +69,9 @@ def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name):
             runtime.serve(numel, torch.from_numpy(inputs[0]).dtype, op_here)
             output = None
         else:
-            x = torch.from_numpy(inputs[ctx.rank].copy())
+            x = torch.from_numpy(inputs[ctx.rank].copy()).to(device)
             runtime.sync(x, op_here)
-            output = x.numpy()
+            output = x.cpu().numpy()
         role = "server" if runtime.is_server else "worker"
         rows.append({"setting": _setting_label(name, params), "rank": ctx.rank, "output": output,
                      "role": role, **ctx.comm.counters().as_dict()})

@@ -1,4 +1,5 @@
-"""The GPU check's five steps (experiments/gpu_check/__init__.py runs them, each bounded by its budget)."""
+"""The GPU check's steps (experiments/gpu_check/__init__.py runs them, each bounded by its budget); the
+collectives step is in collectives.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import pandas as pd
 import torch
 
+from experiments.gpu_check.collectives import collectives  # noqa: F401 - a step, looked up here by name
 from experiments.gpu_check.core import PARAMS_TOLERANCE, BudgetSpent, Check, parse_sweep, synchronize
 from experiments.gpu_check.nccl import world_size_one
 

@@ -14,6 +14,13 @@ def format_summary(summary: dict) -> str:
         result = entry.get("result") or {}
         if name == "environment":
             lines += [f"    {k}: {v}" for k, v in result.items()]
+        elif name == "collectives" and "cases" in result:
+            lines.append(f"    {result['cases'] - len(result['failed'])} of {result['cases']} cases ok: "
+                         f"{len(result.get('settings', []))} strategy settings x world sizes "
+                         f"{result.get('world_sizes')} x sizes {result.get('numels')} x ops {result.get('ops')}; "
+                         f"max |error| {result.get('max_abs_error', float('nan')):.3g}")
+            lines += [f"    FAILED {c['setting']} workers={c['workers']} numel={c['numel']} op={c['op']}: "
+                      f"{c['problems'][:200]}" for c in result["failed"]]
         elif name == "harness" and "ratio_fp32" in result:
             lines += [f"    plain bf16 + channels_last: {result['plain_bf16_channels_last_images_per_s']:.1f} images/s",
                       f"    plain fp32 (TF32):          {result['plain_fp32_images_per_s']:.1f} images/s",
