@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 
 import strategies
-from experiments.bench.collectives import _check_setting, _groups, _setting_label, _verify_on_rank
+from experiments.bench.verify_rank import _check_setting, _groups, _setting_label, _verify_on_rank
 from strategies.transport.threads import run_threads
 
 OPS = ("sum", "max")
