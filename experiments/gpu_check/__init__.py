@@ -7,7 +7,7 @@ The steps are in measure.py (world size 1 through NCCL in nccl.py), the plain ta
 Steps, cheapest and most valuable first, each time-boxed and written to DIR as soon as it ends:
   environment  the GPU, torch, CUDA, cuDNN, the driver (nvidia-smi) and the first CUDA operation's time
   collectives  every strategy's one sync on device tensors at world sizes 1, 2, 3, 5, 7, 8 and sizes 3 and
-               1,000,003 (sum, max): a float64 reference, ranks agreeing, bytes equal to traffic() (as verify)
+               100,003 (sum, max): a float64 reference, ranks agreeing, bytes equal to traffic() (as verify)
   harness      ResNet-50 224x224, 1,000 classes, batch 128: a plain PyTorch loop (bf16 autocast + channels_last,
                and fp32 with TF32) against syncbench's 1-worker run through the pipeline on thread ranks (fp32:
                the product has no precision setting); images/s of each and their ratio

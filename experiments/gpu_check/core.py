@@ -64,10 +64,10 @@ FULL = Sizes(harness_workload="resnet50", harness_image=224, harness_classes=100
              harness_warmup=5, harness_timed=10, harness_rounds=2,
              profile_workloads=("resnet50", "vgg16"), profile_image=224, profile_classes=1000,
              profile_batches=(32, 64, 128), profile_warmup=2, profile_timed=5,
-             collective_workers=(1, 2, 3, 5, 7, 8), collective_numels=(3, 1_000_003),
+             collective_workers=(1, 2, 3, 5, 7, 8), collective_numels=(3, 100_003),
              strategies_workload="resnet18", strategies_image=32, strategies_batch=16, strategies_steps=2,
              scaling_workload="resnet50", scaling_image=224, scaling_classes=1000, scaling_batch=32, scaling_steps=4,
-             scaling_workers=(1, 2, 4), scaling_strategies=None, budgets_s=(45, 60, 70, 60, 75, 120), timeout_s=120)
+             scaling_workers=(1, 2, 4), scaling_strategies=None, budgets_s=(45, 90, 70, 60, 75, 120), timeout_s=120)
 TINY = Sizes(harness_workload="tiny", harness_image=16, harness_classes=10, harness_batch=4,
              harness_warmup=1, harness_timed=2, harness_rounds=1,
              profile_workloads=("tiny",), profile_image=16, profile_classes=10,
