@@ -111,6 +111,13 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         slots = _cached(config.slot_levels, workers, numel, itemsize, ranks_per_node)
         nic_s = sum(max(b / nic_bandwidth, i / intra_bandwidth) for b, i in slots)
         intra_s = sum(i for _, i in slots) / intra_bandwidth
+        # where it is small enough, the schedule replayed (a rank's slot may spill into the next or run ahead of
+        # it; the sum assumes every slot waits for the one before everywhere) is the time
+        replayed = _cached(config.replay_seconds, workers, numel, itemsize, ranks_per_node, nic_bandwidth,
+                           intra_bandwidth)
+        if replayed is not None:
+            return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds,
+                            replayed + rounds * alpha)
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's levels on one step in H
         nic, intra, rounds = nic / period, intra / period, rounds / period

@@ -1,0 +1,130 @@
+"""A schedule replayed on the network's physics, for a strategy whose price is not a sum of rounds: the ranks' programs
+(wait for these receives, post these sends; a slot's sends leave once the rank's sends of its slot before have
+arrived) over split-duplex ports shared max-min fairly, one FIFO connection per pair of ranks. It is what SimGrid's
+alpha_beta model does with the same program (strategies/transport/simgrid.py's shared NIC, `_Connection`), in a
+fluid event loop: the double binary tree's pipeline at small n, where a rank's slot spills into the next (its sends
+outlast the slot) or runs ahead of it (its upload and download need not keep the slots in step), which a sum of each
+slot's busiest port cannot express.
+
+Units: bytes, bytes/s and seconds. Latency is not replayed: the caller adds rounds x latency as for every strategy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Message:
+    src: int
+    dst: int
+    nbytes: int
+    links: tuple[int, ...]  # the link directions it crosses (a sender's upload, a receiver's download, NICs)
+
+
+@dataclass(frozen=True)
+class Step:
+    slot: int
+    receives: tuple[int, ...]  # message ids this step waits for
+    sends: tuple[int, ...]     # message ids it posts, in order
+
+
+def replay(programs: list[list[Step]], messages: list[Message], capacity: list[float]) -> float:
+    """Seconds until the last message of these per-rank programs has arrived. A rank walks its steps in order: at a
+    new slot it waits for its sends of the slot before (their arrival), then for the step's receives, then posts the
+    step's sends. A message leaves when the one posted before it to the same peer has arrived (one connection per
+    pair); on the wire it shares each link it crosses max-min fairly with the other messages there."""
+    arrived = [-1.0] * len(messages)
+    waiting_on: dict[int, list[int]] = {}  # message -> ranks blocked on it
+    position, slot, outstanding = [0] * len(programs), [None] * len(programs), [[] for _ in programs]
+    pairs: dict[tuple[int, int], deque] = {}
+    busy: set[tuple[int, int]] = set()
+    flows: dict[int, float] = {}  # message on the wire -> bytes left
+    on_link: dict[int, set[int]] = {}
+    now = 0.0
+
+    def start(m: int):
+        msg = messages[m]
+        busy.add((msg.src, msg.dst))
+        flows[m] = float(msg.nbytes)
+        for link in msg.links:
+            on_link.setdefault(link, set()).add(m)
+
+    def post(m: int):
+        msg = messages[m]
+        if (msg.src, msg.dst) in busy:
+            pairs.setdefault((msg.src, msg.dst), deque()).append(m)
+        else:
+            start(m)
+
+    def advance(rank: int):
+        program = programs[rank]
+        while position[rank] < len(program):
+            step = program[position[rank]]
+            if step.slot != slot[rank]:
+                pending = next((m for m in outstanding[rank] if arrived[m] < 0), None)
+                if pending is not None:
+                    waiting_on.setdefault(pending, []).append(rank)
+                    return
+                outstanding[rank], slot[rank] = [], step.slot
+            pending = next((m for m in step.receives if arrived[m] < 0), None)
+            if pending is not None:
+                waiting_on.setdefault(pending, []).append(rank)
+                return
+            for m in step.sends:
+                post(m)
+            outstanding[rank].extend(step.sends)
+            position[rank] += 1
+
+    for rank in range(len(programs)):
+        advance(rank)
+    while flows:
+        rates = _max_min(flows, on_link, messages, capacity)
+        dt = min(left / rates[m] for m, left in flows.items())
+        now += dt
+        done = []
+        for m in flows:
+            flows[m] = 0.0 if rates[m] == math.inf else flows[m] - rates[m] * dt
+            if flows[m] <= 1e-9 * messages[m].nbytes + 1e-6:
+                done.append(m)
+        for m in done:
+            del flows[m]
+            for link in messages[m].links:
+                on_link[link].discard(m)
+            arrived[m] = now
+        for m in done:  # the pair's next message leaves; ranks blocked on this one go on
+            pair = (messages[m].src, messages[m].dst)
+            busy.discard(pair)
+            queue = pairs.get(pair)
+            if queue:
+                start(queue.popleft())
+            for rank in waiting_on.pop(m, ()):
+                advance(rank)
+    if any(position[rank] < len(programs[rank]) for rank in range(len(programs))):
+        raise RuntimeError("replay: a rank waits for a message that is never sent (the programs do not match)")
+    return now
+
+
+def _max_min(flows: dict[int, float], on_link: dict[int, set[int]], messages: list[Message],
+             capacity: list[float]) -> dict[int, float]:
+    """Max-min fair rates (progressive filling): the links with the least capacity per unfixed flow fix their flows
+    at that share; repeat with what is left."""
+    left = {link: capacity[link] for link, ms in on_link.items() if ms}
+    count = {link: len(ms) for link, ms in on_link.items() if ms}
+    rates = {m: math.inf for m in flows if not messages[m].links}  # on no finite link: no time
+    while len(rates) < len(flows):
+        shares = {link: left[link] / c for link, c in count.items() if c}
+        low = min(shares.values())
+        for link, share in shares.items():
+            if share > low * (1 + 1e-12):
+                continue
+            for m in on_link[link]:
+                if m in rates:
+                    continue
+                rates[m] = low
+                for other in messages[m].links:
+                    left[other] -= low
+                    count[other] -= 1
+    return rates
