@@ -28,7 +28,7 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
             ("ring", (2, 3, 5, 8), (1,)),
             ("naive_ring", (5,), (1,)),
             ("all_to_all", (5,), (1,)),
-            ("halving_doubling", (3, 5, 8, 64), (1,)),
+            ("halving_doubling", (3, 5, 7, 8, 64), (1,)),
             ("reduce_broadcast tree", (3, 5, 8), (1,)),
             ("reduce_broadcast flat", (5,), (1,)),
             ("ps dedicated k=1", (3, 8), (1,)),
@@ -36,12 +36,12 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
             ("ps colocated k=n", (5,), (1,)),
             ("ps SSP s=2 k=2", (3,), (1,)),
             ("decentralized exponential", (5,), (1,)),
-            ("double_binary_tree", (5, 8), (1,)),
+            ("double_binary_tree", (3, 4, 5, 8), (1,)),
             ("ring + local SGD H=4", (5,), (1,)),
             ("ring on nodes", (5,), (3, 4)),
             ("hierarchical ring", (8, 64), (4,)),
             ("hierarchical ring", (8,), (3,)),
-            ("double_binary_tree on nodes", (8,), (4,)),
+            ("double_binary_tree on nodes", (8,), (3, 4)),
             ("node_ps colocated", (8,), (4,)),
             ("node_ps colocated", (5, 16), (3,)),
             ("node_ps dedicated k=2", (8,), (4,))):
@@ -166,6 +166,22 @@ def test_more_tree_chunks_are_not_cheaper_at_a_few_ranks(workers, chunks):
     row = run_cell(Cell(variant, workers, "10Gbit", "0us"))
     assert row["model_s"] > 1.15 * summed, row
     assert row["sim_s"] == pytest.approx(row["model_s"], rel=0.005), row
+
+
+@needs_simgrid
+@pytest.mark.parametrize("workers,arrays", [(7, 4.25), (13, 4.625)])
+def test_halving_doublings_fold_chain_worked_by_hand(workers, arrays):
+    """7 ranks (p = 4, extras 4, 5, 6 fold into 0, 1, 2), 10 Gbit/s, 0 us, in arrays d of 102.2 MB (81.8 ms), worked
+    from SimGrid's message log: rank 1's fold shares its download with rank 3's round-1 half (early_into_fold), so
+    its fold ends at 1.5 d; rank 3 waits for rank 1's half back, while rank 2 (folded, its round-1 partner 0 folded
+    too, done at 1.5 d) posts its round-2 quarter to rank 3 at once: it shares rank 3's download with rank 1's half,
+    which arrives at 2.25 d, not 2.0 d, and every round after it a quarter late: 1.5 + 0.5 + 0.25 + 0.25 (the chain)
+    + 0.25 + 0.5 + 1 = 4.25 d (the model said 4.0, 1.06x). 13 ranks (e = 5): rounds 2 and 3's messages pile up on
+    the late rank's download, 4.25 + 0.25 + 0.125 = 4.625 d (1.09x)."""
+    d = 25_557_032 * 4 / (10e9 / 8)
+    row = run_cell(Cell(BY_LABEL["halving_doubling"], workers, "10Gbit", "0us"))
+    assert row["sim_s"] == pytest.approx(arrays * d, rel=1e-4), row
+    assert row["model_s"] == pytest.approx(arrays * d, rel=1e-4), row
 
 
 @needs_simgrid
