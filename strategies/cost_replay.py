@@ -1,10 +1,9 @@
 """A schedule replayed on the network's physics, for a strategy whose price is not a sum of rounds: the ranks' programs
-(wait for these receives, post these sends; a slot's sends leave once the rank's sends of its slot before have
-arrived) over split-duplex ports shared max-min fairly, one FIFO connection per pair of ranks. It is what SimGrid's
-alpha_beta model does with the same program (strategies/transport/simgrid.py's shared NIC, `_Connection`), in a
-fluid event loop: the double binary tree's pipeline at small n, where a rank's slot spills into the next (its sends
-outlast the slot) or runs ahead of it (its upload and download need not keep the slots in step), which a sum of each
-slot's busiest port cannot express.
+(wait for these messages, received or sent; post these sends) over split-duplex ports shared max-min fairly, one
+FIFO connection per pair of ranks. It is what SimGrid's alpha_beta model does with the same program
+(strategies/transport/simgrid.py's shared NIC, `_Connection`), in a fluid event loop: the double binary tree's
+pipeline at small n, where a rank's slot spills into the next (its sends outlast the slot) or runs ahead of it (its
+upload and download need not keep the slots in step), which a sum of each slot's busiest port cannot express.
 
 Units: bytes, bytes/s and seconds. Latency is not replayed: the caller adds rounds x latency as for every strategy.
 """
@@ -26,19 +25,18 @@ class Message:
 
 @dataclass(frozen=True)
 class Step:
-    slot: int
-    receives: tuple[int, ...]  # message ids this step waits for
-    sends: tuple[int, ...]     # message ids it posts, in order
+    waits: tuple[int, ...]  # message ids this step waits for (their arrival: a receive, or a send completed)
+    sends: tuple[int, ...]  # message ids it then posts, in order
 
 
 def replay(programs: list[list[Step]], messages: list[Message], capacity: list[float]) -> float:
-    """Seconds until the last message of these per-rank programs has arrived. A rank walks its steps in order: at a
-    new slot it waits for its sends of the slot before (their arrival), then for the step's receives, then posts the
-    step's sends. A message leaves when the one posted before it to the same peer has arrived (one connection per
-    pair); on the wire it shares each link it crosses max-min fairly with the other messages there."""
+    """Seconds until the last message of these per-rank programs has arrived. A rank walks its steps in order: it
+    waits for the step's messages to have arrived, then posts the step's sends (every receive is posted from the
+    start). A message leaves when the one posted before it to the same peer has arrived (one connection per pair);
+    on the wire it shares each link it crosses max-min fairly with the other messages there."""
     arrived = [-1.0] * len(messages)
     waiting_on: dict[int, list[int]] = {}  # message -> ranks blocked on it
-    position, slot, outstanding = [0] * len(programs), [None] * len(programs), [[] for _ in programs]
+    position = [0] * len(programs)
     pairs: dict[tuple[int, int], deque] = {}
     busy: set[tuple[int, int]] = set()
     flows: dict[int, float] = {}  # message on the wire -> bytes left
@@ -63,19 +61,12 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
         program = programs[rank]
         while position[rank] < len(program):
             step = program[position[rank]]
-            if step.slot != slot[rank]:
-                pending = next((m for m in outstanding[rank] if arrived[m] < 0), None)
-                if pending is not None:
-                    waiting_on.setdefault(pending, []).append(rank)
-                    return
-                outstanding[rank], slot[rank] = [], step.slot
-            pending = next((m for m in step.receives if arrived[m] < 0), None)
+            pending = next((m for m in step.waits if arrived[m] < 0), None)
             if pending is not None:
                 waiting_on.setdefault(pending, []).append(rank)
                 return
             for m in step.sends:
                 post(m)
-            outstanding[rank].extend(step.sends)
             position[rank] += 1
 
     for rank in range(len(programs)):

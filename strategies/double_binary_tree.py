@@ -183,10 +183,11 @@ REPLAY_MESSAGES = 1_000
 
 def replay_program(parents: list[list[int | None]], sizes: list[list[int]], port_k: int):
     """The ranks' programs as DoubleBinaryTree._sync runs them, for cost_replay.replay: per rank its steps in slot
-    order (an empty chunk's step skipped, as the runtime skips it), each step's receives (the children's partial
-    sums up, the parent's result down) and sends; each message's links: one rank per NIC (port_k = 1) its sender's
-    upload and its receiver's download; on nodes of port_k both ranks' ports, and both NICs when it leaves its node.
-    Returns (programs, messages); links 2r, 2r + 1: rank r's port (up, down); 2n + 2j, 2n + 2j + 1: node j's NIC."""
+    order (an empty chunk's step skipped, as the runtime skips it), each step's waits (at a new slot its sends of
+    the slot before; the children's partial sums up, the parent's result down) and sends; each message's links: one
+    rank per NIC (port_k = 1) its sender's upload and its receiver's download; on nodes of port_k both ranks' ports,
+    and both NICs when it leaves its node. Returns (programs, messages); links 2r, 2r + 1: rank r's port (up,
+    down); 2n + 2j, 2n + 2j + 1: node j's NIC."""
     from strategies.cost_replay import Message, Step
 
     n = len(parents[0])
@@ -206,7 +207,7 @@ def replay_program(parents: list[list[int | None]], sizes: list[list[int]], port
 
     programs = []
     for rank in range(n):
-        steps = []
+        steps, current, sent = [], None, []
         for slot, phase, tree, c in schedule(parents, rank, len(sizes[0])):
             if not sizes[tree][c]:
                 continue
@@ -217,7 +218,10 @@ def replay_program(parents: list[list[int | None]], sizes: list[list[int]], port
             else:  # the result from the parent, on to the children
                 receives = () if parent is None else (message(tree, 1, c, parent, rank),)
                 sends = tuple(message(tree, 1, c, rank, child) for child in kids)
-            steps.append(Step(slot, receives, sends))
+            if slot != current:  # a slot's sends leave once the slot before's have arrived
+                receives, current, sent = tuple(sent) + receives, slot, []
+            sent.extend(sends)
+            steps.append(Step(receives, sends))
         programs.append(steps)
     return programs, messages
 

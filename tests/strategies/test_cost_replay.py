@@ -1,6 +1,6 @@
 """The schedule replay (strategies/cost_replay.py) on programs small enough to work by hand, and the double binary
-tree's price through it: max-min sharing of a port, one FIFO connection per pair, a slot's sends after the slot
-before's have arrived, and the size limit beyond which the slots' sum stands."""
+tree's price through it: max-min sharing of a port, one FIFO connection per pair, a step that waits for its own
+sends, and the size limit beyond which the slots' sum stands."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_two_senders_into_one_download_share_it():
     """Ranks 1 and 2 each send 1 byte to rank 0 (every port 1 byte/s): rank 0's download is shared, both arrive
     at 2 s (not 1 s and 2 s)."""
     messages = [Message(1, 0, 1, (link(1, UP), link(0, DOWN))), Message(2, 0, 1, (link(2, UP), link(0, DOWN)))]
-    programs = [[Step(0, (0, 1), ())], [Step(0, (), (0,))], [Step(0, (), (1,))]]
+    programs = [[Step((0, 1), ())], [Step((), (0,))], [Step((), (1,))]]
     assert replay(programs, messages, [1.0] * 6) == pytest.approx(2.0)
 
 
@@ -34,7 +34,7 @@ def test_one_connection_per_pair_and_the_rest_max_min():
     and the one to rank 2), each at 1/2: both arrive at 4 s; then the pair's second message alone: 6 s."""
     messages = [Message(0, 1, 2, (link(0, UP), link(1, DOWN))), Message(0, 1, 2, (link(0, UP), link(1, DOWN))),
                 Message(0, 2, 2, (link(0, UP), link(2, DOWN)))]
-    programs = [[Step(0, (), (0, 1, 2))], [Step(1, (0, 1), ())], [Step(1, (2,), ())]]
+    programs = [[Step((), (0, 1, 2))], [Step((0, 1), ())], [Step((2,), ())]]
     assert replay(programs, messages, [1.0] * 6) == pytest.approx(6.0)
 
 
@@ -44,7 +44,7 @@ def test_a_bottleneck_elsewhere_leaves_the_share_to_the_others():
     one into rank 0 too (its download is free, the sender's upload bounds it): 6 s."""
     messages = [Message(1, 0, 3, (link(1, UP), link(0, DOWN))), Message(1, 2, 3, (link(1, UP), link(2, DOWN))),
                 Message(3, 2, 3, (link(3, UP), link(2, DOWN)))]
-    programs = [[Step(1, (0,), ())], [Step(0, (), (0, 1))], [Step(1, (1, 2), ())], [Step(0, (), (2,))]]
+    programs = [[Step((0,), ())], [Step((), (0, 1))], [Step((1, 2), ())], [Step((), (2,))]]
     assert replay(programs, messages, [1.0] * 8) == pytest.approx(6.0)
     # rank 3's upload at 1/3 byte/s: its flow gets 1/3; rank 2's download could give rank 1's flow 2/3, but rank
     # 1's upload still bounds both of its flows at 1/2: they arrive at 6 s, rank 3's at 9 s
@@ -53,18 +53,22 @@ def test_a_bottleneck_elsewhere_leaves_the_share_to_the_others():
     assert replay(programs, messages, slow) == pytest.approx(9.0)
 
 
-def test_a_slots_sends_leave_after_the_slot_befores_have_arrived():
-    """Rank 0 sends 1 byte to rank 1 in slot 0 and 1 byte to rank 2 in slot 1: the second waits for the first's
-    arrival (1 s), though rank 0's upload could carry both at once: 2 s."""
-    messages = [Message(0, 1, 1, (link(0, UP), link(1, DOWN))), Message(0, 2, 1, (link(0, UP), link(2, DOWN)))]
-    programs = [[Step(0, (), (0,)), Step(1, (), (1,))], [Step(1, (0,), ())], [Step(2, (1,), ())]]
-    assert replay(programs, messages, [1.0] * 6) == pytest.approx(2.0)
+def test_a_step_may_wait_for_its_own_sends():
+    """Rank 0 sends 1 byte to rank 1, then (waiting for that send) 1 byte to rank 2; rank 1 passes 1 byte on to
+    rank 3 once its byte is in. Waited: rank 1's byte arrives at 1 s, rank 2's and rank 3's at 2 s. Posted at
+    once, rank 0's two bytes share its upload and both arrive at 2 s: rank 3's at 3 s."""
+    messages = [Message(0, 1, 1, (link(0, UP), link(1, DOWN))), Message(0, 2, 1, (link(0, UP), link(2, DOWN))),
+                Message(1, 3, 1, (link(1, UP), link(3, DOWN)))]
+    waited = [[Step((), (0,)), Step((0,), (1,))], [Step((0,), (2,))], [Step((1,), ())], [Step((2,), ())]]
+    assert replay(waited, messages, [1.0] * 8) == pytest.approx(2.0)
+    eager = [[Step((), (0, 1))], [Step((0,), (2,))], [Step((1,), ())], [Step((2,), ())]]
+    assert replay(eager, messages, [1.0] * 8) == pytest.approx(3.0)
 
 
 def test_programs_that_do_not_match_are_an_error():
     messages = [Message(0, 1, 1, (link(0, UP), link(1, DOWN)))]
     with pytest.raises(RuntimeError, match="never sent"):
-        replay([[Step(0, (), ())], [Step(1, (0,), ())]], messages, [1.0] * 4)
+        replay([[Step((), ())], [Step((0,), ())]], messages, [1.0] * 4)
 
 
 @pytest.mark.parametrize("workers,chunks", [(3, 4), (4, 4), (5, 2), (8, 8)])
