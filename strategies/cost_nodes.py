@@ -91,9 +91,14 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     nic_s, intra_s = nic / nic_bandwidth, intra / intra_bandwidth
     name = getattr(config, "name", "")
     if name == "hierarchical" and numel:
-        # its pipeline, stage by stage (hierarchical_node_seconds), is the time: both levels' seconds in it
+        # its pipeline, stage by stage (hierarchical_node_seconds), is the time: both levels' seconds in it;
+        # where it is small enough, its programs replayed (the NIC's messages crossing the ranks' ports too, a short
+        # node's groups one after another while the next groups' first messages come in) are the time
         total, nic_only = hierarchical_node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth,
                                                     intra_bandwidth, latency, intra_latency, itemsize)
+        replayed = _cached(config.replay_seconds, workers, numel, itemsize, nic_bandwidth, intra_bandwidth, latency,
+                           intra_latency)
+        total = total if replayed is None else replayed
         return NodeCost(nic, intra, nic_only, total - nic_only, rounds, total)
     if name == "node_parameter_server" and numel:
         # one phase after another: the node's reduce-scatter, the pushes and replies, the node's all-gather

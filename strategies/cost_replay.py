@@ -5,11 +5,13 @@ FIFO connection per pair of ranks. It is what SimGrid's alpha_beta model does wi
 pipeline at small n, where a rank's slot spills into the next (its sends outlast the slot) or runs ahead of it (its
 upload and download need not keep the slots in step), which a sum of each slot's busiest port cannot express.
 
-Units: bytes, bytes/s and seconds. Latency is not replayed: the caller adds rounds x latency as for every strategy.
+Units: bytes, bytes/s and seconds. A message may carry its route's latency (hierarchical's replay); the double binary
+tree's leaves it out and adds rounds x latency as every strategy's price does.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ class Message:
     dst: int
     nbytes: int
     links: tuple[int, ...]  # the link directions it crosses (a sender's upload, a receiver's download, NICs)
+    latency: float = 0.0    # seconds on the wire before its bytes move (SimGrid's CM02: latency, then bandwidth)
 
 
 @dataclass(frozen=True)
@@ -40,14 +43,21 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     pairs: dict[tuple[int, int], deque] = {}
     busy: set[tuple[int, int]] = set()
     flows: dict[int, float] = {}  # message on the wire -> bytes left
+    latent: list[tuple[float, int]] = []  # (when its bytes start to move, message): in its latency
     on_link: dict[int, set[int]] = {}
     now = 0.0
 
     def start(m: int):
         msg = messages[m]
         busy.add((msg.src, msg.dst))
-        flows[m] = float(msg.nbytes)
-        for link in msg.links:
+        if msg.latency > 0:
+            heapq.heappush(latent, (now + msg.latency, m))
+        else:
+            flow(m)
+
+    def flow(m: int):
+        flows[m] = float(messages[m].nbytes)
+        for link in messages[m].links:
             on_link.setdefault(link, set()).add(m)
 
     def post(m: int):
@@ -71,9 +81,17 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
 
     for rank in range(len(programs)):
         advance(rank)
-    while flows:
+    while flows or latent:
         rates = _max_min(flows, on_link, messages, capacity)
-        dt = min(left / rates[m] for m, left in flows.items())
+        dt = min((left / rates[m] for m, left in flows.items()), default=math.inf)
+        if latent and latent[0][0] - now < dt:  # a message's latency ends first: its bytes join the sharing
+            dt = latent[0][0] - now
+            for m in flows:
+                flows[m] = flows[m] - rates[m] * dt if rates[m] != math.inf else 0.0
+            now = latent[0][0]
+            while latent and latent[0][0] <= now:
+                flow(heapq.heappop(latent)[1])
+            continue
         now += dt
         done = []
         for m in flows:
