@@ -198,12 +198,12 @@ def _config_path(config, workers: int, numel: int, itemsize: int, shapes) -> tup
         ring = strategies.make("ring").traffic(workers, numel, itemsize)
         return ring.rounds, ring.path_bytes, "modelled as ring (the backend hides its bytes)"
     path = traffic.path_bytes
-    replayed = getattr(config, "replay_seconds", None)
+    replayed = getattr(config, "replayed_path_bytes", None)
     if replayed is not None:
-        # a pipeline whose ranks do not keep its slots in step (double_binary_tree): its schedule replayed at one
-        # byte per second is its path (None: too many messages to replay, traffic()'s sum of the slots stands)
-        seconds = replayed(workers, numel, itemsize)
-        path = path if seconds is None else seconds
+        # a pipeline whose ranks do not keep its slots in step (double_binary_tree): its schedule replayed is its
+        # path (None: too many messages to replay, traffic()'s sum of the slots stands)
+        replayed_path = replayed(workers, numel, itemsize)
+        path = path if replayed_path is None else replayed_path
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's traffic on one step in H, none on the others
         return (traffic.rounds / period, path / period,

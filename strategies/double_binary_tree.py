@@ -392,6 +392,11 @@ class DoubleBinaryTreeConfig(StrategyConfig):
             capacity = [intra_bandwidth] * (2 * n) + [bandwidth] * (2 * nodes)
         return replay(programs, messages, capacity)
 
+    def replayed_path_bytes(self, workers: int, numel: int, itemsize: int = 4) -> float | None:
+        """The critical path's bytes, one rank per NIC: the schedule replayed at one byte per second (None beyond
+        REPLAY_MESSAGES: traffic()'s sum of the slots)."""
+        return self.replay_seconds(workers, numel, itemsize, 1, 1.0)
+
     def traffic(self, workers, numel, itemsize=4):
         n = workers
         degrees, depth = tree_degrees(n, self.ranks_per_node)

@@ -423,8 +423,8 @@ class HierarchicalConfig(StrategyConfig):
             path += max(across[sizes[stage - 1]][1], intra_bytes)
         return rounds + half[sizes[-1]][0], path + half[sizes[-1]][1]
 
-    def replay_seconds(self, workers: int, numel: int, itemsize: int, nic_bandwidth: float, intra_bandwidth: float,
-                       latency: float, intra_latency: float) -> float | None:
+    def replay_node_seconds(self, workers: int, numel: int, itemsize: int, nic_bandwidth: float,
+                            intra_bandwidth: float, latency: float, intra_latency: float) -> float | None:
         """The sync's seconds on nodes, its programs replayed (replay_program, cost_replay.replay), latency included;
         None where there is no replay (another inner strategy, too many messages)."""
         from strategies.cost_replay import replay
