@@ -36,7 +36,9 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     """Seconds until the last message of these per-rank programs has arrived. A rank walks its steps in order: it
     waits for the step's messages to have arrived, then posts the step's sends (every receive is posted from the
     start). A message leaves when the one posted before it to the same peer has arrived (one connection per pair);
-    on the wire it shares each link it crosses max-min fairly with the other messages there."""
+    on the wire it shares each link it crosses max-min fairly with the other messages there (a link of infinite
+    capacity is no constraint: a message on none moves at once)."""
+    links_of = [tuple(link for link in msg.links if capacity[link] != math.inf) for msg in messages]
     arrived = [-1.0] * len(messages)
     waiting_on: dict[int, list[int]] = {}  # message -> ranks blocked on it
     position = [0] * len(programs)
@@ -44,7 +46,7 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     busy: set[tuple[int, int]] = set()
     flows: dict[int, float] = {}  # message on the wire -> bytes left
     latent: list[tuple[float, int]] = []  # (when its bytes start to move, message): in its latency
-    on_link: dict[int, set[int]] = {}
+    on_link: dict[int, set[int]] = {}  # link -> the messages moving on it (a link with none is removed)
     now = 0.0
 
     def start(m: int):
@@ -57,7 +59,7 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
 
     def flow(m: int):
         flows[m] = float(messages[m].nbytes)
-        for link in messages[m].links:
+        for link in links_of[m]:
             on_link.setdefault(link, set()).add(m)
 
     def post(m: int):
@@ -71,10 +73,10 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
         program = programs[rank]
         while position[rank] < len(program):
             step = program[position[rank]]
-            pending = next((m for m in step.waits if arrived[m] < 0), None)
-            if pending is not None:
-                waiting_on.setdefault(pending, []).append(rank)
-                return
+            for m in step.waits:
+                if arrived[m] < 0:
+                    waiting_on.setdefault(m, []).append(rank)
+                    return
             for m in step.sends:
                 post(m)
             position[rank] += 1
@@ -82,12 +84,12 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     for rank in range(len(programs)):
         advance(rank)
     while flows or latent:
-        rates = _max_min(flows, on_link, messages, capacity)
+        rates = _max_min(flows, on_link, links_of, capacity)
         dt = min((left / rates[m] for m, left in flows.items()), default=math.inf)
         if latent and latent[0][0] - now < dt:  # a message's latency ends first: its bytes join the sharing
             dt = latent[0][0] - now
             for m in flows:
-                flows[m] = flows[m] - rates[m] * dt if rates[m] != math.inf else 0.0
+                flows[m] -= rates[m] * dt
             now = latent[0][0]
             while latent and latent[0][0] <= now:
                 flow(heapq.heappop(latent)[1])
@@ -95,13 +97,17 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
         now += dt
         done = []
         for m in flows:
-            flows[m] = 0.0 if rates[m] == math.inf else flows[m] - rates[m] * dt
+            rate = rates[m]
+            flows[m] = 0.0 if rate == math.inf else flows[m] - rate * dt
             if flows[m] <= 1e-9 * messages[m].nbytes + 1e-6:
                 done.append(m)
         for m in done:
             del flows[m]
-            for link in messages[m].links:
-                on_link[link].discard(m)
+            for link in links_of[m]:
+                moving = on_link[link]
+                moving.discard(m)
+                if not moving:
+                    del on_link[link]
             arrived[m] = now
         for m in done:  # the pair's next message leaves; ranks blocked on this one go on
             pair = (messages[m].src, messages[m].dst)
@@ -116,24 +122,22 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     return now
 
 
-def _max_min(flows: dict[int, float], on_link: dict[int, set[int]], messages: list[Message],
+def _max_min(flows: dict[int, float], on_link: dict[int, set[int]], links_of: list[tuple[int, ...]],
              capacity: list[float]) -> dict[int, float]:
     """Max-min fair rates (progressive filling): the links with the least capacity per unfixed flow fix their flows
     at that share; repeat with what is left."""
-    left = {link: capacity[link] for link, ms in on_link.items() if ms}
-    count = {link: len(ms) for link, ms in on_link.items() if ms}
-    rates = {m: math.inf for m in flows if not messages[m].links}  # on no finite link: no time
+    left = {link: capacity[link] for link in on_link}
+    count = {link: len(moving) for link, moving in on_link.items()}
+    rates = {m: math.inf for m in flows if not links_of[m]}  # on no finite link: no time
     while len(rates) < len(flows):
-        shares = {link: left[link] / c for link, c in count.items() if c}
-        low = min(shares.values())
-        for link, share in shares.items():
-            if share > low * (1 + 1e-12):
-                continue
+        low = min(left[link] / c for link, c in count.items() if c)
+        limit = low * (1 + 1e-12)
+        for link in [link for link, c in count.items() if c and left[link] <= limit * c]:
             for m in on_link[link]:
                 if m in rates:
                     continue
                 rates[m] = low
-                for other in messages[m].links:
+                for other in links_of[m]:
                     left[other] -= low
                     count[other] -= 1
     return rates

@@ -226,6 +226,13 @@ def replay_program(parents: list[list[int | None]], sizes: list[list[int]], port
     return programs, messages
 
 
+@functools.lru_cache(maxsize=256)
+def _programs(config, workers: int, numel: int, itemsize: int, port_k: int):
+    """replay_program for a config, cached: a bandwidth sweep (the map, a bisection) replays the same programs."""
+    sizes = [[(b - a) * itemsize for a, b in chunk_bounds(hi - lo, config.chunks)] for lo, hi in chunk_bounds(numel, 2)]
+    return replay_program(config.parents(workers), sizes, port_k)
+
+
 class DoubleBinaryTree(Strategy):
     def __init__(self, config, comm, workers):
         super().__init__(config, comm, workers)
@@ -381,10 +388,7 @@ class DoubleBinaryTreeConfig(StrategyConfig):
         n = workers
         if n < 2 or 4 * (n - 1) * self.chunks > REPLAY_MESSAGES:
             return None
-        parents = self.parents(n)
-        sizes = [[(b - a) * itemsize for a, b in chunk_bounds(hi - lo, self.chunks)]
-                 for lo, hi in chunk_bounds(numel, 2)]
-        programs, messages = replay_program(parents, sizes, ranks_per_node)
+        programs, messages = _programs(self, n, numel, itemsize, ranks_per_node)
         if ranks_per_node == 1:
             capacity = [bandwidth] * (2 * n)
         else:

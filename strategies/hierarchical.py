@@ -456,6 +456,7 @@ class HierarchicalConfig(StrategyConfig):
 REPLAY_MESSAGES = 3_000
 
 
+@functools.lru_cache(maxsize=256)
 def replay_program(config, workers: int, numel: int, itemsize: int, latency: float, intra_latency: float):
     """The ranks' programs as Hierarchical._sync runs them, for cost_replay.replay (inner ring or halving_doubling;
     None for the others): per stage, NodeStage.start's round-0 sends; the across-node allreduces of the chunks the
