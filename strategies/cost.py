@@ -197,11 +197,18 @@ def _config_path(config, workers: int, numel: int, itemsize: int, shapes) -> tup
     if not traffic.counted:  # the backend hides its bytes (native): model it as a ring allreduce
         ring = strategies.make("ring").traffic(workers, numel, itemsize)
         return ring.rounds, ring.path_bytes, "modelled as ring (the backend hides its bytes)"
+    path = traffic.path_bytes
+    replayed = getattr(config, "replayed_path_bytes", None)
+    if replayed is not None:
+        # a pipeline whose ranks do not keep its slots in step (double_binary_tree): its schedule replayed is its
+        # path (None: too many messages to replay, traffic()'s sum of the slots stands)
+        replayed_path = replayed(workers, numel, itemsize)
+        path = path if replayed_path is None else replayed_path
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's traffic on one step in H, none on the others
-        return (traffic.rounds / period, traffic.path_bytes / period,
+        return (traffic.rounds / period, path / period,
                 f"one sync every {period} steps: its traffic / {period} per step")
-    return traffic.rounds, traffic.path_bytes, ""
+    return traffic.rounds, path, ""
 
 
 def pipeline_fill(name: str, workers: int, numel: int, params: dict | str | None = None,

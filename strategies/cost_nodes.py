@@ -91,9 +91,14 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
     nic_s, intra_s = nic / nic_bandwidth, intra / intra_bandwidth
     name = getattr(config, "name", "")
     if name == "hierarchical" and numel:
-        # its pipeline, stage by stage (hierarchical_node_seconds), is the time: both levels' seconds in it
+        # its pipeline, stage by stage (hierarchical_node_seconds), is the time: both levels' seconds in it;
+        # where it is small enough, its programs replayed (the NIC's messages crossing the ranks' ports too, a short
+        # node's groups one after another while the next groups' first messages come in) are the time
         total, nic_only = hierarchical_node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth,
                                                     intra_bandwidth, latency, intra_latency, itemsize)
+        replayed = _cached(config.replay_node_seconds, workers, numel, itemsize, nic_bandwidth, intra_bandwidth,
+                           latency, intra_latency)
+        total = total if replayed is None else replayed
         return NodeCost(nic, intra, nic_only, total - nic_only, rounds, total)
     if name == "node_parameter_server" and numel:
         # one phase after another: the node's reduce-scatter, the pushes and replies, the node's all-gather
@@ -111,6 +116,13 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         slots = _cached(config.slot_levels, workers, numel, itemsize, ranks_per_node)
         nic_s = sum(max(b / nic_bandwidth, i / intra_bandwidth) for b, i in slots)
         intra_s = sum(i for _, i in slots) / intra_bandwidth
+        # where it is small enough, the schedule replayed (a rank's slot may spill into the next or run ahead of
+        # it; the sum assumes every slot waits for the one before everywhere) is the time
+        replayed = _cached(config.replay_seconds, workers, numel, itemsize, ranks_per_node, nic_bandwidth,
+                           intra_bandwidth)
+        if replayed is not None:
+            return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds,
+                            replayed + rounds * alpha)
     period = sync_period(config)
     if period > 1:  # local SGD: a sync's levels on one step in H
         nic, intra, rounds = nic / period, intra / period, rounds / period

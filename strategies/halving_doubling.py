@@ -105,7 +105,25 @@ class HalvingDoublingConfig(StrategyConfig):
         # its round 0 carries those too (3 ranks: 1.5 d, not d; SimGrid agrees).
         if busiest.get(0):
             busiest[0] = max(busiest[0], max(early_into_fold(workers, numel, itemsize).values(), default=0))
-        return Traffic(tuple(ranks), rounds=len(busiest), path_bytes=sum(busiest.values()))
+        return Traffic(tuple(ranks), rounds=len(busiest),
+                       path_bytes=sum(busiest.values()) + sum(busiest[k] for k in eager_behind_fold(workers)))
+
+
+def eager_behind_fold(workers: int) -> range:
+    """The reduce-scatter rounds whose messages land on a late rank's download at once (the fold's second-order
+    chain): an unfolded rank whose first partner is folded waits for that partner (late by the early message it
+    took during its fold), while its partners of the next rounds, folded ranks done early, post their messages to
+    it at once; they share its download with the late partner's, one message of each round. With e = n - p extra
+    ranks, H the highest and t the lowest power of two in e, the rounds L - log2 H + 1 .. L - log2 t (L = log2 p):
+    none when e is a power of two. 7 ranks (e = 3): round 2 (a quarter of the array, 4.25 arrays, not 4.0);
+    2p - 1 ranks: rounds 2..L, about half an array (SimGrid alpha_beta's message log)."""
+    p = 1 << (workers.bit_length() - 1)
+    e = workers - p
+    if e == 0:
+        return range(0)
+    levels = p.bit_length() - 1
+    high, low = e.bit_length() - 1, (e & -e).bit_length() - 1
+    return range(levels - high + 1, levels - low + 1)
 
 
 def early_into_fold(workers: int, numel: int, itemsize: int = 4) -> dict[int, int]:

@@ -62,12 +62,13 @@ def test_knob_search_keeps_each_strategys_minimum_and_shows_it():
         assert len(set(prices.values())) > 1  # the knob matters here
         assert best[name].seconds == min(prices.values())
         assert prices[best[name].candidate.params] == min(prices.values())
-    # the tree's chunks trade rounds for pipelined bytes: with no latency the most chunks win, with 10 ms per
-    # message the fewest that still pipeline, and in between an interior value
+    # the tree's chunks trade rounds for pipelined bytes, and at a few ranks more chunks also let the ranks' slots
+    # drift apart (the schedule replayed; SimGrid alpha_beta at 8 ranks, 10 Gbit/s, 0 us: 4, 8, 16, 32 chunks take
+    # 0.215, 0.197, 0.202, 0.204 s): with no latency an interior value wins, with 10 ms per message fewer still
     chosen = {lat: dict(sm.best_per_strategy(["double_binary_tree"], n, sm.Workload(NUMEL), Fabric(GBIT, lat))[0]
                         ["double_binary_tree"].candidate.params)["chunks"] for lat in (0.0, 2e-4, 1e-2)}
-    assert chosen[0.0] == max(sm.CHUNKS)
-    assert chosen[1e-2] < chosen[2e-4] < chosen[0.0]
+    assert min(sm.CHUNKS) < chosen[0.0] < max(sm.CHUNKS)
+    assert chosen[1e-2] < chosen[2e-4] <= chosen[0.0]
     # the most chunks tried is not a bound of the tree: such a cell says a value beyond may be cheaper
     m = sm.strategy_map(sm.Workload(NUMEL), (64,), (GBIT, 100 * GBIT), 1e-4,
                         strategies=["double_binary_tree", "ring"])

@@ -49,9 +49,12 @@ RING_4_10 = {"sent": [60, 64, 60, 56], "recv": [56, 60, 64, 60], "msgs": 6, "rou
 # 28 B does (measured on SimGrid alpha_beta: docs/validation.md). Into each folded rank, round 0:
 #   n = 5 (folded: 0): 28 + rank 2's round-1 12 B + rank 1's round-2 4 B = 44 -> path 104 - 28 + 44 = 120
 #   n = 6 (folded: 0, 1): rank 0 gets 28 + 12 (rank 2), rank 1 28 + 12 (rank 3) = 40 -> path 116
-#   n = 7 (folded: 0, 1, 2): rank 1 gets 28 + 12 (rank 3; ranks 0 and 2 are folded too) = 40 -> path 116
+#   n = 7 (folded: 0, 1, 2): rank 1 gets 28 + 12 (rank 3; ranks 0 and 2 are folded too) = 40 -> 116, and the fold's
+#   second-order chain: rank 3 waits for rank 1 (late by those 12 B) while rank 2, folded but with a folded round-1
+#   partner (0), is done early and posts its round-2 message to rank 3 at once: it shares rank 3's download with rank
+#   1's round-1 message, one round-2 message on the path (8 B): 124 (e = 3 extra ranks: round 2, eager_behind_fold)
 HD = {n: {"sent": [40 + 28 * (n > 4), 40 + 28 * (n > 5), 44 + 28 * (n > 6), 44] + [28] * (n - 4),
-          "rounds": 6, "path_bytes": {5: 120, 6: 116, 7: 116}[n]} for n in (5, 6, 7)}
+          "rounds": 6, "path_bytes": {5: 120, 6: 116, 7: 124}[n]} for n in (5, 6, 7)}
 for _n in HD:
     HD[_n]["recv"] = HD[_n]["sent"]
     HD[_n]["msgs"] = None  # folded ranks send more messages: bytes and the path are the point here
