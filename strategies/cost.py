@@ -15,6 +15,7 @@ Units: bytes and seconds everywhere; MB = 10^6 bytes, Gbit = 10^9 bits.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -233,6 +234,48 @@ def critical_path(name: str, workers: int, numel: int, params: dict | str | None
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize, shapes)
 
 
+# ---- the network's physics ---------------------------------------------------------------------------------
+
+class NetworkModel(enum.StrEnum):
+    """The physics a sync is priced on, SimGrid's two network models (experiments/simulate/platform.py):
+    alpha_beta, a lone message of m bytes takes latency + m / bandwidth exactly (CM02, corrections off); tcp,
+    SimGrid 3.32's LV08 with its default corrections (lv08_fabric)."""
+
+    ALPHA_BETA = "alpha_beta"
+    TCP = "tcp"
+
+    @classmethod
+    def parse(cls, value) -> NetworkModel:
+        """The model named by value ('alpha_beta' or 'tcp'); ValueError naming the bad value and the accepted."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"bad network model {value!r}: accepted are "
+                             f"{', '.join(m.value for m in cls)}") from None
+
+
+# SimGrid 3.32's LV08 defaults (src/surf/network_cm02.cpp, network_interface.cpp): a flow's rate is
+# 0.97 x its max-min share, its latency 13.01 x the route's, its share bounded by the TCP window,
+# TCP-gamma / (2 x the route's latency, uncorrected), and each flow loads the reverse route with 5% of
+# its rate (its ACKs: network/crosstraffic).
+LV08_BANDWIDTH_FACTOR = 0.97
+LV08_LATENCY_FACTOR = 13.01
+LV08_TCP_GAMMA = 4194304.0  # bytes: network/TCP-gamma
+LV08_CROSSTRAFFIC = 0.05
+
+
+def tcp_window_bound(route_latency: float) -> float:
+    """LV08's bound on one flow's rate, bytes/s: TCP-gamma / (2 x route latency); unbounded at zero latency."""
+    return LV08_TCP_GAMMA / (2 * route_latency) if route_latency > 0 else math.inf
+
+
+def sends_while_receiving(config) -> bool:
+    """Whether the strategy's ranks send while they receive (StrategyConfig.sends_while_receiving of the strategy a
+    wrapper runs): then under tcp a NIC's outgoing link also carries the ACKs of its incoming flows."""
+    inner = config.unwrapped() if hasattr(config, "unwrapped") else config
+    return bool(getattr(inner, "sends_while_receiving", True))
+
+
 # ---- the one price of a sync --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -246,8 +289,10 @@ class Fabric:
     ranks_per_node: int = 1
     intra_bandwidth: float = math.inf
     intra_latency: float = 0.0
+    network: NetworkModel = NetworkModel.ALPHA_BETA
 
     def __post_init__(self):
+        object.__setattr__(self, "network", NetworkModel.parse(self.network))
         if not self.bandwidth > 0:
             raise ValueError(f"bad bandwidth {self.bandwidth!r}: expected bytes/s greater than zero")
         if not 0 <= self.latency < math.inf:
@@ -261,15 +306,40 @@ class Fabric:
     def with_bandwidth(self, bandwidth: float) -> Fabric:
         return dataclasses.replace(self, bandwidth=bandwidth)
 
+    def priced(self, config) -> Fabric:
+        """The alpha_beta fabric whose price is this fabric's for `config`: itself on alpha_beta, lv08_fabric on
+        tcp."""
+        if self.network is NetworkModel.ALPHA_BETA:
+            return self
+        return lv08_fabric(self, sends_while_receiving(config))
+
+
+def lv08_fabric(fabric: Fabric, duplex: bool) -> Fabric:
+    """SimGrid's LV08 as an alpha_beta fabric: every latency x 13.01; every link's bandwidth bounded by one
+    flow's TCP window over its route (NIC routes: latency + intra latency on nodes; intra-node routes: intra
+    latency), x 0.97, and / 1.05 where the strategy sends while it receives (`duplex`: a link carries its own
+    flows and 5% of the reverse flows' rate in ACKs). The window is priced as one flow per link, exact where a
+    rank streams to one peer at a time, pessimistic where its bytes go to several peers at once."""
+    ack = 1 + LV08_CROSSTRAFFIC if duplex else 1.0
+    nic_route = fabric.latency + (fabric.intra_latency if fabric.ranks_per_node > 1 else 0.0)
+
+    def rate(bandwidth: float, route_latency: float) -> float:
+        return LV08_BANDWIDTH_FACTOR * min(bandwidth, tcp_window_bound(route_latency)) / ack
+
+    return Fabric(rate(fabric.bandwidth, nic_route), fabric.latency * LV08_LATENCY_FACTOR, fabric.ranks_per_node,
+                  rate(fabric.intra_bandwidth, fabric.intra_latency), fabric.intra_latency * LV08_LATENCY_FACTOR)
+
 
 def sync_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int = 4, shapes=None) -> float:
     """The one price of one sync of a numel-element buffer (per step: local SGD's sync / H): `syncbench model`, the
     simulator's alpha-beta column, `syncbench validate`, the report's model sections and the bandwidth needed all
     call it. One rank per NIC: rounds x latency + path bytes / bandwidth (traffic()'s critical path). Nodes of
     several ranks: node_cost's time (the NIC shared by the node's ranks, each level at its own bandwidth); a
-    strategy with no per-level traffic raises ValueError naming the ones that have it."""
+    strategy with no per-level traffic raises ValueError naming the ones that have it. On a tcp fabric the same
+    price on LV08's corrected links (Fabric.priced)."""
     if workers <= 1 or numel == 0:
         return 0.0
+    fabric = fabric.priced(config)
     if fabric.ranks_per_node > 1:
         return node_cost(config, workers, numel, fabric.ranks_per_node, fabric.bandwidth, fabric.intra_bandwidth,
                          fabric.latency, fabric.intra_latency, itemsize).time_s
@@ -283,6 +353,7 @@ def fill_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int
     fill = getattr(config, "pipeline_fill", None)
     if fill is None or workers <= 1 or fabric.ranks_per_node > 1:
         return 0.0
+    fabric = fabric.priced(config)
     rounds, path = fill(workers, numel, itemsize)
     return comm_time(rounds, path, fabric.bandwidth, fabric.latency) if path else 0.0
 
