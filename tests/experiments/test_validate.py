@@ -278,3 +278,25 @@ def test_ps_sizing_refuses_a_worker_count_it_cannot_size(value):
     add_arguments(parser)
     with pytest.raises(ValueError, match="accepted are worker counts >= 2"):
         run(parser.parse_args(["--ps-sizing", value]))
+
+
+@needs_simgrid
+@pytest.mark.parametrize("label,workers,chain", [("ps colocated k=n", 4, 7 + 7), ("ps colocated k=n", 16, 2 + 2),
+                                                 ("ps colocated k=1", 4, 25 + 1), ("ps dedicated k=1", 4, 25 + 1),
+                                                 ("ps dedicated k=n", 16, 2 + 1)])
+def test_a_parameter_servers_latencies_are_one_chain_per_connection(label, workers, chain):
+    """400 Gbit/s, 20 us a message (the map's latency-bound corner, where SimGrid was 0.78-0.85x the model): the
+    time is the bytes plus one latency per message of the longest chain on one pair's connection, not one per
+    message a rank sends (messages to different peers travel side by side). ResNet-50's 102.2 MB in 4 MiB
+    partitions: k = 4 shards of 25.6 MB are 7 partitions each, 16 shards of 6.4 MB 2, one shard 25. Colocated
+    k = n: server s sends worker w (a server too) its 7 pushes, then its 7 replies, on one connection: 14.
+    One server: 25 pushes on each worker's connection, then the last partition's replies at once: 26."""
+    from experiments.validate import _timeline
+
+    numel = sum(_timeline(False).numels)
+    variant = BY_LABEL[label]
+    traffic = strategies.make(variant.strategy, **variant.strategy_params(workers)).traffic(workers, numel)
+    assert traffic.rounds == chain
+    row = run_cell(Cell(variant, workers, "400Gbit", "20us"))
+    assert row["sim_s"] == pytest.approx(traffic.path_bytes / 50e9 + chain * 20e-6, rel=1e-6), row
+    assert row["status"] == "agree" and row["sim_over_model"] == pytest.approx(1.0, abs=1e-6), row
