@@ -376,6 +376,13 @@ def step_timeline(config, workers: int, buckets: list[tuple[float, int]], fabric
     if updates is not None and optimizer_s > 0 and total and workers > 1 and fabric.ranks_per_node == 1:
         timed = [(ready, server_update_seconds(comm, fill, updates(workers, numel, itemsize), optimizer_s / total),
                   fill) for (ready, comm, fill), (_, numel) in zip(timed, buckets)]
+    pushes = getattr(config, "push_updates", None)
+    if pushes is not None and optimizer_s > 0 and total and workers > 1 and fabric.ranks_per_node == 1:
+        link = fabric.priced(config)
+        timed = [(ready, barrier_free_update_seconds(comm, pushes(workers, numel, itemsize), workers,
+                                                     config.servers, link.bandwidth, link.latency,
+                                                     optimizer_s / total, itemsize), fill)
+                 for (ready, comm, fill), (_, numel) in zip(timed, buckets)]
     return overlap_timeline(forward_s, backward_s, optimizer_s, timed, overlap=overlap and not after_step,
                             after_step=after_step)
 
@@ -394,6 +401,33 @@ def server_update_seconds(comm_s: float, fill_s: float, parts: list[int], second
         updated = max(stream * r / count, updated) + numel * seconds_per_element
         answered = max(updated, answered) + fill_s
     return max(answered, comm_s)
+
+
+def barrier_free_update_seconds(comm_s: float, parts: list[int], workers: int, servers: int, bandwidth: float,
+                                latency: float, seconds_per_element: float, itemsize: int = 4) -> float:
+    """A bucket's sync on barrier-free servers in update mode (staleness s or async; push_updates): every worker
+    pushes partition r of each of the k shards at once, so r's pushes are all in at latency + the bytes of
+    partitions 0..r through the busier of a server's download (n of each) and a worker's upload (k of each).
+    The server takes the pushes in the order they come in (partition by partition, worker after worker) and
+    applies the optimizer to each on its own (its CPU one update after another; SimGrid charges the profile's
+    optimizer per element); each push's reply leaves once its update is done: through the server's upload after
+    the replies before it (a partition each), and into its worker's download beside the other k - 1 servers'
+    replies of the same partition (the servers work in step: k partitions), after that worker's earlier replies;
+    the last lands a latency after the later of the two. Worked from the simulator's message log at n = 2, k = 2
+    (tests/experiments/test_validate.py). A sync is never faster than its bytes (comm_s). Without parts: comm_s."""
+    if not parts:
+        return comm_s
+    fan = max(workers, servers) * itemsize / bandwidth  # seconds a partition's element takes in, the busier side
+    pushed = updated = uplink = 0.0
+    download = [0.0] * workers
+    for numel in parts:
+        pushed += numel * fan
+        one = numel * itemsize / bandwidth
+        for w in range(workers):
+            updated = max(latency + pushed, updated) + numel * seconds_per_element
+            uplink = max(updated, uplink) + one
+            download[w] = max(uplink, max(updated, download[w]) + servers * one)
+    return max(max(download) + latency, comm_s)
 
 
 def bandwidth_for(efficiency_at, target: float) -> float:

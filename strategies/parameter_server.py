@@ -330,6 +330,17 @@ class ParameterServerConfig(StrategyConfig):
         parts = partitions(numel, self.servers, itemsize, self.partition_mb)
         return [hi - lo for lo, hi in max(parts, key=lambda p: sum(hi - lo for lo, hi in p), default=[])]
 
+    def push_updates(self, workers, numel, itemsize=4) -> list[int]:
+        """The elements of each partition of the busiest server's shard, in the order its pushes come in, where a
+        barrier-free server (staleness s or "async") in update mode applies the optimizer to every worker's push on
+        its own (n updates a partition, one after another) and answers each push once its update is done
+        (strategies.cost.barrier_free_update_seconds prices it); [] for any other: synchronous servers
+        (server_updates), backups (one update a step), summation (the workers step)."""
+        if self.mode != "update" or self.staleness == 0 or self.backups or self.placement != "dedicated":
+            return []
+        parts = partitions(numel, self.servers, itemsize, self.partition_mb)
+        return [hi - lo for lo, hi in max(parts, key=lambda p: sum(hi - lo for lo, hi in p), default=[])]
+
     def traffic(self, workers, numel, itemsize=4):
         n, k = workers, self.servers
         self.check_workers(n)

@@ -300,3 +300,34 @@ def test_a_parameter_servers_latencies_are_one_chain_per_connection(label, worke
     row = run_cell(Cell(variant, workers, "400Gbit", "20us"))
     assert row["sim_s"] == pytest.approx(traffic.path_bytes / 50e9 + chain * 20e-6, rel=1e-6), row
     assert row["status"] == "agree" and row["sim_over_model"] == pytest.approx(1.0, abs=1e-6), row
+
+
+@needs_simgrid
+def test_barrier_free_servers_update_every_push_and_answer_it_on_its_own():
+    """SSP (s = 2) on 2 dedicated servers in update mode, 2 workers, 10 Gbit/s, 5 us, the ResNet-50 profile with
+    overlap (once 2.3x the model: it priced no server compute). Worked from the simulator's message log: the last
+    bucket (2,431,040 floats, ready 0.243 ms before backward ends) is 2 partitions of 607,760 floats (2.43 MB) on
+    each server. Partition 0's pushes from both workers are in a server at 2 x 2.43 MB / 1.25 GB/s = 3.89 ms
+    (+ 5 us), partition 1's at 7.78 ms. The server applies the optimizer to each push on its own, in arrival
+    order (w0 p0, w1 p0, w0 p1, w1 p1), 607,760 x 0.2007 s / 25,557,032 = 4.77 ms each, back to back: the last
+    ends at 3.895 + 4 x 4.77 = 22.98 ms. Each reply meets the other server's reply of its partition in its
+    worker's download: 2 x 2.43 MB, 3.89 ms, + 5 us: the slowest worker has its last at 26.88 ms, 26.64 ms after
+    backward's end (the log: 26.635 ms). Pricing n updates with the synchronous servers' fan-out gave 1.21x."""
+    from strategies import cost
+
+    part, bw = 607_760, 10e9 / 8
+    update = 0.2006790190000629 * part / 25_557_032
+    transfer = 2 * part * 4 / bw
+    hand = (transfer + 5e-6) + 4 * update + transfer + 5e-6 - 0.243e-3
+    assert hand == pytest.approx(0.026635, abs=2e-5)
+    config = strategies.make("parameter_server", servers=2, staleness=2)
+    assert config.push_updates(2, 2_431_040) == [part, part]
+    assert strategies.make("parameter_server", servers=2, staleness=2, mode="summation").push_updates(2, 10) == []
+    assert strategies.make("parameter_server", servers=2).push_updates(2, 10) == []  # synchronous: server_updates
+    tail = cost.barrier_free_update_seconds(0.0, [part, part], 2, 2, bw, 5e-6, update / part)
+    assert tail - 0.243e-3 == pytest.approx(hand, rel=1e-9)
+    for workers in (2, 4):
+        row = run_cell(Cell(BY_LABEL["ps SSP s=2 k=2"], workers, "10Gbit", "5us", overlap=True))
+        assert row["status"] == "agree" and row["sim_over_model"] == pytest.approx(1.0, abs=0.002), row
+        if workers == 2:
+            assert row["sim_s"] == pytest.approx(hand, rel=0.001), row
