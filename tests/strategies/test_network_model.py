@@ -106,3 +106,19 @@ def test_the_model_command_refuses_a_bad_network_before_any_work(capsys):
           "--network", "tcp", "--strategy", "ring"])
     out = capsys.readouterr().out
     assert "network tcp" in out and f"{2 * 13.01 * 5e-6 + 4e6 * 1.05 / (0.97 * GBIT10):.3f}" in out
+
+
+def test_the_map_prices_tcp_and_refuses_spot_checks_it_cannot_run(capsys):
+    import reports.strategy_map as sm
+    from experiments.cli.main import main
+
+    plain = sm.strategy_map(sm.Workload(NUMEL), (2,), (GBIT10,), 5e-6, strategies=["ring", "reduce_broadcast"])
+    tcp = sm.strategy_map(sm.Workload(NUMEL), (2,), (GBIT10,), 5e-6, strategies=["ring", "reduce_broadcast"],
+                          network="tcp")
+    assert tcp.meta["network"] == "tcp" and plain.meta["network"] == "alpha_beta"
+    assert tcp.cells["winner"].iloc[0] == "ring"
+    assert tcp.cells["time_s"].iloc[0] == pytest.approx(2 * 13.01 * 5e-6 + 4e6 * 1.05 / (0.97 * GBIT10), rel=1e-9)
+    with pytest.raises(ValueError, match="accepted are alpha_beta, tcp"):
+        sm.strategy_map(sm.Workload(NUMEL), (2,), (GBIT10,), 5e-6, network="udp")
+    assert main(["map", "--model-bytes", "4MB", "--workers", "2", "--network", "tcp", "--check", "1"]) == 2
+    assert "--check runs its spot checks on SimGrid alpha_beta" in capsys.readouterr().err
