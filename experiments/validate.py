@@ -364,13 +364,15 @@ def format_table(frame: pd.DataFrame, wall_s: float) -> str:
     tcp = frame[frame["network_model"] == "tcp"]
     if len(tcp):
         far = tcp[(tcp["tcp_over_alpha_beta"] - 1).abs() > TCP_NOTE]
-        lines.append(f"# tcp cells (model: --network tcp): {len(tcp)}, sim / model min "
+        lines.append(f"# tcp cells (model: --network tcp): {len(tcp)}, priced and simulated "
+                     f"{int(tcp['sim_over_model'].notna().sum())}, sim / model min "
                      f"{tcp['sim_over_model'].min():.3f}, max {tcp['sim_over_model'].max():.3f}, within "
                      f"{TOLERANCE:.0%} {int(((tcp['sim_over_model'] - 1).abs() <= TOLERANCE).sum())}")
-        lines.append(f"# tcp / alpha_beta min {tcp['tcp_over_alpha_beta'].min():.3f}, max "
-                     f"{tcp['tcp_over_alpha_beta'].max():.3f}, farther than {TCP_NOTE:.0%}: {len(far)}"
-                     + "".join(f"\n#   {r.strategy} n={r.workers} k={r.ranks_per_node} {r.bandwidth} {r.latency}: "
-                               f"{r.tcp_over_alpha_beta:.3f}" for r in far.itertuples()))
+        if tcp["tcp_over_alpha_beta"].notna().any():  # only where the alpha_beta twins ran too
+            lines.append(f"# tcp / alpha_beta min {tcp['tcp_over_alpha_beta'].min():.3f}, max "
+                         f"{tcp['tcp_over_alpha_beta'].max():.3f}, farther than {TCP_NOTE:.0%}: {len(far)}"
+                         + "".join(f"\n#   {r.strategy} n={r.workers} k={r.ranks_per_node} {r.bandwidth} "
+                                   f"{r.latency}: {r.tcp_over_alpha_beta:.3f}" for r in far.itertuples()))
     head = (f"{'strategy':>30s} {'n':>4s} {'k':>2s} {'link':>14s} {'ovl':>3s} {'network':>10s} {'model s':>9s} "
             f"{'sim s':>9s} {'sim/model':>9s}  status")
     lines.append(head)
