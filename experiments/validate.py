@@ -10,7 +10,9 @@ agreement: the model's refusal (a strategy without per-level traffic on nodes), 
 its bytes), the strategy's (colocated servers outnumbering workers).
 
 It prints a plain table and writes DIR/validation.csv (one row per cell, every column) and DIR/validation.txt (the
-table). Agreement: model / SimGrid alpha_beta within 5% (`agree`); a tcp cell shows its distance from alpha_beta.
+table). Agreement: model / SimGrid alpha_beta within 5% (`agree`); a tcp cell is priced by the model's tcp option
+(`syncbench model --network tcp`: LV08's corrections) and shows SimGrid tcp / that price and its distance from
+alpha_beta.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ def refusal(cell: Cell) -> str:
 
 
 def model_cell(cell: Cell) -> tuple[float, str]:
-    """(seconds, '') the cost model's communication for the cell, or (NaN, why not)."""
+    """(seconds, '') the cost model's communication for the cell on the cell's network model, or (NaN, why not)."""
     from experiments.simulate.substrate import SimSpec, _effective, model_comm_s
 
     try:
@@ -201,7 +203,7 @@ def model_cell(cell: Cell) -> tuple[float, str]:
         if not config.counted:
             return math.nan, f"{spec.strategy}: the backend hides its bytes (the model would price it as a ring)"
         sim = SimSpec(_platform(cell), _timeline(cell.overlap), overlap=cell.overlap)
-        seconds = model_comm_s(_effective(spec, sim), sim)
+        seconds = model_comm_s(_effective(spec, sim), sim, cell.network_model)
     except (ValueError, TypeError, NotImplementedError) as e:
         return math.nan, str(e)
     if math.isnan(seconds):
@@ -362,10 +364,15 @@ def format_table(frame: pd.DataFrame, wall_s: float) -> str:
     tcp = frame[frame["network_model"] == "tcp"]
     if len(tcp):
         far = tcp[(tcp["tcp_over_alpha_beta"] - 1).abs() > TCP_NOTE]
-        lines.append(f"# tcp cells: {len(tcp)}, tcp / alpha_beta min {tcp['tcp_over_alpha_beta'].min():.3f}, max "
-                     f"{tcp['tcp_over_alpha_beta'].max():.3f}, farther than {TCP_NOTE:.0%}: {len(far)}"
-                     + "".join(f"\n#   {r.strategy} n={r.workers} k={r.ranks_per_node} {r.bandwidth} {r.latency}: "
-                               f"{r.tcp_over_alpha_beta:.3f}" for r in far.itertuples()))
+        lines.append(f"# tcp cells (model: --network tcp): {len(tcp)}, priced and simulated "
+                     f"{int(tcp['sim_over_model'].notna().sum())}, sim / model min "
+                     f"{tcp['sim_over_model'].min():.3f}, max {tcp['sim_over_model'].max():.3f}, within "
+                     f"{TOLERANCE:.0%} {int(((tcp['sim_over_model'] - 1).abs() <= TOLERANCE).sum())}")
+        if tcp["tcp_over_alpha_beta"].notna().any():  # only where the alpha_beta twins ran too
+            lines.append(f"# tcp / alpha_beta min {tcp['tcp_over_alpha_beta'].min():.3f}, max "
+                         f"{tcp['tcp_over_alpha_beta'].max():.3f}, farther than {TCP_NOTE:.0%}: {len(far)}"
+                         + "".join(f"\n#   {r.strategy} n={r.workers} k={r.ranks_per_node} {r.bandwidth} "
+                                   f"{r.latency}: {r.tcp_over_alpha_beta:.3f}" for r in far.itertuples()))
     head = (f"{'strategy':>30s} {'n':>4s} {'k':>2s} {'link':>14s} {'ovl':>3s} {'network':>10s} {'model s':>9s} "
             f"{'sim s':>9s} {'sim/model':>9s}  status")
     lines.append(head)

@@ -87,7 +87,8 @@ def format_table(m: StrategyMap) -> str:
             f"{_measured(m)} priced by the model; latency "
             f"{df['latency_s'].iloc[0] * 1e6:g} us"
             + (f"; nodes of {int(df['ranks_per_node'].iloc[0])} ranks sharing a NIC"
-               if df["ranks_per_node"].iloc[0] > 1 else "; one NIC per rank")]
+               if df["ranks_per_node"].iloc[0] > 1 else "; one NIC per rank")
+            + ("; network tcp (SimGrid's LV08 corrections priced)" if m.meta.get("network") == "tcp" else "")]
     if m.axis == "size":
         link = fmt_bandwidth(df["bandwidth_bytes_per_s"].iloc[0])
         latency = df["latency_s"].iloc[0] * 1e6

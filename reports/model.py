@@ -19,6 +19,7 @@ from strategies.cost import (  # noqa: F401 - re-exported: the report's modules 
     MB,
     AlphaBeta,
     Fabric,
+    NetworkModel,
     Timeline,
     bandwidth_for,
     bandwidth_needed,
@@ -97,7 +98,7 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
                 step_time: float | None, latency: float = 0.0, target_efficiency: float = 0.9,
                 strategies: list[str] | None = None, num_classes: int | None = None, profile=None,
                 bucket_mb: float | None = 25.0, ranks_per_node: int = 1,
-                intra_bandwidth: float = math.inf) -> pd.DataFrame:
+                intra_bandwidth: float = math.inf, network: str = "alpha_beta") -> pd.DataFrame:
     """One row per strategy: communication time, efficiency P, step time Tp and bandwidth for the target P.
 
     Give `model` (a torchvision name) or `model_bytes` (fp32 gradient bytes), not both. bandwidth in bytes/s,
@@ -107,14 +108,16 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     what the step waits for, P = Ts / (Ts + exposed). With `ranks_per_node` > 1 the workers sit in nodes of that
     many sharing one NIC of `bandwidth` (intra_bandwidth inside a node): comm s is the slower level's time
     (strategies.cost.node_cost), the NIC's and intra-node bytes and the bottleneck get columns; a strategy with no
-    per-level traffic gets a note instead of numbers.
+    per-level traffic gets a note instead of numbers. `network`: 'alpha_beta' (latency + bytes / bandwidth) or 'tcp'
+    (SimGrid's LV08 corrections, strategies.cost.lv08_fabric), refused otherwise before any work.
     """
+    network = NetworkModel.parse(network)
     model, numel, num_classes, step_time = _resolve_model(model, model_bytes, step_time, num_classes, profile)
     _check_inputs(workers, bandwidth, step_time, latency, target_efficiency, ranks_per_node, intra_bandwidth)
     labels, configs = _configs(strategies, int(workers), numel, ranks_per_node)
 
     buckets = make_buckets(profile.numels, bucket_mb, profile.itemsize) if profile is not None else ()
-    fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth)
+    fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth, network=network)
     shapes = workload_shapes(model, numel, num_classes) if model is not None else None
     rows = []
     for label, config in zip(labels, configs):
@@ -130,7 +133,7 @@ def model_table(model: str | None, model_bytes: float | None, workers: int, band
     df.attrs.update(model=model or "", bandwidth=bandwidth, step_time=step_time, latency=latency,
                     target_efficiency=target_efficiency, numel=numel, num_classes=num_classes,
                     profile=profile, bucket_mb=bucket_mb, buckets=len(buckets), ranks_per_node=int(ranks_per_node),
-                    intra_bandwidth=intra_bandwidth)
+                    intra_bandwidth=intra_bandwidth, network=network.value)
     return df
 
 
@@ -265,6 +268,10 @@ def format_model_table(df: pd.DataFrame) -> str:
               "compute time Ts not given (--step-time): bytes and times only, no P, step s or S")
         head = [f"# {what}; link {a['bandwidth'] / MB:,.2f} MB/s ({a['bandwidth'] / GBIT:g} Gbit/s), "
                 f"latency {a['latency'] * 1e6:g} us; {ts}"]
+        if a.get("network", "alpha_beta") == "tcp":
+            head.append("# network tcp: SimGrid's LV08 priced (latency x 13.01, bandwidth x 0.97 and at most one "
+                        "TCP window of 4 MiB per 2 route latencies, / 1.05 for the ACKs where a rank sends while it "
+                        "receives); the optimum column stays BytePS's alpha-beta bound")
         if profile is not None:
             label = "SYNTHETIC profile (described, not measured)" if profile.synthetic else "measured profile"
             buckets = "one flat bucket" if a["bucket_mb"] is None else f"{a['bucket_mb']:g} MiB buckets"

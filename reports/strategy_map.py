@@ -35,7 +35,7 @@ from reports.map_text import (  # noqa: F401 (the result and its words, named he
     lead_text,
     short_params,
 )
-from strategies.cost import GBIT, Fabric, step_timeline, sync_seconds
+from strategies.cost import GBIT, Fabric, NetworkModel, step_timeline, sync_seconds
 from strategies.knobs import CHUNKS, PARTITIONS_MB, PIPELINE_MB, cheapest  # the values a run's unset knob tries too
 
 MAX_WORKERS = 16384  # as sweeps: every strategy's traffic counts in O(n) (16,384 workers: about 6 s a row)
@@ -249,13 +249,14 @@ def best_per_strategy(names, workers: int, workload: Workload, fabric: Fabric, p
 def strategy_map(workload: Workload, workers=DEFAULT_WORKERS, bandwidths=DEFAULT_BANDWIDTHS, latency: float = 0.0,
                  ranks_per_node: int = 1, intra_bandwidth: float = math.inf, strategies=None,
                  placement: str = "colocated", inexact: bool = False, within: float = DEFAULT_WITHIN,
-                 sizes=None, tie: float = TIE_BAND) -> StrategyMap:
+                 sizes=None, tie: float = TIE_BAND, network: str = "alpha_beta") -> StrategyMap:
     """The map: for each (workers, bandwidth) cell — or, with `sizes` and one bandwidth, each (workers, message
     size) cell of the collective alone — the winning exact strategy at its best knob, its seconds, the runner-up
     (the best other strategy), margin = runner-up / winner - 1, and spread = slowest strategy / winner - 1 (how
     much the choice changes the time). A cell whose margin is under `tie` is a tie (column tie): the winner is only
     the model's first of strategies it cannot separate. `inexact`: also the fastest inexact candidate, kept out of
-    the ranking."""
+    the ranking. `network`: the physics priced, 'alpha_beta' or 'tcp' (strategies.cost.NetworkModel)."""
+    network = NetworkModel.parse(network)
     names = check_grid(workers, bandwidths, latency, ranks_per_node, strategies, sizes, placement, within)
     if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not 0 <= tie < 1:
         raise ValueError(f"bad tie band {tie!r}: accepted are fractions from 0 (only equal times tie) to below 1, "
@@ -270,7 +271,7 @@ def strategy_map(workload: Workload, workers=DEFAULT_WORKERS, bandwidths=DEFAULT
             [(b, workload.numel) for b in bandwidths]
         for bandwidth, numel in columns:
             here = workload if sizes is None else Workload(numel=int(numel))
-            fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth)
+            fabric = Fabric(bandwidth, latency, int(ranks_per_node), intra_bandwidth, network=network)
             best, why = best_per_strategy(names, int(n), here, fabric, placement)
             rows.append(_row(int(n), bandwidth, latency, numel * 4, int(ranks_per_node), best, why, here, fabric,
                              inexact, tie))
@@ -279,7 +280,8 @@ def strategy_map(workload: Workload, workers=DEFAULT_WORKERS, bandwidths=DEFAULT
             "compute_s": workload.compute_s, "strategies": names, "placement": placement,
             "intra_bandwidth_bytes_per_s": None if math.isinf(intra_bandwidth) else intra_bandwidth,
             "profile": getattr(workload.profile, "id", None), "bucket_mb": workload.bucket_mb,
-            "tie_band": tie, "units": "seconds, bytes, bytes/s; margin and spread are fractions of time_s"}
+            "tie_band": tie, "network": network.value,
+            "units": "seconds, bytes, bytes/s; margin and spread are fractions of time_s"}
     return StrategyMap(cells, "size" if sizes is not None else "bandwidth", meta["measure"], within, meta, tie)
 
 

@@ -102,6 +102,9 @@ class StrategyConfig:
                       sync() on gradient buckets; it then needs ranks joined by torch.distributed
       step_dependent  its traffic changes from step to step (step_traffic(): compression's warm-up, local SGD's
                       steps between syncs); the run's bytes are then checked step by step
+      sends_while_receiving  a rank's sends and receives overlap in time (False: phases one way, then the
+                      other, as reduce then broadcast); the tcp price loads a NIC with its incoming flows' ACKs
+                      only when they overlap
 
     The members the pipeline and the cost model call, each with a default that does nothing special (override
     what applies; the pipeline never probes a strategy for a member this class does not declare):
@@ -122,6 +125,7 @@ class StrategyConfig:
     variants: ClassVar[tuple[dict, ...]] = ({},)
     wraps_model: ClassVar[bool] = False
     step_dependent: ClassVar[bool] = False
+    sends_while_receiving: ClassVar[bool] = True
     runtime: ClassVar[type[Strategy]]
 
     def __post_init__(self):

@@ -15,6 +15,7 @@ Units: bytes and seconds everywhere; MB = 10^6 bytes, Gbit = 10^9 bits.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -240,6 +241,48 @@ def critical_path(name: str, workers: int, numel: int, params: dict | str | None
     return _traffic(name, _params_key(params), int(workers), int(numel), itemsize, shapes)
 
 
+# ---- the network's physics ---------------------------------------------------------------------------------
+
+class NetworkModel(enum.StrEnum):
+    """The physics a sync is priced on, SimGrid's two network models (experiments/simulate/platform.py):
+    alpha_beta, a lone message of m bytes takes latency + m / bandwidth exactly (CM02, corrections off); tcp,
+    SimGrid 3.32's LV08 with its default corrections (lv08_fabric)."""
+
+    ALPHA_BETA = "alpha_beta"
+    TCP = "tcp"
+
+    @classmethod
+    def parse(cls, value) -> NetworkModel:
+        """The model named by value ('alpha_beta' or 'tcp'); ValueError naming the bad value and the accepted."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"bad network model {value!r}: accepted are "
+                             f"{', '.join(m.value for m in cls)}") from None
+
+
+# SimGrid 3.32's LV08 defaults (src/surf/network_cm02.cpp, network_interface.cpp): a flow's rate is
+# 0.97 x its max-min share, its latency 13.01 x the route's, its share bounded by the TCP window,
+# TCP-gamma / (2 x the route's latency, uncorrected), and each flow loads the reverse route with 5% of
+# its rate (its ACKs: network/crosstraffic).
+LV08_BANDWIDTH_FACTOR = 0.97
+LV08_LATENCY_FACTOR = 13.01
+LV08_TCP_GAMMA = 4194304.0  # bytes: network/TCP-gamma
+LV08_CROSSTRAFFIC = 0.05
+
+
+def tcp_window_bound(route_latency: float) -> float:
+    """LV08's bound on one flow's rate, bytes/s: TCP-gamma / (2 x route latency); unbounded at zero latency."""
+    return LV08_TCP_GAMMA / (2 * route_latency) if route_latency > 0 else math.inf
+
+
+def sends_while_receiving(config) -> bool:
+    """Whether the strategy's ranks send while they receive (StrategyConfig.sends_while_receiving of the strategy a
+    wrapper runs): then under tcp a NIC's outgoing link also carries the ACKs of its incoming flows."""
+    inner = config.unwrapped() if hasattr(config, "unwrapped") else config
+    return bool(getattr(inner, "sends_while_receiving", True))
+
+
 # ---- the one price of a sync --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -253,8 +296,10 @@ class Fabric:
     ranks_per_node: int = 1
     intra_bandwidth: float = math.inf
     intra_latency: float = 0.0
+    network: NetworkModel = NetworkModel.ALPHA_BETA
 
     def __post_init__(self):
+        object.__setattr__(self, "network", NetworkModel.parse(self.network))
         if not self.bandwidth > 0:
             raise ValueError(f"bad bandwidth {self.bandwidth!r}: expected bytes/s greater than zero")
         if not 0 <= self.latency < math.inf:
@@ -268,15 +313,40 @@ class Fabric:
     def with_bandwidth(self, bandwidth: float) -> Fabric:
         return dataclasses.replace(self, bandwidth=bandwidth)
 
+    def priced(self, config) -> Fabric:
+        """The alpha_beta fabric whose price is this fabric's for `config`: itself on alpha_beta, lv08_fabric on
+        tcp."""
+        if self.network is NetworkModel.ALPHA_BETA:
+            return self
+        return lv08_fabric(self, sends_while_receiving(config))
+
+
+def lv08_fabric(fabric: Fabric, duplex: bool) -> Fabric:
+    """SimGrid's LV08 as an alpha_beta fabric: every latency x 13.01; every link's bandwidth bounded by one
+    flow's TCP window over its route (NIC routes: latency + intra latency on nodes; intra-node routes: intra
+    latency), x 0.97, and / 1.05 where the strategy sends while it receives (`duplex`: a link carries its own
+    flows and 5% of the reverse flows' rate in ACKs). The window is priced as one flow per link, exact where a
+    rank streams to one peer at a time, pessimistic where its bytes go to several peers at once."""
+    ack = 1 + LV08_CROSSTRAFFIC if duplex else 1.0
+    nic_route = fabric.latency + (fabric.intra_latency if fabric.ranks_per_node > 1 else 0.0)
+
+    def rate(bandwidth: float, route_latency: float) -> float:
+        return LV08_BANDWIDTH_FACTOR * min(bandwidth, tcp_window_bound(route_latency)) / ack
+
+    return Fabric(rate(fabric.bandwidth, nic_route), fabric.latency * LV08_LATENCY_FACTOR, fabric.ranks_per_node,
+                  rate(fabric.intra_bandwidth, fabric.intra_latency), fabric.intra_latency * LV08_LATENCY_FACTOR)
+
 
 def sync_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int = 4, shapes=None) -> float:
     """The one price of one sync of a numel-element buffer (per step: local SGD's sync / H): `syncbench model`, the
     simulator's alpha-beta column, `syncbench validate`, the report's model sections and the bandwidth needed all
     call it. One rank per NIC: rounds x latency + path bytes / bandwidth (traffic()'s critical path). Nodes of
     several ranks: node_cost's time (the NIC shared by the node's ranks, each level at its own bandwidth); a
-    strategy with no per-level traffic raises ValueError naming the ones that have it."""
+    strategy with no per-level traffic raises ValueError naming the ones that have it. On a tcp fabric the same
+    price on LV08's corrected links (Fabric.priced)."""
     if workers <= 1 or numel == 0:
         return 0.0
+    fabric = fabric.priced(config)
     if fabric.ranks_per_node > 1:
         return node_cost(config, workers, numel, fabric.ranks_per_node, fabric.bandwidth, fabric.intra_bandwidth,
                          fabric.latency, fabric.intra_latency, itemsize).time_s
@@ -290,6 +360,7 @@ def fill_seconds(config, workers: int, numel: int, fabric: Fabric, itemsize: int
     fill = getattr(config, "pipeline_fill", None)
     if fill is None or workers <= 1 or fabric.ranks_per_node > 1:
         return 0.0
+    fabric = fabric.priced(config)
     rounds, path = fill(workers, numel, itemsize)
     return comm_time(rounds, path, fabric.bandwidth, fabric.latency) if path else 0.0
 
@@ -312,6 +383,13 @@ def step_timeline(config, workers: int, buckets: list[tuple[float, int]], fabric
     if updates is not None and optimizer_s > 0 and total and workers > 1 and fabric.ranks_per_node == 1:
         timed = [(ready, server_update_seconds(comm, fill, updates(workers, numel, itemsize), optimizer_s / total),
                   fill) for (ready, comm, fill), (_, numel) in zip(timed, buckets)]
+    pushes = getattr(config, "push_updates", None)
+    if pushes is not None and optimizer_s > 0 and total and workers > 1 and fabric.ranks_per_node == 1:
+        link = fabric.priced(config)
+        timed = [(ready, barrier_free_update_seconds(comm, pushes(workers, numel, itemsize), workers,
+                                                     config.servers, link.bandwidth, link.latency,
+                                                     optimizer_s / total, itemsize), fill)
+                 for (ready, comm, fill), (_, numel) in zip(timed, buckets)]
     return overlap_timeline(forward_s, backward_s, optimizer_s, timed, overlap=overlap and not after_step,
                             after_step=after_step)
 
@@ -330,6 +408,33 @@ def server_update_seconds(comm_s: float, fill_s: float, parts: list[int], second
         updated = max(stream * r / count, updated) + numel * seconds_per_element
         answered = max(updated, answered) + fill_s
     return max(answered, comm_s)
+
+
+def barrier_free_update_seconds(comm_s: float, parts: list[int], workers: int, servers: int, bandwidth: float,
+                                latency: float, seconds_per_element: float, itemsize: int = 4) -> float:
+    """A bucket's sync on barrier-free servers in update mode (staleness s or async; push_updates): every worker
+    pushes partition r of each of the k shards at once, so r's pushes are all in at latency + the bytes of
+    partitions 0..r through the busier of a server's download (n of each) and a worker's upload (k of each).
+    The server takes the pushes in the order they come in (partition by partition, worker after worker) and
+    applies the optimizer to each on its own (its CPU one update after another; SimGrid charges the profile's
+    optimizer per element); each push's reply leaves once its update is done: through the server's upload after
+    the replies before it (a partition each), and into its worker's download beside the other k - 1 servers'
+    replies of the same partition (the servers work in step: k partitions), after that worker's earlier replies;
+    the last lands a latency after the later of the two. Worked from the simulator's message log at n = 2, k = 2
+    (tests/experiments/test_validate.py). A sync is never faster than its bytes (comm_s). Without parts: comm_s."""
+    if not parts:
+        return comm_s
+    fan = max(workers, servers) * itemsize / bandwidth  # seconds a partition's element takes in, the busier side
+    pushed = updated = uplink = 0.0
+    download = [0.0] * workers
+    for numel in parts:
+        pushed += numel * fan
+        one = numel * itemsize / bandwidth
+        for w in range(workers):
+            updated = max(latency + pushed, updated) + numel * seconds_per_element
+            uplink = max(updated, uplink) + one
+            download[w] = max(uplink, max(updated, download[w]) + servers * one)
+    return max(max(download) + latency, comm_s)
 
 
 def bandwidth_for(efficiency_at, target: float) -> float:

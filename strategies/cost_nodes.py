@@ -101,14 +101,16 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         total = total if replayed is None else replayed
         return NodeCost(nic, intra, nic_only, total - nic_only, rounds, total)
     if name == "node_parameter_server" and numel:
-        # one phase after another: the node's reduce-scatter, the pushes and replies, the node's all-gather
+        # the node's reduce-scatter, the pushes and replies, the node's all-gather (node_ps_seconds)
         from strategies.hierarchical import Layout, intra_path
 
         ring_rounds, ring_bytes = intra_path(Layout(workers, ranks_per_node), numel, itemsize)
         fill = _cached(config.reply_fill, workers, numel, itemsize)
         nic_s = (nic + fill) / nic_bandwidth + (rounds - ring_rounds) * alpha
         intra_s = ring_bytes / intra_bandwidth + ring_rounds * intra_latency
-        return NodeCost(nic, intra, nic_s, intra_s, rounds, nic_s + intra_s)
+        total = node_ps_seconds(config, workers, numel, ranks_per_node, nic_bandwidth, intra_bandwidth,
+                                intra_latency, itemsize, fill) + (rounds - ring_rounds) * alpha
+        return NodeCost(nic, intra, nic_s, intra_s, rounds, total)
     if name == "double_binary_tree":
         # a pipeline of slots, one after another (a slot's sends leave when the slot before's have): each slot
         # takes its busiest port's time, so the fill and drain (slots with less than the full load, as many as
@@ -128,6 +130,54 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         nic, intra, rounds = nic / period, intra / period, rounds / period
         nic_s, intra_s = nic_s / period, intra_s / period
     return NodeCost(nic, intra, nic_s + rounds * alpha, intra_s + rounds * intra_latency, rounds)
+
+
+def node_ps_seconds(config, workers: int, numel: int, k: int, nic_bandwidth: float, intra_bandwidth: float,
+                    intra_latency: float, itemsize: int, fill: int) -> float:
+    """node_parameter_server's sync on nodes of k, its latencies between nodes aside: each node's ring
+    reduce-scatter (r - 1 rounds of its largest slice; a server node has none), then its owners' pushes, each
+    flow from its node's reduce-scatter's end (a short node's ranks push while the full nodes still reduce, as
+    far as the host ranks' ports can spare: nic / intra bandwidth of that wait), the replies back from the later
+    of the two nodes' ends; every NIC direction a fluid queue of its flows (ended by
+    the latest t + the bytes of the flows starting at t or later), the last replies' partitions (fill) after the
+    last push is in; then the all-gather of the largest node (its ranks serve the most; a short node of larger
+    slices gathers while they answer). With equal nodes: reduce-scatter + (NIC bytes + fill) /
+    bandwidth + all-gather, the phases one after another."""
+    from strategies.hierarchical import Layout
+
+    layout = Layout(workers, k)
+    nodes = layout.nodes()
+
+    def ring(r: int) -> float:  # one ring phase of a node of r ranks: r - 1 rounds of its largest slice
+        if r <= 1:
+            return 0.0
+        largest = max((hi - lo for lo, hi in layout.slices(numel, r)), default=0) * itemsize
+        return (r - 1) * (intra_latency + largest / intra_bandwidth)
+
+    reduced = {j: ring(len(node)) for j, node in enumerate(nodes)}  # server nodes: 0 (no reduce-scatter)
+    queues: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    pushes: dict[int, list[tuple[float, int]]] = {}
+    for (src, dst), nbytes in _cached(config.node_pushes, workers, numel, itemsize).items():
+        # a push into a node still reducing shares its ranks' ports with the ring: of the time the host node
+        # still reduces, a flow at the NIC's rate gets the share the ports can spare (all of it with NICs far
+        # slower than the ports, none at equal speeds)
+        mine, theirs = reduced.get(src, 0.0), reduced.get(dst, 0.0)
+        start = mine + max(0.0, theirs - mine) * min(1.0, nic_bandwidth / intra_bandwidth)
+        back = max(mine, theirs)
+        for node, way, t in ((src, "out", start), (dst, "in", start), (dst, "out", back), (src, "in", back)):
+            queues.setdefault((node, way), []).append((t, nbytes))
+        pushes.setdefault(dst, []).append((start, nbytes))
+
+    def drained(flows: list[tuple[float, int]]) -> float:
+        end, later = 0.0, 0
+        for t, nbytes in sorted(flows, reverse=True):
+            later += nbytes
+            end = max(end, t + later / nic_bandwidth)
+        return end
+
+    pushed = max((drained(f) for f in pushes.values()), default=0.0)
+    across = max([drained(f) for f in queues.values()] + [pushed + fill / nic_bandwidth])
+    return max(across, max(reduced.values(), default=0.0)) + ring(max(len(node) for node in nodes))
 
 
 @functools.lru_cache(maxsize=1024)

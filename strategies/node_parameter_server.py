@@ -248,6 +248,19 @@ class NodeParameterServerConfig(StrategyConfig):
         roles = ["worker"] * workers + ["server"] * (world - workers)
         return {level: [RankTraffic(role, *t) for role, t in zip(roles, ranks)] for level, ranks in totals.items()}
 
+    def node_pushes(self, workers: int, numel: int, itemsize: int = 4) -> dict[tuple[int, int], int]:
+        """Bytes pushed from node to node across the NICs, {(owner's node, host's node): bytes} (rank i is in node
+        i // k; each push's reply goes back the same way): the cost model's flows (strategies.cost_nodes)."""
+        k = self.ranks_per_node
+        plan = Plan(workers, k, self.servers, self.placement == "dedicated", self.partition_mb)
+        out: dict[tuple[int, int], int] = {}
+        for group, parts in plan.steps(numel, itemsize):
+            for s, p in enumerate(parts):
+                host, size = plan.host(s, group), sum(hi - lo for lo, hi in p) * itemsize
+                for member in (w for w in group if w // k != host // k and size):
+                    out[member // k, host // k] = out.get((member // k, host // k), 0) + size
+        return out
+
     def reply_fill(self, workers: int, numel: int, itemsize: int = 4) -> int:
         """Bytes the busiest node's NIC sends after the last pushes are in: the replies of every shard's last
         partition it serves (a server answers a partition only once every owner's push of it is in), summed over

@@ -318,13 +318,25 @@ class ParameterServerConfig(StrategyConfig):
             return 0, 0
         parts = partitions(numel, self.servers, itemsize, self.partition_mb)
         largest = max((hi - lo for p in parts for lo, hi in p), default=0) * itemsize
-        return (workers, workers * largest) if largest else (0, 0)
+        # the n replies leave at once, each on its own connection: one latency, n partitions through the NIC
+        return (1, workers * largest) if largest else (0, 0)
 
     def server_updates(self, workers, numel, itemsize=4) -> list[int]:
         """The elements of each partition the busiest server applies the optimizer to, in the order it does (one
         after another, each once every worker's push of it is in; strategies.cost prices that compute beside the
         bytes): synchronous dedicated servers in update mode; [] for any other (the workers step)."""
         if self.mode != "update" or self.placement != "dedicated" or self.asynchronous:
+            return []
+        parts = partitions(numel, self.servers, itemsize, self.partition_mb)
+        return [hi - lo for lo, hi in max(parts, key=lambda p: sum(hi - lo for lo, hi in p), default=[])]
+
+    def push_updates(self, workers, numel, itemsize=4) -> list[int]:
+        """The elements of each partition of the busiest server's shard, in the order its pushes come in, where a
+        barrier-free server (staleness s or "async") in update mode applies the optimizer to every worker's push on
+        its own (n updates a partition, one after another) and answers each push once its update is done
+        (strategies.cost.barrier_free_update_seconds prices it); [] for any other: synchronous servers
+        (server_updates), backups (one update a step), summation (the workers step)."""
+        if self.mode != "update" or self.staleness == 0 or self.backups or self.placement != "dedicated":
             return []
         parts = partitions(numel, self.servers, itemsize, self.partition_mb)
         return [hi - lo for lo, hi in max(parts, key=lambda p: sum(hi - lo for lo, hi in p), default=[])]
@@ -341,10 +353,13 @@ class ParameterServerConfig(StrategyConfig):
             worker = RankTraffic("worker", sum(shard), sum(shard), sum(count), sum(count))
             servers = tuple(RankTraffic("server", n * b, n * b, n * c, n * c) for b, c in zip(shard, count))
             # Full duplex: the busiest link (a worker's M or a server's n M / k) streams without a break, except
-            # the fill: the last partition's n-fold fan-out waits for its last push
+            # the fill: the last partition's n-fold fan-out waits for its last push.
+            # Latencies: messages to different peers travel side by side, so their latencies overlap; those to one
+            # peer follow one another on its connection (one TCP socket, one gloo pair), a latency each. Worker
+            # w's c_s pushes to server s are such a chain; the last partition's replies leave after it, at once:
+            # max c_s + 1 (SimGrid alpha_beta: exactly that many latencies over the bytes, k = 1 .. n).
             worker_path, server_path = sum(shard), n * max(shard)
-            busiest_msgs = sum(count) if worker_path >= server_path else n * max(count)
-            return Traffic((worker,) * n + servers, rounds=busiest_msgs + (n if largest else 0),
+            return Traffic((worker,) * n + servers, rounds=max(count) + 1 if largest else 0,
                            path_bytes=max(worker_path, server_path) + n * largest)
         # colocated: worker w (w < k) also runs server w; its own push and pull of shard w move no bytes
         ranks, paths = [], []
@@ -356,6 +371,19 @@ class ParameterServerConfig(StrategyConfig):
             ranks.append(RankTraffic("worker", sent_b, sent_b, sent_c, sent_c))
             # transmit side: pushes first, then the replies, which wait for the first partition from n - 1 peers
             gap = max(0, (n - 1) * largest - pushed_b) if own_b else 0
-            paths.append((sent_b + gap, sent_c + ((n - 1) if gap else 0)))
-        path_bytes, rounds = max(paths)
-        return Traffic(tuple(ranks), rounds=rounds, path_bytes=path_bytes)
+            paths.append((sent_b + gap, sent_c))
+        path_bytes = max(paths)[0]
+        return Traffic(tuple(ranks), rounds=_colocated_rounds(count, n), path_bytes=path_bytes)
+
+
+def _colocated_rounds(count: list[int], workers: int) -> int:
+    """Latencies on the colocated servers' critical path: messages to one peer follow one another on its connection
+    (a latency each), messages to different peers travel side by side. Server s (on worker s) sends worker w, on
+    one connection, first its pushes of shard w (c_w partitions, w a server too) and then its c_s replies, the
+    last of which leaves once the last pushes into s are in (a chain of c_s): c_s + max(c_w, 1) over the pairs
+    (SimGrid alpha_beta: exactly that many latencies over the bytes, k = 1 .. n)."""
+    if workers <= 1 or not any(count):
+        return 0
+    top, second = sorted(count, reverse=True)[:2] if len(count) > 1 else (count[0], 0)
+    # the longest chain of pushes into s's pair from another server: the largest count but s's own (O(k))
+    return max(c + max(second if c == top else top, 1) for c in count if c)

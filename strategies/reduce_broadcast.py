@@ -35,6 +35,7 @@ class ReduceBroadcastConfig(StrategyConfig):
     summary = "reduce to rank 0 then broadcast: binomial trees (tree=true) or the flat driver pattern"
     runtime = ReduceBroadcast
     variants = ({"tree": True}, {"tree": False})
+    sends_while_receiving = False  # every rank receives (reduce), then sends (broadcast): one way at a time
     tree: bool = True
 
     def validate(self):

@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default=None,
                    help="with --collective: comma-separated message sizes, e.g. 4K,64K,1M (default 1K to 1G, x4)")
     p.add_argument("--latency", default="0s", help="per-message latency, e.g. 50us (default 0s)")
+    p.add_argument("--network", default="alpha_beta",
+                   help="the physics priced: alpha_beta (default) or tcp (SimGrid's LV08 corrections, as `syncbench "
+                        "model --network tcp`; not with --check, whose spot checks run SimGrid alpha_beta)")
     p.add_argument("--ranks-per-node", type=int, default=1,
                    help="ranks sharing one NIC (default 1); > 1 ranks the node-aware strategies")
     p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node (default unlimited)")
@@ -100,6 +103,15 @@ def run(args) -> int:
             else list(DEFAULT_SIZES)
     if args.sizes and not args.collective:
         raise ValueError("--sizes is for --collective (message size x workers); accepted: add --collective")
+    from strategies.cost import NetworkModel
+
+    try:
+        network = NetworkModel.parse(args.network)
+    except ValueError as e:
+        raise ValueError(f"--network: {e}") from None
+    if args.check and network is not NetworkModel.ALPHA_BETA:
+        raise ValueError(f"--check runs its spot checks on SimGrid alpha_beta, not on --network {network.value}: "
+                         f"accepted is --check with --network alpha_beta")
     latency = parse_latency(args.latency)
     intra = parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth else math.inf
     names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
@@ -124,7 +136,7 @@ def run(args) -> int:
             raise ValueError(f"--check {args.check}: {why}")
     started = time.perf_counter()
     m = strategy_map(workload, workers, bandwidths, latency, args.ranks_per_node, intra, names, args.ps_placement,
-                     args.inexact, args.within, sizes, args.tie)
+                     args.inexact, args.within, sizes, args.tie, network=network)
     priced = time.perf_counter() - started
     print(format_table(m))
     print(f"\n# {len(m.cells)} cells in {priced:.1f} s")

@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
                    help="workers per node sharing one NIC of --bandwidth (default 1): prices each level, e.g. 8")
     p.add_argument("--intra-bandwidth", help="with --ranks-per-node: the link inside a node, e.g. 100Gbit "
                                              "(default unlimited)")
+    p.add_argument("--network", default="alpha_beta",
+                   help="the physics priced: alpha_beta (default: latency + bytes / bandwidth) or tcp (SimGrid's "
+                        "LV08: latency x 13.01, bandwidth x 0.97 within a 4 MiB TCP window per two route latencies, "
+                        "ACKs on a NIC that sends while it receives); see docs/validation.md")
     p.add_argument("--target-efficiency", type=float, default=0.9)
     p.add_argument("--nccl-reference", action="store_true",
                    help="also print NCCL's own model of an allreduce (ring, tree) beside syncbench's ring and tree")
@@ -38,7 +42,13 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from reports.model import format_model_table, model_table
+    from strategies.cost import NetworkModel
     from strategies.transport.link import parse_bandwidth, parse_latency
+
+    try:
+        network = NetworkModel.parse(args.network)
+    except ValueError as e:
+        raise ValueError(f"--network: {e}") from None
 
     model_bytes = size_arg("--model-bytes", args.model_bytes, MAX_MODEL_BYTES) if args.model_bytes else None
     if args.nccl_reference and (args.ranks_per_node or 1) != 1:
@@ -77,7 +87,7 @@ def run(args) -> int:
                           num_classes=None if profile is not None else args.num_classes, profile=profile,
                           bucket_mb=args.bucket_mb, ranks_per_node=args.ranks_per_node,
                           intra_bandwidth=parse_bandwidth(args.intra_bandwidth) if args.intra_bandwidth
-                          else float("inf"))
+                          else float("inf"), network=network)
               for n in _workers_list(args.workers)]
     table = pd.concat(tables, ignore_index=True)
     table.attrs = dict(tables[0].attrs)

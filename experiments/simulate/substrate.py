@@ -328,10 +328,11 @@ def fabric_of(platform: Platform) -> cost.Fabric:
     return cost.Fabric(platform.bandwidth, platform.latency)
 
 
-def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
+def model_comm_s(spec: RunSpec, sim: SimSpec, network: str = "alpha_beta") -> float:
     """The cost model's communication the same step waits for (strategies.cost.step_timeline, the one price): the
     run's buckets, ready when the timeline says, overlapped with backward or not as the run is; NaN where the
-    model has no price (a strategy without per-level traffic on nodes)."""
+    model has no price (a strategy without per-level traffic on nodes). `network`: the physics priced (the stored
+    column is alpha_beta's; `syncbench validate` prices its tcp cells with 'tcp')."""
     from workloads.buckets import make_buckets
 
     config = spec.strategy_config()
@@ -341,7 +342,8 @@ def model_comm_s(spec: RunSpec, sim: SimSpec) -> float:
     shapes = param_shapes_of(spec, timeline.numels)
     bucket_shapes = [tuple(shapes[i] for i in sorted(b.params)) for b in buckets] if shapes else None
     try:
-        predicted = cost.step_timeline(config, spec.workers, ready, fabric_of(sim.platform), timeline.forward_s,
+        fabric = dataclasses.replace(fabric_of(sim.platform), network=cost.NetworkModel.parse(network))
+        predicted = cost.step_timeline(config, spec.workers, ready, fabric, timeline.forward_s,
                                        timeline.backward_s, timeline.optimizer_s, spec.overlap,
                                        bucket_shapes=bucket_shapes)
     except (ValueError, NotImplementedError):

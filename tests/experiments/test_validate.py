@@ -358,3 +358,79 @@ def test_ps_sizing_refuses_a_worker_count_it_cannot_size(value):
     add_arguments(parser)
     with pytest.raises(ValueError, match="accepted are worker counts >= 2"):
         run(parser.parse_args(["--ps-sizing", value]))
+
+
+@needs_simgrid
+@pytest.mark.parametrize("label,workers,chain", [("ps colocated k=n", 4, 7 + 7), ("ps colocated k=n", 16, 2 + 2),
+                                                 ("ps colocated k=1", 4, 25 + 1), ("ps dedicated k=1", 4, 25 + 1),
+                                                 ("ps dedicated k=n", 16, 2 + 1)])
+def test_a_parameter_servers_latencies_are_one_chain_per_connection(label, workers, chain):
+    """400 Gbit/s, 20 us a message (the map's latency-bound corner, where SimGrid was 0.78-0.85x the model): the
+    time is the bytes plus one latency per message of the longest chain on one pair's connection, not one per
+    message a rank sends (messages to different peers travel side by side). ResNet-50's 102.2 MB in 4 MiB
+    partitions: k = 4 shards of 25.6 MB are 7 partitions each, 16 shards of 6.4 MB 2, one shard 25. Colocated
+    k = n: server s sends worker w (a server too) its 7 pushes, then its 7 replies, on one connection: 14.
+    One server: 25 pushes on each worker's connection, then the last partition's replies at once: 26."""
+    from experiments.validate import _timeline
+
+    numel = sum(_timeline(False).numels)
+    variant = BY_LABEL[label]
+    traffic = strategies.make(variant.strategy, **variant.strategy_params(workers)).traffic(workers, numel)
+    assert traffic.rounds == chain
+    row = run_cell(Cell(variant, workers, "400Gbit", "20us"))
+    assert row["sim_s"] == pytest.approx(traffic.path_bytes / 50e9 + chain * 20e-6, rel=1e-6), row
+    assert row["status"] == "agree" and row["sim_over_model"] == pytest.approx(1.0, abs=1e-6), row
+
+
+@needs_simgrid
+def test_barrier_free_servers_update_every_push_and_answer_it_on_its_own():
+    """SSP (s = 2) on 2 dedicated servers in update mode, 2 workers, 10 Gbit/s, 5 us, the ResNet-50 profile with
+    overlap (once 2.3x the model: it priced no server compute). Worked from the simulator's message log: the last
+    bucket (2,431,040 floats, ready 0.243 ms before backward ends) is 2 partitions of 607,760 floats (2.43 MB) on
+    each server. Partition 0's pushes from both workers are in a server at 2 x 2.43 MB / 1.25 GB/s = 3.89 ms
+    (+ 5 us), partition 1's at 7.78 ms. The server applies the optimizer to each push on its own, in arrival
+    order (w0 p0, w1 p0, w0 p1, w1 p1), 607,760 x 0.2007 s / 25,557,032 = 4.77 ms each, back to back: the last
+    ends at 3.895 + 4 x 4.77 = 22.98 ms. Each reply meets the other server's reply of its partition in its
+    worker's download: 2 x 2.43 MB, 3.89 ms, + 5 us: the slowest worker has its last at 26.88 ms, 26.64 ms after
+    backward's end (the log: 26.635 ms). Pricing n updates with the synchronous servers' fan-out gave 1.21x."""
+    from strategies import cost
+
+    part, bw = 607_760, 10e9 / 8
+    update = 0.2006790190000629 * part / 25_557_032
+    transfer = 2 * part * 4 / bw
+    hand = (transfer + 5e-6) + 4 * update + transfer + 5e-6 - 0.243e-3
+    assert hand == pytest.approx(0.026635, abs=2e-5)
+    config = strategies.make("parameter_server", servers=2, staleness=2)
+    assert config.push_updates(2, 2_431_040) == [part, part]
+    assert strategies.make("parameter_server", servers=2, staleness=2, mode="summation").push_updates(2, 10) == []
+    assert strategies.make("parameter_server", servers=2).push_updates(2, 10) == []  # synchronous: server_updates
+    tail = cost.barrier_free_update_seconds(0.0, [part, part], 2, 2, bw, 5e-6, update / part)
+    assert tail - 0.243e-3 == pytest.approx(hand, rel=1e-9)
+    for workers in (2, 4):
+        row = run_cell(Cell(BY_LABEL["ps SSP s=2 k=2"], workers, "10Gbit", "5us", overlap=True))
+        assert row["status"] == "agree" and row["sim_over_model"] == pytest.approx(1.0, abs=0.002), row
+        if workers == 2:
+            assert row["sim_s"] == pytest.approx(hand, rel=0.001), row
+
+
+@needs_simgrid
+def test_a_short_nodes_pushes_start_while_the_full_nodes_reduce():
+    """node_parameter_server, colocated, 4 workers in nodes of 3 at 10 Gbit/s, 5 us (100 Gbit/s, 2 us inside):
+    rank 3, alone in node 1, has no reduce-scatter and pushes its node's 102.2 MB into node 0 at once, while node
+    0's ranks (the hosts) still reduce (2 rounds of a 34.08 MB slice: 5.456 ms). The model once put every push
+    after the slowest node's reduce-scatter (0.945x). Now: the pushes start after the share of that wait the host
+    ranks' ports cannot spare (5.456 ms x 10/100 Gbit/s = 0.546 ms), take 102.2 MB / 1.25 GB/s = 81.78 ms; the
+    last partition of each chunk is answered after them (3 x 3.79 MB: 9.087 ms); node 0's all-gather (5.456 ms);
+    27 rounds between nodes x 7 us: 97.06 ms. SimGrid: 96.4 ms (its pushes start at once: the ports, 10x the NIC,
+    take the ring beside them)."""
+    from strategies import cost
+
+    ring_round = 2e-6 + 8_519_011 * 4 / 12.5e9
+    hand = 0.1 * 2 * ring_round + 102_228_128 / 1.25e9 + 11_358_672 / 1.25e9 + 2 * ring_round + 27 * 7e-6
+    config = strategies.make("node_parameter_server", ranks_per_node=3)
+    assert config.node_pushes(4, 25_557_032) == {(1, 0): 102_228_128}
+    assert config.reply_fill(4, 25_557_032) == 11_358_672
+    assert cost.node_seconds(config, 4, 25_557_032, 3, 1.25e9, 12.5e9, 5e-6, 2e-6) == pytest.approx(hand, rel=1e-9)
+    row = run_cell(Cell(BY_LABEL["node_ps colocated"], 4, "10Gbit", "5us", 3))
+    assert row["model_s"] == pytest.approx(hand, rel=1e-6), row
+    assert row["status"] == "agree" and row["sim_s"] == pytest.approx(0.0964, abs=2e-4), row

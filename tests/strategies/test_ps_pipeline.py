@@ -310,7 +310,7 @@ def test_the_overlap_timeline_prices_pipelined_buckets_with_one_fan_out():
     n, numel, bw, params = 4, 2**20, 125e6, {"servers": 4, "partition_mb": 1.0}
     rounds, path, _ = critical_path("parameter_server", n, numel, params)
     fill = pipeline_fill("parameter_server", n, numel, params)
-    assert fill == (n, n * 2**20)
+    assert fill == (1, n * 2**20)  # the n replies leave side by side: one latency
     bucket = (0.0, comm_time(rounds, path, bw, 50e-6), comm_time(*fill, bw, 50e-6))
     whole_rounds, whole_path, _ = critical_path("parameter_server", n, 4 * numel, params)
     pipelined = overlap_timeline(0.0, 0.0, 0.0, [bucket] * 4, overlap=False)
