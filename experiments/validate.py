@@ -31,6 +31,7 @@ import pandas as pd
 
 import strategies
 from experiments.config.sweep import RunSpec
+from experiments.validate_docs import BEGIN, END, check_docs, write_docs  # noqa: F401 - validate.* names
 
 PROFILE = Path(__file__).resolve().parent / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
 TOLERANCE = 0.05  # model / alpha_beta within 5%: agreement
@@ -390,28 +391,6 @@ def write(frame: pd.DataFrame, table: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "validation.csv", index=False)
     (out / "validation.txt").write_text(table + "\n")
-
-
-BEGIN, END = "<!-- syncbench validate --docs: begin -->", "<!-- syncbench validate --docs: end -->"
-
-
-def check_docs(path: Path) -> str:
-    """The text of `path` if it has the markers write_docs needs; ValueError naming them otherwise."""
-    if not path.is_file():
-        raise ValueError(f"validate --docs {str(path)!r}: no such file (accepted: a file with the table's markers)")
-    text = path.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{path}: expected one {BEGIN!r} line before one {END!r} line, where the table goes")
-    return text
-
-
-def write_docs(path: Path, command: str, table: str) -> None:
-    """Put the command and its table between the BEGIN and END markers of `path` (docs/validation.md); the prose
-    around them is kept. A file without both markers is refused, so nothing is half-written."""
-    text = check_docs(path)
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    path.write_text(f"{head}{BEGIN}\n```\n$ {command}\n{table}\n```\n{END}{tail}")
 
 
 # -- the command line --------------------------------------------------------------------------------------

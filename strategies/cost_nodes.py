@@ -96,7 +96,9 @@ def node_cost(config, workers: int, numel: int, ranks_per_node: int, nic_bandwid
         # node's groups one after another while the next groups' first messages come in) are the time
         total, nic_only = hierarchical_node_seconds(config, workers, numel, ranks_per_node, nic_bandwidth,
                                                     intra_bandwidth, latency, intra_latency, itemsize)
-        replayed = _cached(config.replay_node_seconds, workers, numel, itemsize, nic_bandwidth, intra_bandwidth,
+        from strategies.hierarchical_replay import replay_node_seconds
+
+        replayed = _cached(replay_node_seconds, config, workers, numel, itemsize, nic_bandwidth, intra_bandwidth,
                            latency, intra_latency)
         total = total if replayed is None else replayed
         return NodeCost(nic, intra, nic_only, total - nic_only, rounds, total)

@@ -95,19 +95,9 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
                 flow(heapq.heappop(latent)[1])
             continue
         now += dt
-        done = []
-        for m in flows:
-            rate = rates[m]
-            flows[m] = 0.0 if rate == math.inf else flows[m] - rate * dt
-            if flows[m] <= 1e-9 * messages[m].nbytes + 1e-6:
-                done.append(m)
+        done = _move(flows, rates, dt, messages)
+        _take_off_the_wire(done, flows, on_link, links_of)
         for m in done:
-            del flows[m]
-            for link in links_of[m]:
-                moving = on_link[link]
-                moving.discard(m)
-                if not moving:
-                    del on_link[link]
             arrived[m] = now
         for m in done:  # the pair's next message leaves; ranks blocked on this one go on
             pair = (messages[m].src, messages[m].dst)
@@ -120,6 +110,29 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     if any(position[rank] < len(programs[rank]) for rank in range(len(programs))):
         raise RuntimeError("replay: a rank waits for a message that is never sent (the programs do not match)")
     return now
+
+
+def _move(flows: dict[int, float], rates: dict[int, float], dt: float, messages: list[Message]) -> list[int]:
+    """dt seconds of every moving message's bytes at its rate; the messages whose bytes have all moved."""
+    done = []
+    for m in flows:
+        rate = rates[m]
+        flows[m] = 0.0 if rate == math.inf else flows[m] - rate * dt
+        if flows[m] <= 1e-9 * messages[m].nbytes + 1e-6:
+            done.append(m)
+    return done
+
+
+def _take_off_the_wire(done: list[int], flows: dict[int, float], on_link: dict[int, set[int]],
+                       links_of: list[tuple[int, ...]]) -> None:
+    """Messages whose bytes have all moved leave the sharing (a link left with none is removed)."""
+    for m in done:
+        del flows[m]
+        for link in links_of[m]:
+            moving = on_link[link]
+            moving.discard(m)
+            if not moving:
+                del on_link[link]
 
 
 def _max_min(flows: dict[int, float], on_link: dict[int, set[int]], links_of: list[tuple[int, ...]],

@@ -83,7 +83,7 @@ def test_known_gaps_still_differ(label, workers, k, bandwidth, latency):
                                                                  (4, 3, "100Gbit", "0us", 1.98),
                                                                  (16, 4, "100Gbit", "0us", 1.15)])
 def test_hierarchical_replayed_agrees_where_its_stage_model_did_not(workers, k, bandwidth, latency, before):
-    """hierarchical's price is its programs replayed (hierarchical.replay_program): a short node's rank serving its
+    """hierarchical's price is its programs replayed (hierarchical_replay.replay_program): a short rank serving its
     groups one after another while the next groups' first messages come in (5 ranks in nodes of 4: 1.23x with the
     stage model), the NIC's messages crossing the ranks' ports where the NIC is as fast as they are (nodes of 3 at
     100 Gbit/s: 1.98x; nodes of 4, 16 ranks: 1.15x)."""
