@@ -139,7 +139,7 @@ def profiles(check: Check) -> dict:
             profile = measure_profile(workload, batch_size=batch, image_size=s.profile_image, device=check.device,
                                       num_classes=s.profile_classes, steps=s.profile_timed,
                                       warmup_steps=s.profile_warmup)
-            name = f"{workload}_{tag}_b{batch}.json"
+            name = f"{workload}-b{batch}-s{s.profile_image}-{tag}.json"  # as workloads/profiles/ names them
             save_profile(profile, folder / name)
             result["profiles"].append({"file": name, "id": profile.id, "device_name": profile.device_name,
                                        "forward_ms": profile.forward_s * 1e3, "backward_ms": profile.backward_s * 1e3,

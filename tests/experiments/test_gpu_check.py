@@ -66,7 +66,7 @@ def test_the_profiles_are_in_the_committed_format(dry_run, tmp_path):
     with tarfile.open(out / "profiles.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     listed = summary["steps"]["profiles"]["result"]["profiles"]
-    assert [p["file"] for p in listed] == [f"tiny_cpu_b{b}.json" for b in core.TINY.profile_batches]
+    assert [p["file"] for p in listed] == [f"tiny-b{b}-s16-cpu.json" for b in core.TINY.profile_batches]
     for entry, batch in zip(listed, core.TINY.profile_batches):
         profile = load_profile(tmp_path / "profiles" / entry["file"])
         assert (profile.model, profile.batch_size, profile.device) == ("tiny", batch, "cpu")
