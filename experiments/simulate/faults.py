@@ -73,40 +73,72 @@ class FaultSimResult:
 
 
 def simulate_failures(sim: FaultSim) -> FaultSimResult:
-    """Run the simulation in this process (SimGrid's engine: once per process; see run_child)."""
-    from strategies.transport.simgrid import load_simgrid
+    """Simulate the whole run on SimGrid, every step, in this process (SimGrid's engine: once per process; see
+    compare, which forks a process per seed)."""
+    from strategies.transport.simgrid_run import simgrid_process
 
-    sg = load_simgrid()
-    if getattr(sg, "_syncbench_engine_used", False):
-        raise RuntimeError("simulate_failures: SimGrid's engine has already run in this process")
-    sg._syncbench_engine_used = True
-    run = _FaultRun(sim, sg)
-    sg.Actor.create("driver", run.hosts[-1], run.driver)
-    run.engine.run()
+    config = strategies.make(sim.strategy, **sim.params)
+    ranks = sim.workers + config.num_servers(sim.workers)
+    with simgrid_process(2 * ranks + 2, sim.platform.config) as (sg, engine):  # ranks, their NIC actors, the driver
+        hosts = sim.platform.build(sg, ranks + 1)  # the last: the driver's
+        run = _FailureProcess(sim, _SimulatedSteps(sim, config, sg, hosts))
+        sg.Actor.create("driver", hosts[-1], run.drive)
+        engine.run()
     return run.result()
 
 
-class _FaultRun:
-    """One simulation: a driver actor runs segments of steps on the live slots (a fresh cluster each), draws each
-    slot's next failure, and recovers by the mode: back to the last checkpoint, or on without the failed slots
-    until their replacements rejoin."""
+def compose_failures(sim: FaultSim, step_s) -> FaultSimResult:
+    """The same failure process as simulate_failures, over steps of step_s(m) seconds at m live workers (each
+    measured once by step_seconds, the strategy's real code on SimGrid) instead of simulating every step: what
+    the full run does at every step boundary, with the step's simulated length looked up."""
+    run = _FailureProcess(sim, _ComposedSteps(sim, step_s))
+    run.drive()
+    return run.result()
 
-    def __init__(self, sim: FaultSim, sg):
-        self.sim, self.sg = sim, sg
-        self.config = strategies.make(sim.strategy, **sim.params)
-        servers = self.config.num_servers(sim.workers)
-        self.engine = sg.Engine(["syncbench", "--log=root.thres:critical"]
-                                + [f"--cfg={c}" for c in sim.platform.config])
-        self.hosts = sim.platform.build(sg, sim.workers + servers + 1)  # the last: the driver's
-        self.rng = np.random.default_rng([sim.seed, sim.workers, 39])
-        self.costs = sim.costs
-        self.next_fail: dict[int, float] = {}
+
+def step_seconds(sim: FaultSim, workers: int, steps: int = 1) -> list[float]:
+    """Rank 0's simulated seconds for each of `steps` failure-free steps at `workers` workers, as the full run
+    takes them (the step boundary's exchange, compute_s, the strategy's sync of `numel` float32 on the platform).
+    Runs SimGrid's engine in this process: call it in a child (run_child)."""
+    from strategies.transport.simgrid_loader import load_simgrid
+    from strategies.transport.simgrid_run import run_simgrid
+
+    config = strategies.make(sim.strategy, **sim.params)
+    world = config.world_size(workers)
+    sg = load_simgrid()
+
+    def rank_main(comm):
+        runtime = config.bind(comm, workers)
+        grads = torch.empty(sim.numel, dtype=torch.float32, device="meta")
+        seconds = []
+        for _ in range(steps):
+            comm.allgather_object(None)  # the step boundary's verdict: zero simulated time
+            if runtime.is_server:
+                runtime.serve(sim.numel, torch.float32, "mean")
+                continue
+            began = sg.Engine.clock
+            comm.compute(sim.compute_s)
+            runtime.sync(grads, "mean")
+            seconds.append(sg.Engine.clock - began)
+        return seconds
+
+    return run_simgrid(world, rank_main, lambda sg: sim.platform.build(sg, world), sim.platform.config,
+                       sim.platform.nic)[0]
+
+
+class _SimulatedSteps:
+    """Steps simulated on SimGrid: a segment runs the live slots' ranks (a fresh cluster each) until a failure, a
+    rejoin or step S is due at a step boundary."""
+
+    def __init__(self, sim: FaultSim, config, sg, hosts):
+        self.sim, self.config, self.sg, self.hosts = sim, config, sg, hosts
         self.segments = 0
-        self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
-        self.step_times: dict[int, list[float]] = {}
 
-    def draw(self, slot: int, now: float) -> None:
-        self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
+    def now(self) -> float:
+        return self.sg.Engine.clock
+
+    def sleep_until(self, t: float) -> None:
+        self.sg.this_actor.sleep_until(t)
 
     def _cluster(self, world: int, tag: str):
         """A fresh cluster per segment: its mailboxes named apart from earlier segments' (a message a dead segment
@@ -126,7 +158,7 @@ class _FaultRun:
 
         return SegmentCluster(sg, world, nic)
 
-    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list) -> dict:
+    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list, next_fail: dict) -> dict:
         """Steps from `start` on the live slots until the end, a failure or a rejoin is due; what happened."""
         from strategies.transport import factory
         from strategies.transport.simgrid import SimGridCommunicator
@@ -145,7 +177,7 @@ class _FaultRun:
             step = start
             while True:
                 now = sg.Engine.clock
-                dead = [s for s in alive if self.next_fail[s] <= now] if position == 0 else None
+                dead = [s for s in alive if next_fail[s] <= now] if position == 0 else None
                 rejoin = position == 0 and rejoin_at <= now
                 verdict = comm.allgather_object((dead, rejoin))[0]  # zero simulated time: every rank sees rank 0's
                 if verdict[0] or verdict[1] or step >= sim.steps:
@@ -162,7 +194,7 @@ class _FaultRun:
                         done["completed"].append((step, began, sg.Engine.clock))
                 step += 1
                 if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
-                    comm.compute(self.costs.checkpoint_s)  # every rank writes its part
+                    comm.compute(sim.costs.checkpoint_s)  # every rank writes its part
                     if position == 0:
                         checkpoints.append((step, sg.Engine.clock))
 
@@ -176,7 +208,56 @@ class _FaultRun:
             actor.join()
         return done
 
-    def driver(self) -> None:
+
+class _ComposedSteps:
+    """Steps of step_s(m) seconds at m live workers on a plain clock: the segment of _SimulatedSteps, step for
+    step, with each step's length looked up instead of simulated."""
+
+    def __init__(self, sim: FaultSim, step_s):
+        self.sim, self.step_s = sim, step_s
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def sleep_until(self, t: float) -> None:
+        self.clock = max(self.clock, t)
+
+    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list, next_fail: dict) -> dict:
+        sim = self.sim
+        seconds = self.step_s(len(alive))
+        first_failure = min(next_fail[s] for s in alive)  # fixed during a segment
+        completed, step = [], start
+        while True:
+            now = self.clock
+            if first_failure <= now or rejoin_at <= now or step >= sim.steps:
+                dead = [s for s in alive if next_fail[s] <= now]
+                return {"completed": completed, "stop": (step, dead, now)}
+            self.clock = now + seconds
+            completed.append((step, now, self.clock))
+            step += 1
+            if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
+                self.clock += sim.costs.checkpoint_s
+                checkpoints.append((step, self.clock))
+
+
+class _FailureProcess:
+    """One run's failures and recoveries: the driver runs segments of steps on the live slots, draws each slot's
+    next failure, and recovers by the mode: back to the last checkpoint, or on without the failed slots until
+    their replacements rejoin. `steps` runs the segments and keeps the clock (simulated or composed)."""
+
+    def __init__(self, sim: FaultSim, steps):
+        self.sim, self.steps = sim, steps
+        self.rng = np.random.default_rng([sim.seed, sim.workers, 39])
+        self.costs = sim.costs
+        self.next_fail: dict[int, float] = {}
+        self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
+        self.step_times: dict[int, list[float]] = {}
+
+    def draw(self, slot: int, now: float) -> None:
+        self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
+
+    def drive(self) -> None:
         sim, out = self.sim, self.out
         alive = list(range(sim.workers))
         for slot in alive:
@@ -184,14 +265,14 @@ class _FaultRun:
         step, rejoins = 0, []  # rejoins: (time, slot)
         checkpoints = [(0, 0.0)]  # (steps complete, time the checkpoint finished)
         while step < sim.steps:
-            now = self.sg.Engine.clock
+            now = self.steps.now()
             joined = [slot for at, slot in rejoins if at <= now]
             rejoins = [(at, slot) for at, slot in rejoins if at > now]
             for slot in joined:
                 self.draw(slot, now)  # the replacement's clock starts now
             alive = sorted(alive + joined)
             rejoin_at = min((at for at, _ in rejoins), default=math.inf)
-            done = self.segment(alive, step, rejoin_at, checkpoints)
+            done = self.steps.segment(alive, step, rejoin_at, checkpoints, self.next_fail)
             out.steps_run += len(done["completed"])
             for _, began, ended in done["completed"]:
                 self.step_times.setdefault(len(alive), []).append(ended - began)
@@ -201,7 +282,7 @@ class _FaultRun:
                 continue
             alive, step, incident = self._recover(alive, dead, done["completed"], stop_step, noticed, checkpoints)
             rejoins += [(t + self.costs.rejoin_s, s) for t, s in incident]
-        out.time_s = self.sg.Engine.clock
+        out.time_s = self.steps.now()
 
     def _recover(self, alive, dead, completed, stop_step, noticed, checkpoints):
         """After a failure: detection, then the mode's recovery (a failure meanwhile restarts the window from it).
@@ -229,17 +310,17 @@ class _FaultRun:
             lost_members.add(slot)
             incident.append((start, slot))
             out.failures.append((start, slot))
-        self.sg.this_actor.sleep_until(max(start + window, noticed))
+        self.steps.sleep_until(max(start + window, noticed))
         if sim.mode == CHECKPOINT_RESTART:
             back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
             out.steps_lost += step - back
             for slot in lost_members:
-                self.draw(slot, self.sg.Engine.clock)  # replaced at the restart
+                self.draw(slot, self.steps.now())  # replaced at the restart
             del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
             return alive, back, []
         alive = [s for s in alive if s not in lost_members]
         if not alive:
-            raise RuntimeError(f"no worker left at {self.sg.Engine.clock:.6g} simulated s")
+            raise RuntimeError(f"no worker left at {self.steps.now():.6g} simulated s")
         for slot in lost_members:
             self.next_fail[slot] = math.inf  # not running until it rejoins
         return alive, step, incident
