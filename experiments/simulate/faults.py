@@ -98,7 +98,8 @@ def compose_failures(sim: FaultSim, step_s) -> FaultSimResult:
 
 def step_seconds(sim: FaultSim, workers: int, steps: int = 1) -> list[float]:
     """Rank 0's simulated seconds for each of `steps` failure-free steps at `workers` workers, as the full run
-    takes them (the step boundary's exchange, compute_s, the strategy's sync of `numel` float32 on the platform).
+    takes them (the step boundary's exchange, the global batch's compute shared by the workers: compute_s x
+    sim.workers / workers, the strategy's sync of `numel` float32 on the platform).
     Runs SimGrid's engine in this process: call it in a child (run_child)."""
     from strategies.transport.simgrid_loader import load_simgrid
     from strategies.transport.simgrid_run import run_simgrid
@@ -117,7 +118,7 @@ def step_seconds(sim: FaultSim, workers: int, steps: int = 1) -> list[float]:
                 runtime.serve(sim.numel, torch.float32, "mean")
                 continue
             began = sg.Engine.clock
-            comm.compute(sim.compute_s)
+            comm.compute(sim.compute_s * sim.workers / workers)  # the survivors share the global batch
             runtime.sync(grads, "mean")
             seconds.append(sg.Engine.clock - began)
         return seconds
@@ -188,7 +189,7 @@ class _SimulatedSteps:
                     runtime.serve(sim.numel, torch.float32, "mean")
                 else:
                     began = sg.Engine.clock
-                    comm.compute(sim.compute_s)
+                    comm.compute(sim.compute_s * sim.workers / m)  # the survivors share the global batch
                     runtime.sync(grads, "mean")
                     if position == 0:
                         done["completed"].append((step, began, sg.Engine.clock))
@@ -343,36 +344,97 @@ class Comparison:
     failures: float  # mean failures per run
     overshoots: int  # failures noticed after their detection time, over all runs
     cpu_s: float  # CPU seconds of all the simulations
+    failure_free_s: float = math.nan  # the simulation's S steps and checkpoints without a failure
+    model_free_s: float = math.nan  # the model's without a failure (checkpoint_restart: a checkpoint per interval)
+    composed: bool = False  # True: each world size's step simulated once, the failure process composed over them
+    step_s: dict = field(default_factory=dict)  # composed: simulated seconds of a step at each world size run
+    wall_s: float = math.nan  # wall seconds of all the simulations
 
     @property
     def ratio(self) -> float:
         return self.simulated_s / self.model_s
 
+    @property
+    def overhead_ratio(self) -> float:
+        """What failures cost in the simulation against the model's price: (simulated - failure-free) / (model -
+        failure-free); a sharper check than `ratio` where failures cost little of the whole."""
+        return (self.simulated_s - self.failure_free_s) / (self.model_s - self.model_free_s)
 
-def compare(sim: FaultSim, seeds) -> Comparison:
-    """`sim` once per seed, each in a forked process (SimGrid's engine runs once per process), against the model."""
+
+def _step_setting(sim: FaultSim) -> tuple:
+    """What a step's simulated seconds depend on (not the failures, the mode or the seed; the workers at the start
+    set the global batch)."""
+    return sim.strategy, sim.params, sim.workers, sim.numel, sim.compute_s, sim.platform
+
+
+class StepTable:
+    """Seconds of a step at m live workers, each world size simulated once on SimGrid (step_seconds, in a child
+    process) when first asked for; what the simulations took."""
+
+    def __init__(self, sim: FaultSim, known: dict[int, float] | None = None):
+        self.sim = sim
+        self.seconds: dict[int, float] = dict(known or {})
+        self.cpu_s = self.wall_s = 0.0
+
+    def __call__(self, workers: int) -> float:
+        if workers not in self.seconds:
+            from experiments.simulate.child import run_child
+
+            done = run_child(lambda: step_seconds(self.sim, workers))
+            if done.error:
+                raise RuntimeError(f"simulating a step of {self.sim.strategy} at {workers} workers failed: "
+                                   f"{done.error}")
+            self.cpu_s += done.cpu_s
+            self.wall_s += done.wall_s
+            self.seconds[workers] = done.result[0]
+        return self.seconds[workers]
+
+
+def compare(sim: FaultSim, seeds, composed: bool = False, steps: StepTable | None = None) -> Comparison:
+    """`sim` once per seed against the model. Full (composed=False): every step simulated, each seed in a forked
+    process (SimGrid's engine runs once per process). Composed: each world size's step simulated once (`steps`,
+    or a fresh StepTable), the seeds' failure processes composed over them here."""
     from dataclasses import replace
 
     from experiments.simulate.substrate import run_child
     from strategies.fault_cost import expected_time
 
-    times, models, failures, overshoots, cpu = [], [], [], 0, 0.0
+    if composed:
+        steps = steps or StepTable(sim)
+        if _step_setting(steps.sim) != _step_setting(sim):
+            raise ValueError(f"compare: the step table is of {_step_setting(steps.sim)}, not {_step_setting(sim)}")
+    times, models, frees, model_frees, failures, overshoots, cpu, wall = [], [], [], [], [], 0, 0.0, 0.0
     for seed in seeds:
         one = replace(sim, seed=seed)
-        done = run_child(lambda one=one: simulate_failures(one))
-        if done.error:
-            raise RuntimeError(f"simulation of seed {seed} failed: {done.error}")
-        result = done.result
-        cpu += done.cpu_s
+        if composed:
+            result = compose_failures(one, steps)
+            step_s = steps(sim.workers)
+            shrunk = steps(sim.workers - 1) if sim.mode != CHECKPOINT_RESTART else step_s
+        else:
+            done = run_child(lambda one=one: simulate_failures(one))
+            if done.error:
+                raise RuntimeError(f"simulation of seed {seed} failed: {done.error}")
+            result = done.result
+            cpu += done.cpu_s
+            wall += done.wall_s
+            step_s = result.step_s
+            shrunk = result.step_s if math.isnan(result.step_s_shrunk) else result.step_s_shrunk
         times.append(result.time_s)
         failures.append(len(result.failures))
         overshoots += result.overshoots
-        shrunk = result.step_s if math.isnan(result.step_s_shrunk) else result.step_s_shrunk
-        costs = FaultCosts(step_s=result.step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
+        costs = FaultCosts(step_s=step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
                            restart_s=sim.costs.restart_s, checkpoint_s=sim.costs.checkpoint_s,
                            reform_s=sim.costs.reform_s, rejoin_s=sim.costs.rejoin_s)
-        models.append(expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
-                                    checkpoint_every=sim.checkpoint_every or None).seconds)
+        model = expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
+                              checkpoint_every=sim.checkpoint_every or None)
+        models.append(model.seconds)
+        model_frees.append(model.failure_free_s if sim.mode != CHECKPOINT_RESTART else
+                           model.failure_free_s * (1 + sim.costs.checkpoint_s / (sim.checkpoint_every * step_s)))
+        checkpoints = (sim.steps - 1) // sim.checkpoint_every if sim.mode == CHECKPOINT_RESTART else 0
+        frees.append(sim.steps * step_s + checkpoints * sim.costs.checkpoint_s)
+    if composed:
+        cpu, wall = steps.cpu_s, steps.wall_s
     stderr = float(np.std(times, ddof=1) / math.sqrt(len(times))) if len(times) > 1 else math.nan
     return Comparison(float(np.mean(times)), stderr, float(np.mean(models)), float(np.mean(failures)), overshoots,
-                      cpu)
+                      cpu, float(np.mean(frees)), float(np.mean(model_frees)), composed,
+                      dict(steps.seconds) if composed else {}, wall)
