@@ -43,12 +43,16 @@ def test_each_mode_priced_by_hand_and_the_ranking_changes(tmp_path):
                                           ("parameter_server (staleness=async)", "ps_shrink")])
     mtbf = 10 * 3600.0  # the harshest column: each of 4 workers every 10 h, the job every M = 9,000 s
     harsh = faults._column(10.0)
-    # ring, elastic: 3 survivors take 0.4 s a step with 3/4 of the samples: 0.5333 s for a step's worth;
-    # c = 10 detect + 5 re-form + 0.25 half a step + 120 (1 - 0.5 / 0.5333) = 22.75; T = 5,000 / (1 - lambda c)
-    c = 10 + 5 + 0.25 + 120 * (1 - 0.5 / (0.4 * 4 / 3))
-    assert c == pytest.approx(22.75)
-    rate = 4 / (mtbf + 120)  # a slot awaiting its replacement (120 s) cannot fail
-    assert frame.loc[("ring", "elastic"), harsh] == pytest.approx(5000 / (1 - rate * c) / 3600)
+    # ring, elastic: 3 survivors take 0.4 s a step with 3/4 of the samples: 0.5333 s for a step's worth. No
+    # progress for w = 10 detect + 5 re-form = 15 s; the slot missing r = 120 + 0.5333 / 2 s (the replacement joins
+    # at a step boundary) at pace 0.5 / 0.5333; half a step lost in flight:
+    # T = 5,000 / (e^(-lambda r) + (e^(-lambda w) - e^(-lambda r)) 0.9375 - lambda e^(-lambda w) 0.25)
+    w, r = 15, 120 + 0.4 * 4 / 3 / 2
+    rate = 4 / (mtbf + r)  # a slot awaiting its replacement cannot fail
+    progress = math.exp(-rate * r) + (math.exp(-rate * w) - math.exp(-rate * r)) * 0.9375 \
+        - rate * math.exp(-rate * w) * 0.25
+    assert frame.loc[("ring", "elastic"), harsh] == pytest.approx(5000 / progress / 3600)
+    rate = 4 / (mtbf + 120)
     assert bool(frame.loc[("ring", "elastic"), "n-1 measured"])
     # ring, checkpoint_restart: Daly's interval in whole steps, R = 10 + 120, delta = 10
     every = round(daly_interval(10, 9000) / 0.5)
