@@ -340,7 +340,7 @@ def simulate(args) -> int:
         if table is not None:  # this row's step simulations, and the composition's own time
             cpu, wall = table.cpu_s - cpu0, table.wall_s - wall0
             wall = time.perf_counter() - started + wall
-        print(f"{item:<20} {sim.mode:<18} {sim.checkpoint_every or '':>5} {got.failures:>12.2f} "
+        print(f"{item:<20} {sim.mode:<18} {sim.checkpoint_every or '-':>5} {got.failures:>12.2f} "
               f"{got.simulated_s:>12.2f} {got.stderr_s:>6.2f} {got.model_s:>9.2f} {got.ratio:>9.4f} "
               f"{got.overhead_ratio:>8.3f} {cpu:>7.1f} {wall:>7.1f}")
         if args.compose:
