@@ -108,9 +108,13 @@ def checkpoint_restart_time(work_s: float, interval_s: float, checkpoint_s: floa
 
 
 def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: FaultCosts,
-                  checkpoint_every: int | None = None) -> Expectation:
+                  checkpoint_every: int | None = None, servers: int = 0, replicas: int = 0) -> Expectation:
     """Expected seconds for `workers` workers to reach step `steps` when each fails after mtbf_s on average.
-    checkpoint_every (checkpoint_restart): steps between checkpoints; None: Daly's optimum in whole steps."""
+    checkpoint_every (checkpoint_restart): steps between checkpoints; None: Daly's optimum in whole steps.
+    servers (synchronous ps_shrink): price the failures of that many dedicated servers too, each as often as a
+    worker: covered by a replica (replicas >= 1: the group stops for detection + re-forming the chains, nothing
+    lost, see strategies/fault_replicas.py), or, without one, ending the run (never reaching S). 0: servers not
+    priced (as for the other modes: checkpoint_restart restarts them with the rest)."""
     if mode not in MODES or mode == REWEIGHT:
         accepted = ", ".join(m for m in MODES if m != REWEIGHT)
         raise FaultSettingError(f"mode = {mode!r}: the model prices {accepted} (reweight changes the mixing, not "
@@ -146,7 +150,11 @@ def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: Fau
                 f"catches up (rate x cost = {load:.3g} >= 1)"))
         seconds = work / (1 - load)
         return Expectation(seconds, rate * seconds, work)
-    return _shrink_time(mode, work, workers, mtbf_s, costs)
+    if servers and mode == PS_SHRINK and not replicas:
+        return Expectation(math.inf, math.inf, work, cause=(
+            f"a server failure ends a ps_shrink run without replicas: it reaches step {steps} with probability "
+            f"{math.exp(-work * servers / mtbf_s):.3g} (recovery.replicas >= 1, or checkpoint_restart)"))
+    return _shrink_time(mode, work, workers, mtbf_s, costs, servers if mode == PS_SHRINK else 0)
 
 
 def shrink_windows(mode: str, costs: FaultCosts) -> tuple[float, float]:
@@ -160,7 +168,8 @@ def shrink_windows(mode: str, costs: FaultCosts) -> tuple[float, float]:
     return w, r
 
 
-def _shrink_time(mode: str, work: float, workers: int, mtbf_s: float, costs: FaultCosts) -> Expectation:
+def _shrink_time(mode: str, work: float, workers: int, mtbf_s: float, costs: FaultCosts,
+                 servers: int = 0) -> Expectation:
     """Elastic and the synchronous ps_shrink: progress per second of wall time, failures at rate lambda.
 
     Each failure stops progress for w seconds from it and leaves its slot missing for r; failures overlap (a
@@ -171,18 +180,25 @@ def _shrink_time(mode: str, work: float, workers: int, mtbf_s: float, costs: Fau
         progress rate = e^(-lambda r) + (e^(-lambda w) - e^(-lambda r)) step_s / step_s_shrunk
                         - lambda e^(-lambda w) step_s / 2,     T = Ts / progress rate
     with lambda = n / (mtbf_s + r) (a missing slot cannot fail). To first order T = Ts / (1 - lambda c), c = w +
-    step_s / 2 + (r - w)(1 - step_s / step_s_shrunk)."""
+    step_s / 2 + (r - w)(1 - step_s / step_s_shrunk).
+
+    Replicated servers (`servers` of them, each failing at 1 / mtbf_s): a server's failure stops the group for
+    w_s = detection + re-forming the chains (a replica becomes primary; nothing missing after), independent of
+    the workers' windows: every term above is multiplied by e^(-lambda_s w_s), and its failures outside a window
+    lose half a step too."""
     w, r = shrink_windows(mode, costs)
     rate = workers / (mtbf_s + r)
     pace = costs.step_s / (costs.step_s_shrunk or costs.step_s)
     full, up = math.exp(-rate * r), math.exp(-rate * w)
-    progress = full + (up - full) * pace - rate * up * costs.step_s / 2
+    server_rate, w_s = servers / mtbf_s, costs.detect_s + costs.reform_s
+    server_up = math.exp(-server_rate * w_s)
+    progress = server_up * (full + (up - full) * pace - (rate + server_rate) * up * costs.step_s / 2)
     if progress <= 0:
         return Expectation(math.inf, math.inf, work, cause=(
             f"failures every {mtbf_s / workers:.3g} s on average, each stopping the group for {w:.3g} s and "
             f"slowing it for {r - w:.3g} s: the group never catches up (progress rate {progress:.3g} <= 0)"))
     seconds = work / progress
-    return Expectation(seconds, rate * seconds, work)
+    return Expectation(seconds, (rate + server_rate) * seconds, work)
 
 
 def crossover_mtbf(first: tuple[str, FaultCosts], second: tuple[str, FaultCosts], steps: int, workers: int,

@@ -175,3 +175,23 @@ def test_the_ranking_changes_with_the_failure_rate():
         expected_time(ps[0], 10_000, 1024, at * 2, ps[1]).seconds
     assert below[0] > below[1] and above[0] < above[1]
     assert crossover_mtbf(ps, ps, 10_000, 1024) is None
+
+
+def test_replicated_servers_by_hand():
+    # synchronous PS, 4 servers failing as often as workers: with a replica each server failure stops the group
+    # for w_s = 5 detect + 10 re-forming the chains, nothing missing after:
+    # progress = e^(-lambda_s 15) (e^(-lambda r) + (e^(-lambda 5) - e^(-lambda r)) 0.8 - (lambda + lambda_s)
+    # e^(-lambda 5) 0.5), lambda_s = 4 / 100000, r = 60.625
+    costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    rate, server_rate = 100 / 100_060.625, 4 / 100_000
+    progress = math.exp(-server_rate * 15) * (
+        math.exp(-rate * 60.625) + (math.exp(-rate * 5) - math.exp(-rate * 60.625)) * 0.8
+        - (rate + server_rate) * math.exp(-rate * 5) * 0.5)
+    got = expected_time("ps_shrink", S, N, MTBF, costs, servers=4, replicas=1)
+    assert got.seconds == pytest.approx(1000 / progress)
+    assert got.failures == pytest.approx((rate + server_rate) * got.seconds)
+    workers_only = expected_time("ps_shrink", S, N, MTBF, costs)
+    assert 0 < got.seconds - workers_only.seconds < 1000 * 4 / 100_000 * 16  # about 4e-5 x 15.5 s a second
+    # without a replica a server failure ends the run: never, with the odds of no server failure named
+    none = expected_time("ps_shrink", S, N, MTBF, costs, servers=4)
+    assert math.isinf(none.seconds) and f"{math.exp(-1000 * 4 / 100_000):.3g}" in none.cause
