@@ -201,6 +201,20 @@ def _shrink_time(mode: str, work: float, workers: int, mtbf_s: float, costs: Fau
     return Expectation(seconds, (rate + server_rate) * seconds, work)
 
 
+def time_to_target(mode: str, steps_to_target: float, workers: int, mtbf_s: float, costs: FaultCosts,
+                   steps: int = 10_000, **kwargs) -> float:
+    """Expected seconds to the target accuracy under the failure rate: steps_to_target x the expected seconds per
+    step of a run to step `steps` (expected_time's, every mode's time linear in the work). The failures are taken
+    not to change the steps to target: checkpoint_restart resumes bit-identically; elastic and ps_shrink keep the
+    global batch (the survivors' mean). NaN when steps_to_target is NaN (never reached); inf when the run never
+    reaches a step."""
+    if isinstance(steps_to_target, bool) or not isinstance(steps_to_target, (int, float)) or steps_to_target < 0:
+        raise FaultSettingError(f"steps_to_target = {steps_to_target!r}: accepted are steps >= 0 (NaN: never)")
+    if math.isnan(steps_to_target):
+        return math.nan
+    return steps_to_target * expected_time(mode, steps, workers, mtbf_s, costs, **kwargs).seconds / steps
+
+
 def crossover_mtbf(first: tuple[str, FaultCosts], second: tuple[str, FaultCosts], steps: int, workers: int,
                    low_s: float = 60.0, high_s: float = 1e9) -> float | None:
     """The lowest per-worker MTBF in [low_s, high_s] at which two (mode, costs) swap places in the time to reach

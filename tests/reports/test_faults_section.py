@@ -83,3 +83,20 @@ def test_absent_without_two_strategies_and_rendered_with_them(tmp_path):
     html = ENV.get_template("sections/faults.html.j2").render(**body)
     assert "MODEL, not a measurement" in html and 'id="faults"' in html and "detection 10.0" in html
     assert "faults" in [section.id for section in SECTIONS]
+
+
+def test_time_to_target_under_failures_beside_time_to_step(tmp_path):
+    # ring reached its target in 2,000 steps (two runs: 1,800 and 2,200), halving-doubling has no target: ring's
+    # hours to target are 2,000 x its expected seconds per step to step 10,000, at every MTBF
+    ring = [_run(f"ring{i}", "ring", 0.5) | {"target_metric": "accuracy", "target_value": 0.5, "target_reached": True,
+                                            "steps_to_target": float(steps)} for i, steps in enumerate((1800, 2200))]
+    body = faults.section(_results(tmp_path, ring + [_run("hd", "halving_doubling", 0.6)]))
+    frame = body["table"].frame.set_index(["strategy", "mode"])
+    for hours in faults.MTBF_HOURS:
+        for mode in ("checkpoint_restart", "elastic"):
+            assert frame.loc[("ring", mode), faults._target_column(hours)] == pytest.approx(
+                2000 * frame.loc[("ring", mode), faults._column(hours)] / 10_000)
+    assert frame.loc[("ring", "elastic"), "steps to target"] == 2000
+    assert math.isnan(frame.loc[("halving_doubling", "elastic"), "steps to target"])
+    html = ENV.get_template("sections/faults.html.j2").render(**body)
+    assert "h to target, MTBF 10 h" in html

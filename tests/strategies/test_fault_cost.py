@@ -14,6 +14,7 @@ from strategies.fault_cost import (
     daly_interval,
     expected_time,
     shrink_windows,
+    time_to_target,
     young_interval,
 )
 from strategies.faults import FaultSettingError
@@ -195,3 +196,14 @@ def test_replicated_servers_by_hand():
     # without a replica a server failure ends the run: never, with the odds of no server failure named
     none = expected_time("ps_shrink", S, N, MTBF, costs, servers=4)
     assert math.isinf(none.seconds) and f"{math.exp(-1000 * 4 / 100_000):.3g}" in none.cause
+
+
+def test_time_to_target_is_steps_to_target_times_the_seconds_per_step_under_failures():
+    costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    for mode in ("checkpoint_restart", "elastic", "ps_shrink"):
+        per_step = expected_time(mode, S, N, MTBF, costs).seconds / S
+        assert time_to_target(mode, 250, N, MTBF, costs, S) == pytest.approx(250 * per_step)
+        assert time_to_target(mode, 250, N, MTBF, costs, S) > 250  # failures cost something
+    assert math.isnan(time_to_target("elastic", math.nan, N, MTBF, costs))
+    with pytest.raises(FaultSettingError, match="steps_to_target = -1"):
+        time_to_target("elastic", -1, N, MTBF, costs)
