@@ -1,13 +1,20 @@
 """Failures on a simulated cluster (SimGrid): time to step S under a per-worker failure rate, for one recovery mode.
 
-Every step is simulated: each worker spends `compute_s` and the strategy's real code synchronizes a buffer of
-`numel` float32 gradients (meta tensors: real sizes, no values) over the simulated platform. Failures come at
-simulated times: every worker slot fails after an exponential time of mean `mtbf_s` (seeded; a replacement's
-clock starts when it joins). SimGrid 3.32's Python binding cannot turn a host off, and a host's state profile
-would kill a rank inside a collective, which the transport does not survive; so a failure is noticed at the next
-step boundary (a zero-time control-plane exchange) and the run is rolled back to what the failure really cost: the
-step in flight when it happened does not count, detection ends `detect_s` after it, and the recovery starts then.
-(A step boundary later than the detection would overshoot it: the result says how often that happened.)
+Two ways, the same answer (checked at 4 ranks: the same failures and seconds to 1e-9):
+- simulate_failures, every step simulated: each live worker spends the global batch's compute (`compute_s` x n /
+  live workers) and the strategy's real code synchronizes a buffer of `numel` float32 gradients (meta tensors:
+  real sizes, no values) over the simulated platform, in a process set up as run_simgrid's (simgrid_process);
+- compose_failures: the step at each world size the run reaches simulated once (step_seconds, the same code and
+  per-step structure, in a child process), the failure process run over those step times: what makes 1,024
+  ranks feasible (one ring step there is 2 million messages).
+
+Failures come at simulated times: every worker slot fails after an exponential time of mean `mtbf_s` (seeded; a
+replacement's clock starts when it joins). SimGrid 3.32's Python binding cannot turn a host off, and a host's state
+profile would kill a rank inside a collective, which the transport does not survive; so a failure is noticed at
+the next step boundary (a zero-time control-plane exchange) and the run is rolled back to what the failure really
+cost: the step in flight when it happened does not count, detection ends `detect_s` after it, and the recovery
+starts then. (A step boundary later than the detection would overshoot it: the result says how often that
+happened.)
 
 Recovery, as the model (strategies/fault_cost.py) prices it:
 - checkpoint_restart: a checkpoint of `checkpoint_s` after every `checkpoint_every` completed steps; a failure
