@@ -191,7 +191,7 @@ def check_fits(mode: str, config: StrategyConfig, workers: int, failures=(), rep
 def check_replicas_fit(config: StrategyConfig, workers: int, replicas: int) -> None:
     """Chain replication (recovery.replicas) fits a synchronous parameter server with dedicated servers, at
     least replicas + 1 of them (each shard's chain: its primary and `replicas` further servers)."""
-    if config.role != SERVER or getattr(config, "placement", "dedicated") != "dedicated":
+    if config.name != "parameter_server" or getattr(config, "placement", "dedicated") != "dedicated":
         raise FaultSettingError(f"recovery.replicas = {replicas!r} does not fit strategy {config.name!r} "
                                 f"(placement {getattr(config, 'placement', None)!r}): replicas are of a parameter "
                                 f"server's dedicated servers; accepted is parameter_server, placement 'dedicated'")
