@@ -343,6 +343,10 @@ def simulate(args) -> int:
         print(f"{item:<20} {sim.mode:<18} {sim.checkpoint_every or '-':>5} {got.failures:>12.2f} "
               f"{got.simulated_s:>12.2f} {got.stderr_s:>6.2f} {got.model_s:>9.2f} {got.ratio:>9.4f} "
               f"{got.overhead_ratio:>8.3f} {cpu:>7.1f} {wall:>7.1f}")
+        if got.overshoots:
+            print(f"#   {got.overshoots} failure(s) noticed after their detection time: the step in flight outlasted "
+                  f"the detection ({got.overshoots / args.simulate:.2f} a run; the simulation notices failures at "
+                  f"step boundaries)")
         if args.compose:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
