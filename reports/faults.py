@@ -15,7 +15,7 @@ import pandas as pd
 
 import strategies
 from strategies.base import SERVER
-from strategies.fault_cost import FaultCosts, crossover_mtbf, expected_time
+from strategies.fault_cost import FaultCosts, crossover_mtbf, expected_time, time_to_target
 from strategies.faults import CHECKPOINT_RESTART, ELASTIC, ELASTIC_STRATEGIES, PS_SHRINK
 
 STEPS = 10_000  # the step S every row is priced to
@@ -63,14 +63,32 @@ def faults_frame(ok: pd.DataFrame) -> pd.DataFrame:
             costs = FaultCosts(step_s=step_s, step_s_shrunk=shrunk, detect_s=DETECT_S, restart_s=RESTART_S,
                                checkpoint_s=CHECKPOINT_S, reform_s=REFORM_S, rejoin_s=REJOIN_S,
                                barrier_free=barrier_free)
+            target = _steps_to_target(runs)
             for mode in modes_of(strategy, params):
                 row = {"workload": workload, "link": link, "workers": n, "strategy": label, "mode": mode,
                        "s/step": step_s, "n-1 measured": bool(len(smaller)), "_costs": costs}
                 for hours in MTBF_HOURS:
                     got = expected_time(mode, STEPS, n, hours * HOUR, costs)
                     row[_column(hours)] = got.seconds / HOUR
+                if not math.isnan(target):  # beside time to step S: the measured steps to target, priced alike
+                    row["steps to target"] = target
+                    for hours in MTBF_HOURS:
+                        row[_target_column(hours)] = time_to_target(mode, target, n, hours * HOUR, costs,
+                                                                    STEPS) / HOUR
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _steps_to_target(runs: pd.DataFrame) -> float:
+    """The runs' mean steps to their target (NaN: no target, or none reached it)."""
+    if "steps_to_target" not in runs or "target_reached" not in runs:
+        return math.nan
+    reached = runs[runs["target_reached"].fillna(False).astype(bool)]["steps_to_target"].dropna()
+    return float(reached.mean()) if len(reached) else math.nan
+
+
+def _target_column(hours: float) -> str:
+    return f"h to target, MTBF {hours:,.0f} h"
 
 
 def _column(hours: float) -> str:
@@ -134,6 +152,8 @@ def section(r):
                       "under a failure rate")
     shown = frame[[c for c in frame.columns if not c.startswith("_")]]
     formats = {"workers": "d", "s/step": ".4f", **{_column(h): ",.2f" for h in MTBF_HOURS}}
+    if "steps to target" in shown:
+        formats.update({"steps to target": ",.0f", **{_target_column(h): ",.3f" for h in MTBF_HOURS}})
     return {"verdicts": faults_verdicts(frame), "table": Table(shown, formats, sortable=True, id="faults"),
             "steps": f"{STEPS:,}", "costs": {"detection": DETECT_S, "restart": RESTART_S, "checkpoint": CHECKPOINT_S,
                                             "re-forming": REFORM_S, "replacement joining": REJOIN_S}}

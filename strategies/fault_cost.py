@@ -10,12 +10,13 @@ n fails at rate n / mtbf_s; a job of n workers sees its first failure after M = 
   restarting every rank, reading the checkpoint), tau the compute between checkpoints. The interval: Daly's
   higher-order optimum tau = sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + delta / 18M) - delta (delta < 2M; else
   tau = M), Young's sqrt(2 delta M) to first order, rounded to whole steps (checkpoints fall between steps).
-- elastic: no completed step is lost. A failure costs its detection, the re-forming of the group, the part of the
-  step in flight (half a step on average) and, until the replacement joins (rejoin_s), the slower steps at n - 1:
-  rejoin_s x (1 - step_s / step_s_shrunk). A slot waiting for its replacement cannot fail, so each fails once per
-  mtbf_s + rejoin_s: failures come at rate lambda = n / (mtbf_s + rejoin_s), and
-      T = Ts + lambda T c   =>   T = Ts / (1 - lambda c)
-  finite while lambda c < 1: otherwise failures come faster than the group recovers and S is never reached.
+- elastic: no completed step is lost. A failure stops the group for w = detection + re-forming, loses the part of
+  the step in flight (half a step on average) and, until the replacement joins (rejoin_s after the failure, at a
+  step boundary), leaves the group at n - 1 with slower steps. Overlaps are priced as they happen: a failure
+  while the group recovers restarts the recovery; two slots missing at once slow the group as one (each size
+  below n at the measured step of n - 1). See _shrink_time; to first order T = Ts / (1 - lambda c), c = w +
+  step_s / 2 + (rejoin_s + step_s_shrunk / 2 - w)(1 - step_s / step_s_shrunk), lambda the failure rate of the
+  slots not missing. Failures faster than the group recovers: S is never reached, said so.
 - ps_shrink, synchronous server: as elastic with nothing to re-form (the barrier shrinks once the failure is
   detected, its own timeout).
 - ps_shrink, barrier-free server: nobody waits; the group loses the failed worker's pushes until its
@@ -107,9 +108,13 @@ def checkpoint_restart_time(work_s: float, interval_s: float, checkpoint_s: floa
 
 
 def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: FaultCosts,
-                  checkpoint_every: int | None = None) -> Expectation:
+                  checkpoint_every: int | None = None, servers: int = 0, replicas: int = 0) -> Expectation:
     """Expected seconds for `workers` workers to reach step `steps` when each fails after mtbf_s on average.
-    checkpoint_every (checkpoint_restart): steps between checkpoints; None: Daly's optimum in whole steps."""
+    checkpoint_every (checkpoint_restart): steps between checkpoints; None: Daly's optimum in whole steps.
+    servers (synchronous ps_shrink): price the failures of that many dedicated servers too, each as often as a
+    worker: covered by a replica (replicas >= 1: the group stops for detection + re-forming the chains, nothing
+    lost, see strategies/fault_replicas.py), or, without one, ending the run (never reaching S). 0: servers not
+    priced (as for the other modes: checkpoint_restart restarts them with the rest)."""
     if mode not in MODES or mode == REWEIGHT:
         accepted = ", ".join(m for m in MODES if m != REWEIGHT)
         raise FaultSettingError(f"mode = {mode!r}: the model prices {accepted} (reweight changes the mixing, not "
@@ -135,24 +140,79 @@ def expected_time(mode: str, steps: int, workers: int, mtbf_s: float, costs: Fau
                                           costs.detect_s + costs.restart_s, mtbf_job)
         cause = "" if math.isfinite(seconds) else "an interval plus its checkpoint outlasts the job's MTBF by far"
         return Expectation(seconds, rate * seconds, work, every, cause)
-    # a slot waiting for its replacement cannot fail: each slot fails once per mtbf_s + rejoin_s on average
-    rate = workers / (mtbf_s + costs.rejoin_s)
-    shrunk = costs.step_s_shrunk or costs.step_s
-    slower = costs.rejoin_s * (1 - costs.step_s / shrunk)  # seconds of progress lost while at n - 1
-    if mode == PS_SHRINK and costs.barrier_free:
+    if mode == PS_SHRINK and costs.barrier_free:  # nobody waits: the group lacks one worker's pushes a while
+        rate = workers / (mtbf_s + costs.rejoin_s)  # a slot awaiting its replacement cannot fail
         per_failure = (costs.rejoin_s + costs.step_s / 2) / workers
-    elif mode == PS_SHRINK:
-        per_failure = costs.detect_s + costs.step_s / 2 + slower
-    else:
-        assert mode == ELASTIC
-        per_failure = costs.detect_s + costs.reform_s + costs.step_s / 2 + slower
-    load = rate * per_failure
-    if load >= 1:
+        load = rate * per_failure
+        if load >= 1:
+            return Expectation(math.inf, math.inf, work, cause=(
+                f"failures every {mtbf_job:.3g} s on average, each costing {per_failure:.3g} s: the group never "
+                f"catches up (rate x cost = {load:.3g} >= 1)"))
+        seconds = work / (1 - load)
+        return Expectation(seconds, rate * seconds, work)
+    if servers and mode == PS_SHRINK and not replicas:
         return Expectation(math.inf, math.inf, work, cause=(
-            f"failures every {mtbf_job:.3g} s on average, each costing {per_failure:.3g} s: the group never "
-            f"catches up (rate x cost = {load:.3g} >= 1)"))
-    seconds = work / (1 - load)
-    return Expectation(seconds, rate * seconds, work)
+            f"a server failure ends a ps_shrink run without replicas: it reaches step {steps} with probability "
+            f"{math.exp(-work * servers / mtbf_s):.3g} (recovery.replicas >= 1, or checkpoint_restart)"))
+    return _shrink_time(mode, work, workers, mtbf_s, costs, servers if mode == PS_SHRINK else 0)
+
+
+def shrink_windows(mode: str, costs: FaultCosts) -> tuple[float, float]:
+    """(w, r) of a failure that the group survives at n - 1 (elastic, a synchronous ps_shrink): w the seconds
+    without progress from the failure (detection, and re-forming for elastic), r the seconds its slot is missing
+    (the replacement joins rejoin_s after the failure, at the next step boundary: half a shrunk step later on
+    average; r = w where the replacement is there before the group has re-formed)."""
+    w = costs.detect_s + (costs.reform_s if mode == ELASTIC else 0.0)
+    shrunk = costs.step_s_shrunk or costs.step_s
+    r = costs.rejoin_s + shrunk / 2 if costs.rejoin_s > w else w
+    return w, r
+
+
+def _shrink_time(mode: str, work: float, workers: int, mtbf_s: float, costs: FaultCosts,
+                 servers: int = 0) -> Expectation:
+    """Elastic and the synchronous ps_shrink: progress per second of wall time, failures at rate lambda.
+
+    Each failure stops progress for w seconds from it and leaves its slot missing for r; failures overlap (a
+    failure while another is being recovered restarts the recovery from it; two slots missing at once cost no
+    more than one, each size below n priced at the measured step of n - 1). Over Poisson failures the time
+    covered by the windows of length w is 1 - e^(-lambda w), by the missing slots 1 - e^(-lambda r); a failure
+    outside a window (rate lambda e^(-lambda w)) also loses the part of the step in flight, half a step:
+        progress rate = e^(-lambda r) + (e^(-lambda w) - e^(-lambda r)) step_s / step_s_shrunk
+                        - lambda e^(-lambda w) step_s / 2,     T = Ts / progress rate
+    with lambda = n / (mtbf_s + r) (a missing slot cannot fail). To first order T = Ts / (1 - lambda c), c = w +
+    step_s / 2 + (r - w)(1 - step_s / step_s_shrunk).
+
+    Replicated servers (`servers` of them, each failing at 1 / mtbf_s): a server's failure stops the group for
+    w_s = detection + re-forming the chains (a replica becomes primary; nothing missing after), independent of
+    the workers' windows: every term above is multiplied by e^(-lambda_s w_s), and its failures outside a window
+    lose half a step too."""
+    w, r = shrink_windows(mode, costs)
+    rate = workers / (mtbf_s + r)
+    pace = costs.step_s / (costs.step_s_shrunk or costs.step_s)
+    full, up = math.exp(-rate * r), math.exp(-rate * w)
+    server_rate, w_s = servers / mtbf_s, costs.detect_s + costs.reform_s
+    server_up = math.exp(-server_rate * w_s)
+    progress = server_up * (full + (up - full) * pace - (rate + server_rate) * up * costs.step_s / 2)
+    if progress <= 0:
+        return Expectation(math.inf, math.inf, work, cause=(
+            f"failures every {mtbf_s / workers:.3g} s on average, each stopping the group for {w:.3g} s and "
+            f"slowing it for {r - w:.3g} s: the group never catches up (progress rate {progress:.3g} <= 0)"))
+    seconds = work / progress
+    return Expectation(seconds, (rate + server_rate) * seconds, work)
+
+
+def time_to_target(mode: str, steps_to_target: float, workers: int, mtbf_s: float, costs: FaultCosts,
+                   steps: int = 10_000, **kwargs) -> float:
+    """Expected seconds to the target accuracy under the failure rate: steps_to_target x the expected seconds per
+    step of a run to step `steps` (expected_time's, every mode's time linear in the work). The failures are taken
+    not to change the steps to target: checkpoint_restart resumes bit-identically; elastic and ps_shrink keep the
+    global batch (the survivors' mean). NaN when steps_to_target is NaN (never reached); inf when the run never
+    reaches a step."""
+    if isinstance(steps_to_target, bool) or not isinstance(steps_to_target, (int, float)) or steps_to_target < 0:
+        raise FaultSettingError(f"steps_to_target = {steps_to_target!r}: accepted are steps >= 0 (NaN: never)")
+    if math.isnan(steps_to_target):
+        return math.nan
+    return steps_to_target * expected_time(mode, steps, workers, mtbf_s, costs, **kwargs).seconds / steps
 
 
 def crossover_mtbf(first: tuple[str, FaultCosts], second: tuple[str, FaultCosts], steps: int, workers: int,

@@ -97,8 +97,13 @@ def run_with_failures(name: str, workers: int, steps: int, failures, recovery: R
     config = strategies.make(name, **params)
     servers = config.num_servers(workers)
     schedule = check_schedule(failures, workers, steps, servers)
-    check_fits(recovery.mode, config, workers, schedule)
+    check_fits(recovery.mode, config, workers, schedule, recovery.replicas)
     x0 = torch.as_tensor(np.array(x0, copy=True))
+    if recovery.replicas:  # chain-replicated servers: strategies/fault_replicas.py
+        from strategies.fault_replicas import run_replicated_ps
+
+        return run_replicated_ps(workers, servers, recovery.replicas, steps, schedule, x0.numpy(), gradient, lr,
+                                 recovery.rejoin_steps, timeout)
     if getattr(config, "asynchronous", False):
         if recovery.mode != PS_SHRINK:
             raise FaultSettingError(f"recovery.mode = {recovery.mode!r} with a barrier-free parameter server "

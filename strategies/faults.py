@@ -69,11 +69,14 @@ class Failure:
 @dataclass(frozen=True)
 class Recovery:
     """How a run goes on after a failure. checkpoint_every: steps between checkpoints (checkpoint_restart);
-    rejoin_steps: steps the survivors run alone before a replacement joins (elastic, ps_shrink; None: never)."""
+    rejoin_steps: steps the survivors run alone before a replacement joins (elastic, ps_shrink; None: never);
+    replicas: ps_shrink, each server shard chain-replicated on this many further servers, so that a server's
+    failure is covered (0: none, a server failure is refused; strategies/fault_replicas.py)."""
 
     mode: str
     checkpoint_every: int = 0
     rejoin_steps: int | None = None
+    replicas: int = 0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -92,6 +95,17 @@ class Recovery:
             if not _whole(self.rejoin_steps) or self.rejoin_steps < 1:
                 raise FaultSettingError(f"recovery.rejoin_steps = {self.rejoin_steps!r}: accepted are whole "
                                         f"numbers of steps >= 1 (or leave it out: the group stays smaller)")
+        _check_replicas_setting(self)
+
+
+def _check_replicas_setting(recovery: Recovery) -> None:
+    """replicas: a whole number >= 0, and only where a server's shard is served (ps_shrink)."""
+    if not _whole(recovery.replicas) or recovery.replicas < 0:
+        raise FaultSettingError(f"recovery.replicas = {recovery.replicas!r}: accepted are whole numbers >= 0 (servers "
+                                f"further down each shard's chain)")
+    if recovery.replicas and recovery.mode != PS_SHRINK:
+        raise FaultSettingError(f"recovery.replicas = {recovery.replicas!r}: server replicas belong to a parameter "
+                                f"server's recovery, mode 'ps_shrink', not {recovery.mode!r}")
 
 
 def _whole(value) -> bool:
@@ -139,9 +153,11 @@ def draw_failures(workers: int, mtbf_s: float, step_s: float, steps: int, seed: 
     return tuple(sorted(set(out)))
 
 
-def check_fits(mode: str, config: StrategyConfig, workers: int, failures=()) -> None:
+def check_fits(mode: str, config: StrategyConfig, workers: int, failures=(), replicas: int = 0) -> None:
     """FaultSettingError, before any work, when recovery `mode` does not fit the strategy (or one of its
-    failures: a server rank's under ps_shrink), naming what is accepted."""
+    failures: a server rank's under ps_shrink without replicas), naming what is accepted."""
+    if replicas:
+        check_replicas_fit(config, workers, replicas)
     name = config.name
     if mode not in MODES:
         raise FaultSettingError(f"recovery.mode = {mode!r}: accepted are {', '.join(MODES)}")
@@ -158,9 +174,9 @@ def check_fits(mode: str, config: StrategyConfig, workers: int, failures=()) -> 
             raise FaultSettingError(f"recovery.mode = 'ps_shrink' with placement = {config.placement!r}: a "
                                     f"colocated server dies with its worker; accepted is placement = 'dedicated'")
         for f in failures:
-            if f.rank >= workers:
+            if f.rank >= workers and not replicas:
                 raise FaultSettingError(f"failure of server rank {f.rank} at step {f.step}: ps_shrink covers "
-                                        f"worker failures (a server needs a replica, not built); accepted there is "
+                                        f"worker failures; a server's needs a replica (recovery.replicas >= 1) or "
                                         f"recovery.mode = 'checkpoint_restart'")
     if mode == REWEIGHT:
         if config.role != PARAMETERS or config.exact:
@@ -170,6 +186,25 @@ def check_fits(mode: str, config: StrategyConfig, workers: int, failures=()) -> 
             raise FaultSettingError("recovery.mode = 'reweight' with topology = 'one_peer_exponential': its graph "
                                     "is directed and changes every round (Metropolis weights need a symmetric "
                                     "graph); accepted are topologies ring, torus, exponential, complete")
+
+
+def check_replicas_fit(config: StrategyConfig, workers: int, replicas: int) -> None:
+    """Chain replication (recovery.replicas) fits a synchronous parameter server with dedicated servers, at
+    least replicas + 1 of them (each shard's chain: its primary and `replicas` further servers)."""
+    if config.name != "parameter_server" or getattr(config, "placement", "dedicated") != "dedicated":
+        raise FaultSettingError(f"recovery.replicas = {replicas!r} does not fit strategy {config.name!r} "
+                                f"(placement {getattr(config, 'placement', None)!r}): replicas are of a parameter "
+                                f"server's dedicated servers; accepted is parameter_server, placement 'dedicated'")
+    if getattr(config, "asynchronous", False):
+        raise FaultSettingError(f"recovery.replicas = {replicas!r} with a barrier-free parameter server: thread ranks "
+                                f"chain-replicate a synchronous server's steps (staleness = 0, backups = 0)")
+    servers = config.num_servers(workers)
+    if servers < 2:
+        raise FaultSettingError(f"recovery.replicas = {replicas!r} with servers = {servers}: a replica is another "
+                                f"server; accepted are parameter servers with servers >= 2")
+    if replicas >= servers:
+        raise FaultSettingError(f"recovery.replicas = {replicas!r} with servers = {servers}: each shard's chain is its "
+                                f"primary and `replicas` further servers, so accepted are 1 to {servers - 1}")
 
 
 # -- decentralized: the survivors' graph and its re-weighted mixing matrix ------------------------------------

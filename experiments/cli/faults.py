@@ -57,8 +57,16 @@ def add_arguments(p) -> None:
                    help="with --simulate: recovery costs in seconds (default detect=0.5,restart=1,checkpoint=0.2,"
                         "reform=0.3,rejoin=3)")
     p.add_argument("--compute", type=float, default=0.1, help="with --simulate: compute seconds per step (0.1)")
-    p.add_argument("--checkpoint-every", type=int, default=4, help="checkpoint_restart: steps between checkpoints "
-                                                                    "(default 4)")
+    p.add_argument("--numel", type=int, default=1_000_000,
+                   help="with --simulate: float32 gradients synchronized per step (default 1,000,000: 4 MB)")
+    p.add_argument("--compose", action="store_true",
+                   help="with --simulate: simulate one step per world size the runs reach (the strategy's real code "
+                        "on SimGrid) and compose every seed's failures and recoveries over those step times, "
+                        "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
+                        "simulation where both run)")
+    p.add_argument("--checkpoint-every", type=int, default=4,
+                   help="checkpoint_restart: steps between checkpoints (default 4); with --simulate, 0: Daly's "
+                        "optimum for the simulated step")
     p.add_argument("--rejoin-steps", type=int, default=None,
                    help="elastic and ps_shrink: a replacement joins this many steps after a failure (default never)")
     p.add_argument("--strategy", action="append", default=None,
@@ -266,10 +274,12 @@ COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "check
 
 def simulate(args) -> int:
     """SimGrid: each strategy and mode that fits, `args.simulate` seeds, the mean against the model."""
+    from dataclasses import replace
+
     from experiments.config.faults import parse_mtbf
     from experiments.simulate.faults import MODES as SIMULATED
-    from experiments.simulate.faults import FaultSim, compare
-    from strategies.fault_cost import FaultCosts
+    from experiments.simulate.faults import FaultSim, StepTable, compare
+    from strategies.fault_cost import FaultCosts, daly_interval
 
     if args.mtbf is None or args.fail:
         raise ValueError("--simulate draws failures from a rate: give --mtbf (per worker), not --fail")
@@ -289,27 +299,67 @@ def simulate(args) -> int:
             raise ValueError(f"--costs {args.costs!r}: {value!r} is not a number of seconds") from None
     costs = FaultCosts(step_s=1.0, **costs)
     mtbf = parse_mtbf(args.mtbf)
+    if args.checkpoint_every < 0 or args.numel < 1 or not args.compute > 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every}, --numel {args.numel}, --compute "
+                         f"{args.compute}: accepted are >= 0 steps (0: Daly's optimum), >= 1 gradients, > 0 seconds")
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
     plan = []
     for item in args.strategy or ("ring", "parameter_server"):
         name, params = _strategy(item)
         for mode in modes:
             try:
-                plan.append((item, FaultSim(name, args.workers, args.steps, mode, mtbf, costs,
-                                            checkpoint_every=args.checkpoint_every if mode == CHECKPOINT_RESTART else 0,
-                                            compute_s=args.compute, params=params)))
+                every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+                plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
+                             FaultSim(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
+                                      compute_s=args.compute, numel=args.numel, params=params)))
             except FaultSettingError:
                 continue  # a mode that does not fit: not a row
     if not plan:
         raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
-    print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds; "
-          f"costs {args.costs} s; compute {args.compute:g} s a step")
-    header = (f"{'strategy':<20} {'mode':<18} {'failures/run':>12} {'simulated s':>12} {'+-':>6} {'model s':>9} "
-              f"{'sim/model':>9} {'CPU s':>7}")
+    how = ("each world size's step simulated once, the failures composed over them" if args.compose else
+           "every step simulated")
+    print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds "
+          f"({how}); costs {args.costs} s; compute {args.compute:g} s a step; {args.numel:,} float32 gradients")
+    header = (f"{'strategy':<20} {'mode':<18} {'every':>5} {'failures/run':>12} {'simulated s':>12} {'+-':>6} "
+              f"{'model s':>9} {'sim/model':>9} {'overhead':>8} {'CPU s':>7} {'wall s':>7}")
     print(header)
     print("-" * len(header))
-    for item, sim in plan:
-        got = compare(sim, range(args.simulate))
-        print(f"{item:<20} {sim.mode:<18} {got.failures:>12.1f} {got.simulated_s:>12.2f} {got.stderr_s:>6.2f} "
-              f"{got.model_s:>9.2f} {got.ratio:>9.3f} {got.cpu_s:>7.1f}")
+    tables = {}
+    for item, daly, sim in plan:
+        table = None
+        if args.compose:  # one table per strategy: its modes share the steps
+            table = tables.setdefault(item, StepTable(sim))
+            cpu0, wall0 = table.cpu_s, table.wall_s
+        if daly:
+            step_s = table(sim.workers) if table else _one_step(sim)
+            every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.workers) / step_s))
+            sim = replace(sim, checkpoint_every=every)
+        started = time.perf_counter()
+        got = compare(sim, range(args.simulate), composed=args.compose, steps=table)
+        cpu, wall = got.cpu_s, got.wall_s
+        if table is not None:  # this row's step simulations, and the composition's own time
+            cpu, wall = table.cpu_s - cpu0, table.wall_s - wall0
+            wall = time.perf_counter() - started + wall
+        print(f"{item:<20} {sim.mode:<18} {sim.checkpoint_every or '-':>5} {got.failures:>12.2f} "
+              f"{got.simulated_s:>12.2f} {got.stderr_s:>6.2f} {got.model_s:>9.2f} {got.ratio:>9.4f} "
+              f"{got.overhead_ratio:>8.3f} {cpu:>7.1f} {wall:>7.1f}")
+        if got.overshoots:
+            print(f"#   {got.overshoots} failure(s) noticed after their detection time: the step in flight outlasted "
+                  f"the detection ({got.overshoots / args.simulate:.2f} a run; the simulation notices failures at "
+                  f"step boundaries)")
+        if args.compose:
+            shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
+            print(f"#   simulated seconds a step at each world size: {shown}")
+    print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
+          "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
+
+
+def _one_step(sim) -> float:
+    from experiments.simulate.faults import step_seconds
+    from experiments.simulate.substrate import run_child
+
+    done = run_child(lambda: step_seconds(sim, sim.workers))
+    if done.error:
+        raise RuntimeError(f"simulating a step of {sim.strategy} at {sim.workers} workers failed: {done.error}")
+    return done.result[0]

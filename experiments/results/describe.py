@@ -21,7 +21,9 @@ def describe() -> str:
            "# read through experiments.results it is '' (text), 0 (counts), NaN (measures), False, () or NaT.",
            ""]
     for title, table in TABLES.items():
-        per = {"runs": "run", "steps": "step and rank"}.get(title, "event of a traced step")
+        per = {"runs": "run", "steps": "step and rank", "events": "event of a traced step",
+               "fault_runs": "strategy and recovery mode of `syncbench faults --out DIR` (DIR/fault_runs.parquet)",
+               "failures": "failure of those runs (DIR/failures.parquet)"}[title]
         out.append(f"# {title}: one row per {per}")
         out += [line(c.name, c.type, c.meaning) for c in table]
         out.append("")

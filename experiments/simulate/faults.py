@@ -1,13 +1,20 @@
 """Failures on a simulated cluster (SimGrid): time to step S under a per-worker failure rate, for one recovery mode.
 
-Every step is simulated: each worker spends `compute_s` and the strategy's real code synchronizes a buffer of
-`numel` float32 gradients (meta tensors: real sizes, no values) over the simulated platform. Failures come at
-simulated times: every worker slot fails after an exponential time of mean `mtbf_s` (seeded; a replacement's
-clock starts when it joins). SimGrid 3.32's Python binding cannot turn a host off, and a host's state profile
-would kill a rank inside a collective, which the transport does not survive; so a failure is noticed at the next
-step boundary (a zero-time control-plane exchange) and the run is rolled back to what the failure really cost: the
-step in flight when it happened does not count, detection ends `detect_s` after it, and the recovery starts then.
-(A step boundary later than the detection would overshoot it: the result says how often that happened.)
+Two ways, the same answer (checked at 4 ranks: the same failures and seconds to 1e-9):
+- simulate_failures, every step simulated: each live worker spends the global batch's compute (`compute_s` x n /
+  live workers) and the strategy's real code synchronizes a buffer of `numel` float32 gradients (meta tensors:
+  real sizes, no values) over the simulated platform, in a process set up as run_simgrid's (simgrid_process);
+- compose_failures: the step at each world size the run reaches simulated once (step_seconds, the same code and
+  per-step structure, in a child process), the failure process run over those step times: what makes 1,024
+  ranks feasible (one ring step there is 2 million messages).
+
+Failures come at simulated times: every worker slot fails after an exponential time of mean `mtbf_s` (seeded; a
+replacement's clock starts when it joins). SimGrid 3.32's Python binding cannot turn a host off, and a host's state
+profile would kill a rank inside a collective, which the transport does not survive; so a failure is noticed at
+the next step boundary (a zero-time control-plane exchange) and the run is rolled back to what the failure really
+cost: the step in flight when it happened does not count, detection ends `detect_s` after it, and the recovery
+starts then. (A step boundary later than the detection would overshoot it: the result says how often that
+happened.)
 
 Recovery, as the model (strategies/fault_cost.py) prices it:
 - checkpoint_restart: a checkpoint of `checkpoint_s` after every `checkpoint_every` completed steps; a failure
@@ -73,40 +80,73 @@ class FaultSimResult:
 
 
 def simulate_failures(sim: FaultSim) -> FaultSimResult:
-    """Run the simulation in this process (SimGrid's engine: once per process; see run_child)."""
-    from strategies.transport.simgrid import load_simgrid
+    """Simulate the whole run on SimGrid, every step, in this process (SimGrid's engine: once per process; see
+    compare, which forks a process per seed)."""
+    from strategies.transport.simgrid_run import simgrid_process
 
-    sg = load_simgrid()
-    if getattr(sg, "_syncbench_engine_used", False):
-        raise RuntimeError("simulate_failures: SimGrid's engine has already run in this process")
-    sg._syncbench_engine_used = True
-    run = _FaultRun(sim, sg)
-    sg.Actor.create("driver", run.hosts[-1], run.driver)
-    run.engine.run()
+    config = strategies.make(sim.strategy, **sim.params)
+    ranks = sim.workers + config.num_servers(sim.workers)
+    with simgrid_process(2 * ranks + 2, sim.platform.config) as (sg, engine):  # ranks, their NIC actors, the driver
+        hosts = sim.platform.build(sg, ranks + 1)  # the last: the driver's
+        run = _FailureProcess(sim, _SimulatedSteps(sim, config, sg, hosts))
+        sg.Actor.create("driver", hosts[-1], run.drive)
+        engine.run()
     return run.result()
 
 
-class _FaultRun:
-    """One simulation: a driver actor runs segments of steps on the live slots (a fresh cluster each), draws each
-    slot's next failure, and recovers by the mode: back to the last checkpoint, or on without the failed slots
-    until their replacements rejoin."""
+def compose_failures(sim: FaultSim, step_s) -> FaultSimResult:
+    """The same failure process as simulate_failures, over steps of step_s(m) seconds at m live workers (each
+    measured once by step_seconds, the strategy's real code on SimGrid) instead of simulating every step: what
+    the full run does at every step boundary, with the step's simulated length looked up."""
+    run = _FailureProcess(sim, _ComposedSteps(sim, step_s))
+    run.drive()
+    return run.result()
 
-    def __init__(self, sim: FaultSim, sg):
-        self.sim, self.sg = sim, sg
-        self.config = strategies.make(sim.strategy, **sim.params)
-        servers = self.config.num_servers(sim.workers)
-        self.engine = sg.Engine(["syncbench", "--log=root.thres:critical"]
-                                + [f"--cfg={c}" for c in sim.platform.config])
-        self.hosts = sim.platform.build(sg, sim.workers + servers + 1)  # the last: the driver's
-        self.rng = np.random.default_rng([sim.seed, sim.workers, 39])
-        self.costs = sim.costs
-        self.next_fail: dict[int, float] = {}
+
+def step_seconds(sim: FaultSim, workers: int, steps: int = 1) -> list[float]:
+    """Rank 0's simulated seconds for each of `steps` failure-free steps at `workers` workers, as the full run
+    takes them (the step boundary's exchange, the global batch's compute shared by the workers: compute_s x
+    sim.workers / workers, the strategy's sync of `numel` float32 on the platform).
+    Runs SimGrid's engine in this process: call it in a child (run_child)."""
+    from strategies.transport.simgrid_loader import load_simgrid
+    from strategies.transport.simgrid_run import run_simgrid
+
+    config = strategies.make(sim.strategy, **sim.params)
+    world = config.world_size(workers)
+    sg = load_simgrid()
+
+    def rank_main(comm):
+        runtime = config.bind(comm, workers)
+        grads = torch.empty(sim.numel, dtype=torch.float32, device="meta")
+        seconds = []
+        for _ in range(steps):
+            comm.allgather_object(None)  # the step boundary's verdict: zero simulated time
+            if runtime.is_server:
+                runtime.serve(sim.numel, torch.float32, "mean")
+                continue
+            began = sg.Engine.clock
+            comm.compute(sim.compute_s * sim.workers / workers)  # the survivors share the global batch
+            runtime.sync(grads, "mean")
+            seconds.append(sg.Engine.clock - began)
+        return seconds
+
+    return run_simgrid(world, rank_main, lambda sg: sim.platform.build(sg, world), sim.platform.config,
+                       sim.platform.nic)[0]
+
+
+class _SimulatedSteps:
+    """Steps simulated on SimGrid: a segment runs the live slots' ranks (a fresh cluster each) until a failure, a
+    rejoin or step S is due at a step boundary."""
+
+    def __init__(self, sim: FaultSim, config, sg, hosts):
+        self.sim, self.config, self.sg, self.hosts = sim, config, sg, hosts
         self.segments = 0
-        self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
-        self.step_times: dict[int, list[float]] = {}
 
-    def draw(self, slot: int, now: float) -> None:
-        self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
+    def now(self) -> float:
+        return self.sg.Engine.clock
+
+    def sleep_until(self, t: float) -> None:
+        self.sg.this_actor.sleep_until(t)
 
     def _cluster(self, world: int, tag: str):
         """A fresh cluster per segment: its mailboxes named apart from earlier segments' (a message a dead segment
@@ -126,7 +166,7 @@ class _FaultRun:
 
         return SegmentCluster(sg, world, nic)
 
-    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list) -> dict:
+    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list, next_fail: dict) -> dict:
         """Steps from `start` on the live slots until the end, a failure or a rejoin is due; what happened."""
         from strategies.transport import factory
         from strategies.transport.simgrid import SimGridCommunicator
@@ -145,7 +185,7 @@ class _FaultRun:
             step = start
             while True:
                 now = sg.Engine.clock
-                dead = [s for s in alive if self.next_fail[s] <= now] if position == 0 else None
+                dead = [s for s in alive if next_fail[s] <= now] if position == 0 else None
                 rejoin = position == 0 and rejoin_at <= now
                 verdict = comm.allgather_object((dead, rejoin))[0]  # zero simulated time: every rank sees rank 0's
                 if verdict[0] or verdict[1] or step >= sim.steps:
@@ -156,13 +196,13 @@ class _FaultRun:
                     runtime.serve(sim.numel, torch.float32, "mean")
                 else:
                     began = sg.Engine.clock
-                    comm.compute(sim.compute_s)
+                    comm.compute(sim.compute_s * sim.workers / m)  # the survivors share the global batch
                     runtime.sync(grads, "mean")
                     if position == 0:
                         done["completed"].append((step, began, sg.Engine.clock))
                 step += 1
                 if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
-                    comm.compute(self.costs.checkpoint_s)  # every rank writes its part
+                    comm.compute(sim.costs.checkpoint_s)  # every rank writes its part
                     if position == 0:
                         checkpoints.append((step, sg.Engine.clock))
 
@@ -176,7 +216,56 @@ class _FaultRun:
             actor.join()
         return done
 
-    def driver(self) -> None:
+
+class _ComposedSteps:
+    """Steps of step_s(m) seconds at m live workers on a plain clock: the segment of _SimulatedSteps, step for
+    step, with each step's length looked up instead of simulated."""
+
+    def __init__(self, sim: FaultSim, step_s):
+        self.sim, self.step_s = sim, step_s
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def sleep_until(self, t: float) -> None:
+        self.clock = max(self.clock, t)
+
+    def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list, next_fail: dict) -> dict:
+        sim = self.sim
+        seconds = self.step_s(len(alive))
+        first_failure = min(next_fail[s] for s in alive)  # fixed during a segment
+        completed, step = [], start
+        while True:
+            now = self.clock
+            if first_failure <= now or rejoin_at <= now or step >= sim.steps:
+                dead = [s for s in alive if next_fail[s] <= now]
+                return {"completed": completed, "stop": (step, dead, now)}
+            self.clock = now + seconds
+            completed.append((step, now, self.clock))
+            step += 1
+            if sim.mode == CHECKPOINT_RESTART and step % sim.checkpoint_every == 0 and step < sim.steps:
+                self.clock += sim.costs.checkpoint_s
+                checkpoints.append((step, self.clock))
+
+
+class _FailureProcess:
+    """One run's failures and recoveries: the driver runs segments of steps on the live slots, draws each slot's
+    next failure, and recovers by the mode: back to the last checkpoint, or on without the failed slots until
+    their replacements rejoin. `steps` runs the segments and keeps the clock (simulated or composed)."""
+
+    def __init__(self, sim: FaultSim, steps):
+        self.sim, self.steps = sim, steps
+        self.rng = np.random.default_rng([sim.seed, sim.workers, 39])
+        self.costs = sim.costs
+        self.next_fail: dict[int, float] = {}
+        self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
+        self.step_times: dict[int, list[float]] = {}
+
+    def draw(self, slot: int, now: float) -> None:
+        self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
+
+    def drive(self) -> None:
         sim, out = self.sim, self.out
         alive = list(range(sim.workers))
         for slot in alive:
@@ -184,14 +273,14 @@ class _FaultRun:
         step, rejoins = 0, []  # rejoins: (time, slot)
         checkpoints = [(0, 0.0)]  # (steps complete, time the checkpoint finished)
         while step < sim.steps:
-            now = self.sg.Engine.clock
+            now = self.steps.now()
             joined = [slot for at, slot in rejoins if at <= now]
             rejoins = [(at, slot) for at, slot in rejoins if at > now]
             for slot in joined:
                 self.draw(slot, now)  # the replacement's clock starts now
             alive = sorted(alive + joined)
             rejoin_at = min((at for at, _ in rejoins), default=math.inf)
-            done = self.segment(alive, step, rejoin_at, checkpoints)
+            done = self.steps.segment(alive, step, rejoin_at, checkpoints, self.next_fail)
             out.steps_run += len(done["completed"])
             for _, began, ended in done["completed"]:
                 self.step_times.setdefault(len(alive), []).append(ended - began)
@@ -201,7 +290,7 @@ class _FaultRun:
                 continue
             alive, step, incident = self._recover(alive, dead, done["completed"], stop_step, noticed, checkpoints)
             rejoins += [(t + self.costs.rejoin_s, s) for t, s in incident]
-        out.time_s = self.sg.Engine.clock
+        out.time_s = self.steps.now()
 
     def _recover(self, alive, dead, completed, stop_step, noticed, checkpoints):
         """After a failure: detection, then the mode's recovery (a failure meanwhile restarts the window from it).
@@ -229,17 +318,17 @@ class _FaultRun:
             lost_members.add(slot)
             incident.append((start, slot))
             out.failures.append((start, slot))
-        self.sg.this_actor.sleep_until(max(start + window, noticed))
+        self.steps.sleep_until(max(start + window, noticed))
         if sim.mode == CHECKPOINT_RESTART:
             back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
             out.steps_lost += step - back
             for slot in lost_members:
-                self.draw(slot, self.sg.Engine.clock)  # replaced at the restart
+                self.draw(slot, self.steps.now())  # replaced at the restart
             del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
             return alive, back, []
         alive = [s for s in alive if s not in lost_members]
         if not alive:
-            raise RuntimeError(f"no worker left at {self.sg.Engine.clock:.6g} simulated s")
+            raise RuntimeError(f"no worker left at {self.steps.now():.6g} simulated s")
         for slot in lost_members:
             self.next_fail[slot] = math.inf  # not running until it rejoins
         return alive, step, incident
@@ -262,36 +351,97 @@ class Comparison:
     failures: float  # mean failures per run
     overshoots: int  # failures noticed after their detection time, over all runs
     cpu_s: float  # CPU seconds of all the simulations
+    failure_free_s: float = math.nan  # the simulation's S steps and checkpoints without a failure
+    model_free_s: float = math.nan  # the model's without a failure (checkpoint_restart: a checkpoint per interval)
+    composed: bool = False  # True: each world size's step simulated once, the failure process composed over them
+    step_s: dict = field(default_factory=dict)  # composed: simulated seconds of a step at each world size run
+    wall_s: float = math.nan  # wall seconds of all the simulations
 
     @property
     def ratio(self) -> float:
         return self.simulated_s / self.model_s
 
+    @property
+    def overhead_ratio(self) -> float:
+        """What failures cost in the simulation against the model's price: (simulated - failure-free) / (model -
+        failure-free); a sharper check than `ratio` where failures cost little of the whole."""
+        return (self.simulated_s - self.failure_free_s) / (self.model_s - self.model_free_s)
 
-def compare(sim: FaultSim, seeds) -> Comparison:
-    """`sim` once per seed, each in a forked process (SimGrid's engine runs once per process), against the model."""
+
+def _step_setting(sim: FaultSim) -> tuple:
+    """What a step's simulated seconds depend on (not the failures, the mode or the seed; the workers at the start
+    set the global batch)."""
+    return sim.strategy, sim.params, sim.workers, sim.numel, sim.compute_s, sim.platform
+
+
+class StepTable:
+    """Seconds of a step at m live workers, each world size simulated once on SimGrid (step_seconds, in a child
+    process) when first asked for; what the simulations took."""
+
+    def __init__(self, sim: FaultSim, known: dict[int, float] | None = None):
+        self.sim = sim
+        self.seconds: dict[int, float] = dict(known or {})
+        self.cpu_s = self.wall_s = 0.0
+
+    def __call__(self, workers: int) -> float:
+        if workers not in self.seconds:
+            from experiments.simulate.child import run_child
+
+            done = run_child(lambda: step_seconds(self.sim, workers))
+            if done.error:
+                raise RuntimeError(f"simulating a step of {self.sim.strategy} at {workers} workers failed: "
+                                   f"{done.error}")
+            self.cpu_s += done.cpu_s
+            self.wall_s += done.wall_s
+            self.seconds[workers] = done.result[0]
+        return self.seconds[workers]
+
+
+def compare(sim: FaultSim, seeds, composed: bool = False, steps: StepTable | None = None) -> Comparison:
+    """`sim` once per seed against the model. Full (composed=False): every step simulated, each seed in a forked
+    process (SimGrid's engine runs once per process). Composed: each world size's step simulated once (`steps`,
+    or a fresh StepTable), the seeds' failure processes composed over them here."""
     from dataclasses import replace
 
     from experiments.simulate.substrate import run_child
     from strategies.fault_cost import expected_time
 
-    times, models, failures, overshoots, cpu = [], [], [], 0, 0.0
+    if composed:
+        steps = steps or StepTable(sim)
+        if _step_setting(steps.sim) != _step_setting(sim):
+            raise ValueError(f"compare: the step table is of {_step_setting(steps.sim)}, not {_step_setting(sim)}")
+    times, models, frees, model_frees, failures, overshoots, cpu, wall = [], [], [], [], [], 0, 0.0, 0.0
     for seed in seeds:
         one = replace(sim, seed=seed)
-        done = run_child(lambda one=one: simulate_failures(one))
-        if done.error:
-            raise RuntimeError(f"simulation of seed {seed} failed: {done.error}")
-        result = done.result
-        cpu += done.cpu_s
+        if composed:
+            result = compose_failures(one, steps)
+            step_s = steps(sim.workers)
+            shrunk = steps(sim.workers - 1) if sim.mode != CHECKPOINT_RESTART else step_s
+        else:
+            done = run_child(lambda one=one: simulate_failures(one))
+            if done.error:
+                raise RuntimeError(f"simulation of seed {seed} failed: {done.error}")
+            result = done.result
+            cpu += done.cpu_s
+            wall += done.wall_s
+            step_s = result.step_s
+            shrunk = result.step_s if math.isnan(result.step_s_shrunk) else result.step_s_shrunk
         times.append(result.time_s)
         failures.append(len(result.failures))
         overshoots += result.overshoots
-        shrunk = result.step_s if math.isnan(result.step_s_shrunk) else result.step_s_shrunk
-        costs = FaultCosts(step_s=result.step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
+        costs = FaultCosts(step_s=step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
                            restart_s=sim.costs.restart_s, checkpoint_s=sim.costs.checkpoint_s,
                            reform_s=sim.costs.reform_s, rejoin_s=sim.costs.rejoin_s)
-        models.append(expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
-                                    checkpoint_every=sim.checkpoint_every or None).seconds)
+        model = expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
+                              checkpoint_every=sim.checkpoint_every or None)
+        models.append(model.seconds)
+        model_frees.append(model.failure_free_s if sim.mode != CHECKPOINT_RESTART else
+                           model.failure_free_s * (1 + sim.costs.checkpoint_s / (sim.checkpoint_every * step_s)))
+        checkpoints = (sim.steps - 1) // sim.checkpoint_every if sim.mode == CHECKPOINT_RESTART else 0
+        frees.append(sim.steps * step_s + checkpoints * sim.costs.checkpoint_s)
+    if composed:
+        cpu, wall = steps.cpu_s, steps.wall_s
     stderr = float(np.std(times, ddof=1) / math.sqrt(len(times))) if len(times) > 1 else math.nan
     return Comparison(float(np.mean(times)), stderr, float(np.mean(models)), float(np.mean(failures)), overshoots,
-                      cpu)
+                      cpu, float(np.mean(frees)), float(np.mean(model_frees)), composed,
+                      dict(steps.seconds) if composed else {}, wall)

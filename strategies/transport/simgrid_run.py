@@ -8,6 +8,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from strategies.transport import factory
 from strategies.transport.ranks import RankRun
@@ -23,6 +24,14 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
     each rank in rank order. `config`: SimGrid settings, e.g. ("network/model:CM02",). `nic`: "shared",
     "fifo" or "buffered" (see Cluster). Once per process.
     """
+    with simgrid_process(2 * world_size + 1, config) as (sg, engine):  # a NIC actor per rank in fifo/buffered
+        return _simulate(sg, engine, world_size, fn, build_platform, nic)
+
+
+@contextmanager
+def simgrid_process(threads: int, config: tuple[str, ...] = ()):
+    """This process's one SimGrid engine, the process set up for `threads` actor threads at once; yields (sg,
+    engine) and restores the process after. Once per process (SimGrid's engine cannot be created twice)."""
     sg = load_simgrid()
     if getattr(sg, "_syncbench_engine_used", False):
         raise RuntimeError("run_simgrid: SimGrid's engine has already run in this process and cannot be created "
@@ -38,9 +47,12 @@ def run_simgrid(world_size: int, fn: Callable[[SimGridCommunicator], object], bu
     if pin:
         os.sched_setaffinity(0, {_current_cpu(cpus)})
     gc.disable()
-    _size_futex_hash(2 * world_size + 1)  # an actor thread per rank, a NIC actor per rank in fifo/buffered modes
+    _size_futex_hash(threads)
     try:
-        return _simulate(sg, world_size, fn, build_platform, config, nic)
+        args = ["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in config]
+        with _quiet_stderr():
+            engine = sg.Engine(args)
+        yield sg, engine
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -77,10 +89,7 @@ def _current_cpu(allowed: set[int]) -> int:
     return cpu if cpu in allowed else max(allowed)
 
 
-def _simulate(sg, world_size, fn, build_platform, config, nic) -> list:
-    args = ["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in config]
-    with _quiet_stderr():
-        engine = sg.Engine(args)
+def _simulate(sg, engine, world_size, fn, build_platform, nic) -> list:
     hosts = build_platform(sg)
     if len(hosts) != world_size:
         raise ValueError(f"run_simgrid: the platform has {len(hosts)} hosts for {world_size} ranks")

@@ -87,6 +87,15 @@ def test_simulate_prints_the_simulated_time_beside_the_model(capsys):
     assert main(["faults", "--simulate", "1", "--workers", "3", "--steps", "20", "--mtbf", "10s", "--strategy",
                  "ring", "--modes", "elastic"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("# SimGrid: 3 workers, 20 steps, MTBF 10s per worker, 1 seeds")
-    row = out[-1].split()
-    assert row[:2] == ["ring", "elastic"] and float(row[3]) > 20 * 0.1 and float(row[5]) > 20 * 0.1
+    assert out[0].startswith("# SimGrid: 3 workers, 20 steps, MTBF 10s per worker, 1 seeds (every step simulated)")
+    [row] = [line.split() for line in out if line.startswith("ring")]
+    assert row[:3] == ["ring", "elastic", "-"] and float(row[4]) > 20 * 0.1 and float(row[6]) > 20 * 0.1
+    # composed: each world size's step simulated once, the same failures over them: the same simulated seconds
+    assert main(["faults", "--simulate", "1", "--workers", "3", "--steps", "20", "--mtbf", "10s", "--strategy",
+                 "ring", "--modes", "elastic,checkpoint_restart", "--compose", "--checkpoint-every", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "each world size's step simulated once" in out[0]
+    rows = {line.split()[1]: line.split() for line in out if line.startswith("ring")}
+    assert rows["elastic"][4] == row[4]
+    assert int(rows["checkpoint_restart"][2]) >= 1  # Daly's interval in whole simulated steps
+    assert any(line.startswith("#   simulated seconds a step at each world size: 3: ") for line in out)

@@ -43,12 +43,16 @@ def test_each_mode_priced_by_hand_and_the_ranking_changes(tmp_path):
                                           ("parameter_server (staleness=async)", "ps_shrink")])
     mtbf = 10 * 3600.0  # the harshest column: each of 4 workers every 10 h, the job every M = 9,000 s
     harsh = faults._column(10.0)
-    # ring, elastic: 3 survivors take 0.4 s a step with 3/4 of the samples: 0.5333 s for a step's worth;
-    # c = 10 detect + 5 re-form + 0.25 half a step + 120 (1 - 0.5 / 0.5333) = 22.75; T = 5,000 / (1 - lambda c)
-    c = 10 + 5 + 0.25 + 120 * (1 - 0.5 / (0.4 * 4 / 3))
-    assert c == pytest.approx(22.75)
-    rate = 4 / (mtbf + 120)  # a slot awaiting its replacement (120 s) cannot fail
-    assert frame.loc[("ring", "elastic"), harsh] == pytest.approx(5000 / (1 - rate * c) / 3600)
+    # ring, elastic: 3 survivors take 0.4 s a step with 3/4 of the samples: 0.5333 s for a step's worth. No
+    # progress for w = 10 detect + 5 re-form = 15 s; the slot missing r = 120 + 0.5333 / 2 s (the replacement joins
+    # at a step boundary) at pace 0.5 / 0.5333; half a step lost in flight:
+    # T = 5,000 / (e^(-lambda r) + (e^(-lambda w) - e^(-lambda r)) 0.9375 - lambda e^(-lambda w) 0.25)
+    w, r = 15, 120 + 0.4 * 4 / 3 / 2
+    rate = 4 / (mtbf + r)  # a slot awaiting its replacement cannot fail
+    progress = math.exp(-rate * r) + (math.exp(-rate * w) - math.exp(-rate * r)) * 0.9375 \
+        - rate * math.exp(-rate * w) * 0.25
+    assert frame.loc[("ring", "elastic"), harsh] == pytest.approx(5000 / progress / 3600)
+    rate = 4 / (mtbf + 120)
     assert bool(frame.loc[("ring", "elastic"), "n-1 measured"])
     # ring, checkpoint_restart: Daly's interval in whole steps, R = 10 + 120, delta = 10
     every = round(daly_interval(10, 9000) / 0.5)
@@ -79,3 +83,20 @@ def test_absent_without_two_strategies_and_rendered_with_them(tmp_path):
     html = ENV.get_template("sections/faults.html.j2").render(**body)
     assert "MODEL, not a measurement" in html and 'id="faults"' in html and "detection 10.0" in html
     assert "faults" in [section.id for section in SECTIONS]
+
+
+def test_time_to_target_under_failures_beside_time_to_step(tmp_path):
+    # ring reached its target in 2,000 steps (two runs: 1,800 and 2,200), halving-doubling has no target: ring's
+    # hours to target are 2,000 x its expected seconds per step to step 10,000, at every MTBF
+    ring = [_run(f"ring{i}", "ring", 0.5) | {"target_metric": "accuracy", "target_value": 0.5, "target_reached": True,
+                                            "steps_to_target": float(steps)} for i, steps in enumerate((1800, 2200))]
+    body = faults.section(_results(tmp_path, ring + [_run("hd", "halving_doubling", 0.6)]))
+    frame = body["table"].frame.set_index(["strategy", "mode"])
+    for hours in faults.MTBF_HOURS:
+        for mode in ("checkpoint_restart", "elastic"):
+            assert frame.loc[("ring", mode), faults._target_column(hours)] == pytest.approx(
+                2000 * frame.loc[("ring", mode), faults._column(hours)] / 10_000)
+    assert frame.loc[("ring", "elastic"), "steps to target"] == 2000
+    assert math.isnan(frame.loc[("halving_doubling", "elastic"), "steps to target"])
+    html = ENV.get_template("sections/faults.html.j2").render(**body)
+    assert "h to target, MTBF 10 h" in html

@@ -13,6 +13,8 @@ from strategies.fault_cost import (
     crossover_mtbf,
     daly_interval,
     expected_time,
+    shrink_windows,
+    time_to_target,
     young_interval,
 )
 from strategies.faults import FaultSettingError
@@ -48,23 +50,46 @@ def test_checkpoint_restart_by_hand():
 
 def test_elastic_and_ps_by_hand():
     costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
-    # c = 5 + 10 + 0.5 + 60 (1 - 1/1.25) = 27.5; lambda = 100 / (100000 + 60) (a slot awaiting its replacement
-    # cannot fail); T = 1000 / (1 - lambda c)
-    rate = 100 / 100_060
-    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 27.5))
-    assert expected_time("elastic", S, N, MTBF, costs).seconds == pytest.approx(1028.26, abs=0.01)
-    # synchronous PS: nothing to re-form, c = 5 + 0.5 + 12 = 17.5
-    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 17.5))
-    # barrier-free PS: c = (60 + 0.5) / 100
+    # elastic: no progress for w = 5 + 10 = 15 s from a failure; its slot missing for r = 60 + 1.25 / 2 = 60.625 s
+    # (the replacement joins at the next step boundary); a missing slot cannot fail: lambda = 100 / 100060.625.
+    # progress rate = e^(-lambda r) + (e^(-lambda w) - e^(-lambda r)) x 1 / 1.25 - lambda e^(-lambda w) x 0.5
+    assert shrink_windows("elastic", costs) == (15, 60.625)
+    rate = 100 / 100_060.625
+    progress = math.exp(-rate * 60.625) + (math.exp(-rate * 15) - math.exp(-rate * 60.625)) * 0.8 \
+        - rate * math.exp(-rate * 15) * 0.5
+    got = expected_time("elastic", S, N, MTBF, costs)
+    assert got.seconds == pytest.approx(1000 / progress)
+    assert got.seconds == pytest.approx(1024.75, abs=0.01)  # 1000 / (0.941211 + 0.035128 - 0.000492)
+    assert got.failures == pytest.approx(rate * got.seconds)
+    # to first order: c = 15 + 0.5 + (60.625 - 15)(1 - 0.8) = 24.625 s a failure
+    assert got.seconds == pytest.approx(1000 / (1 - rate * 24.625), rel=1e-3)
+    # synchronous PS: nothing to re-form, w = 5: c = 5 + 0.5 + 55.625 x 0.2 = 16.625
+    assert shrink_windows("ps_shrink", costs) == (5, 60.625)
+    progress = math.exp(-rate * 60.625) + (math.exp(-rate * 5) - math.exp(-rate * 60.625)) * 0.8 \
+        - rate * math.exp(-rate * 5) * 0.5
+    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / progress)
+    assert expected_time("ps_shrink", S, N, MTBF, costs).seconds == pytest.approx(1000 / (1 - rate * 16.625),
+                                                                                  rel=1e-3)
+    # a replacement there before the group has re-formed: no slow period, r = w
+    quick = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=12)
+    assert shrink_windows("elastic", quick) == (15, 15)
+    # barrier-free PS: c = (60 + 0.5) / 100, lambda = 100 / 100060
     free = FaultCosts(step_s=1.0, detect_s=5, rejoin_s=60, barrier_free=True)
-    assert expected_time("ps_shrink", S, N, MTBF, free).seconds == pytest.approx(1000 / (1 - rate * 0.605))
+    assert expected_time("ps_shrink", S, N, MTBF, free).seconds == pytest.approx(1000 / (1 - 100 / 100_060 * 0.605))
 
 
 def test_failures_faster_than_recovery_never_reach_the_step():
-    costs = FaultCosts(step_s=1.0, detect_s=600, reform_s=600)  # 1,200.5 s per failure, one every 1,000 s
+    # windows of 1,200 s without progress, a failure every 1,000 s: a failure meanwhile restarts the window, so the
+    # group is up e^(-1.2) of the time and gets there slowly: T = 1000 e^(lambda 1200) / (1 - lambda / 2)
+    slow = FaultCosts(step_s=1.0, detect_s=600, reform_s=600)
+    rate = 100 / 101_200
+    assert expected_time("elastic", S, N, MTBF, slow).seconds == pytest.approx(
+        1000 * math.exp(rate * 1200) / (1 - rate / 2))
+    # steps of 2,500 s, a failure every 1,000 s losing half the step in flight: never
+    costs = FaultCosts(step_s=2500.0, detect_s=5)
     got = expected_time("elastic", S, N, MTBF, costs)
     assert math.isinf(got.seconds) and "never catches up" in got.cause
-    none = expected_time("none", S, N, MTBF, costs)
+    none = expected_time("none", S, N, MTBF, FaultCosts(step_s=1.0))
     assert math.isinf(none.seconds) and f"{math.exp(-1):.3g}" in none.cause
 
 
@@ -103,19 +128,24 @@ def monte_carlo_checkpoint(rng, work, tau, delta, restart, m):
     return total
 
 
-def monte_carlo_elastic(rng, work, rate, cost):
-    """Progress at full speed except while recovering; every failure (one while recovering too) adds `cost`
-    seconds of recovery."""
-    t, done, recovered_at = 0.0, 0.0, 0.0
+def monte_carlo_shrink(rng, work, rate, w, r, pace, step):
+    """Failures at `rate`; from each, no progress for w seconds (a failure meanwhile restarts the window) and its
+    slot missing for r (progress at `pace` while any slot is missing); a failure outside a window loses half a
+    step of progress (the step in flight)."""
+    t, done, window_end, missing_end = 0.0, 0.0, 0.0, 0.0
     while True:
         failure = t + rng.exponential(1 / rate)
-        working_from = max(t, recovered_at)
-        if working_from < failure:
-            if done + failure - working_from >= work:
-                return working_from + work - done
-            done += failure - working_from
-        t = failure
-        recovered_at = max(recovered_at, t) + cost
+        start = max(t, window_end)
+        slow = max(0.0, min(failure, missing_end) - start)
+        fast = max(0.0, failure - max(start, missing_end))
+        if done + slow * pace >= work:
+            return start + (work - done) / pace
+        if done + slow * pace + fast >= work:
+            return max(start, missing_end) + work - done - slow * pace
+        done += slow * pace + fast
+        if failure >= window_end:
+            done = max(0.0, done - step / 2)
+        window_end, missing_end, t = failure + w, max(missing_end, failure + r), failure
 
 
 def test_the_model_matches_a_monte_carlo_of_its_process():
@@ -123,10 +153,14 @@ def test_the_model_matches_a_monte_carlo_of_its_process():
     want = checkpoint_restart_time(1000, 100, 5, 35, 1000)
     runs = [monte_carlo_checkpoint(rng, 1000, 100, 5, 35, 1000) for _ in range(4000)]
     assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
+    # failures every 250 s against windows of 15 s and missing slots of 60.6 s: they overlap often
     elastic = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
-    want = expected_time("elastic", S, N, MTBF, elastic).seconds
-    runs = [monte_carlo_elastic(rng, 1000, N / (MTBF + 60), 27.5) for _ in range(4000)]
+    want = expected_time("elastic", S, 25, MTBF / 10, elastic).seconds
+    rate = 25 / (MTBF / 10 + 60.625)
+    runs = [monte_carlo_shrink(rng, 1000, rate, 15, 60.625, 0.8, 1.0) for _ in range(4000)]
     assert np.mean(runs) == pytest.approx(want, rel=3 * np.std(runs) / np.sqrt(len(runs)) / want + 1e-3)
+    first_order = 1000 / (1 - rate * 24.625)  # the overlaps matter here: the old additive price is 0.5% high
+    assert first_order > want + 3 * np.std(runs) / np.sqrt(len(runs))
 
 
 def test_the_ranking_changes_with_the_failure_rate():
@@ -142,3 +176,34 @@ def test_the_ranking_changes_with_the_failure_rate():
         expected_time(ps[0], 10_000, 1024, at * 2, ps[1]).seconds
     assert below[0] > below[1] and above[0] < above[1]
     assert crossover_mtbf(ps, ps, 10_000, 1024) is None
+
+
+def test_replicated_servers_by_hand():
+    # synchronous PS, 4 servers failing as often as workers: with a replica each server failure stops the group
+    # for w_s = 5 detect + 10 re-forming the chains, nothing missing after:
+    # progress = e^(-lambda_s 15) (e^(-lambda r) + (e^(-lambda 5) - e^(-lambda r)) 0.8 - (lambda + lambda_s)
+    # e^(-lambda 5) 0.5), lambda_s = 4 / 100000, r = 60.625
+    costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    rate, server_rate = 100 / 100_060.625, 4 / 100_000
+    progress = math.exp(-server_rate * 15) * (
+        math.exp(-rate * 60.625) + (math.exp(-rate * 5) - math.exp(-rate * 60.625)) * 0.8
+        - (rate + server_rate) * math.exp(-rate * 5) * 0.5)
+    got = expected_time("ps_shrink", S, N, MTBF, costs, servers=4, replicas=1)
+    assert got.seconds == pytest.approx(1000 / progress)
+    assert got.failures == pytest.approx((rate + server_rate) * got.seconds)
+    workers_only = expected_time("ps_shrink", S, N, MTBF, costs)
+    assert 0 < got.seconds - workers_only.seconds < 1000 * 4 / 100_000 * 16  # about 4e-5 x 15.5 s a second
+    # without a replica a server failure ends the run: never, with the odds of no server failure named
+    none = expected_time("ps_shrink", S, N, MTBF, costs, servers=4)
+    assert math.isinf(none.seconds) and f"{math.exp(-1000 * 4 / 100_000):.3g}" in none.cause
+
+
+def test_time_to_target_is_steps_to_target_times_the_seconds_per_step_under_failures():
+    costs = FaultCosts(step_s=1.0, step_s_shrunk=1.25, detect_s=5, reform_s=10, rejoin_s=60)
+    for mode in ("checkpoint_restart", "elastic", "ps_shrink"):
+        per_step = expected_time(mode, S, N, MTBF, costs).seconds / S
+        assert time_to_target(mode, 250, N, MTBF, costs, S) == pytest.approx(250 * per_step)
+        assert time_to_target(mode, 250, N, MTBF, costs, S) > 250  # failures cost something
+    assert math.isnan(time_to_target("elastic", math.nan, N, MTBF, costs))
+    with pytest.raises(FaultSettingError, match="steps_to_target = -1"):
+        time_to_target("elastic", -1, N, MTBF, costs)
