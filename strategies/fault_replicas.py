@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from strategies.fault_runs import FailureRecord, FaultRun, RankFailed, _grad
+from strategies.fault_records import FailureRecord, FaultRun, RankFailed, _grad
 from strategies.faults import FaultSettingError, RunEnded, check_schedule
 from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads

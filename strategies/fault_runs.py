@@ -22,13 +22,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 import strategies
 from strategies.decentralized import Decentralized
+from strategies.fault_records import FailureRecord, FaultRun, Mixing, RankFailed, _grad  # noqa: F401 - fault_runs.* names
 from strategies.faults import (
     CHECKPOINT_RESTART,
     ELASTIC,
@@ -48,47 +48,6 @@ from strategies.faults import (
 from strategies.parameter_server_async import ShardServer, push_pull
 from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads
-
-
-class RankFailed(RuntimeError):  # noqa: N818 - an injected event, raised on purpose
-    """The injected death of a rank during a step."""
-
-    def __init__(self, slot: int, step: int):
-        super().__init__(f"rank {slot} failed during step {step} (injected)")
-        self.slot, self.step = slot, step
-
-
-@dataclass(frozen=True)
-class FailureRecord:
-    """One failure and what it cost: steps lost (completed steps redone) and seconds from the death to the
-    recovered group's first step (detection, re-forming or restarting, fetching parameters)."""
-
-    step: int
-    rank: int
-    steps_lost: int
-    recovery_s: float
-    survivors: int  # workers that ran the step after it
-
-
-@dataclass(frozen=True)
-class Mixing:
-    """Decentralized, after a re-weighting: the survivors (original ranks), their W and its spectral gap."""
-
-    step: int
-    survivors: tuple[int, ...]
-    matrix: np.ndarray
-    spectral_gap: float
-
-
-@dataclass
-class FaultRun:
-    params: dict[int, np.ndarray]  # live slot -> its parameters at the end (server: "server" key, barrier-free)
-    completed_steps: int  # steps the run completed (the step counter it reached)
-    steps_run: int  # steps executed, those redone after a restart included
-    failures: list[FailureRecord] = field(default_factory=list)
-    mixings: list[Mixing] = field(default_factory=list)
-    pushes: dict[int, int] = field(default_factory=dict)  # barrier-free PS: pushes per worker slot
-    ended: RunEnded | None = None
 
 
 def run_with_failures(name: str, workers: int, steps: int, failures, recovery: Recovery, x0, gradient,
@@ -303,14 +262,6 @@ class _Reweighted(Decentralized):
 
     def _plan(self, round):
         return self.plan
-
-
-def _grad(gradient, slot: int, step: int, x: torch.Tensor) -> torch.Tensor:
-    g = torch.as_tensor(np.asarray(gradient(slot, step, x.numpy()), dtype=x.numpy().dtype))
-    if g.shape != x.shape:
-        raise ValueError(f"gradient(slot={slot}, step={step}) returned shape {tuple(g.shape)}, the parameters "
-                         f"have {tuple(x.shape)}")
-    return g.clone()
 
 
 # -- the barrier-free parameter server: a failed worker stops pushing, nothing else changes ------------------

@@ -13,11 +13,13 @@ import datetime as dt
 import functools
 import math
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import pandas as pd
 import pyarrow as pa
 
+from experiments.results.columns import _SCALARS, BOOL, FLOAT, INT, INTS, PARAM, STR, TIME, Column  # noqa: F401
+from experiments.results.fault_tables import FAILURES, FAULT_RUNS
 from experiments.results.labels import (  # noqa: F401 - read from here by the report
     link_label,
     platform_label,
@@ -26,20 +28,6 @@ from experiments.results.labels import (  # noqa: F401 - read from here by the r
     time_label,
     type_name,
 )
-
-STR, INT, FLOAT, BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
-INTS = pa.list_(pa.int64())
-TIME = pa.timestamp("ms", tz="UTC")  # Parquet has no seconds unit: ms round-trips
-PARAM = "param_"  # prefix of the strategy parameter columns (param_norm, a schema column, is not one)
-_SCALARS = {bool: BOOL, int: INT, float: FLOAT, str: STR}  # bool first: a bool is also an int
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: pa.DataType
-    meaning: str
-
 
 RUNS: tuple[Column, ...] = (
     # what ran
@@ -226,39 +214,6 @@ DERIVED: tuple[Column, ...] = (
                         "kernel-shaped, or 'full speed' (from the link_* columns)"),
     Column("strategy_label", STR, "the strategy with its non-default parameters, for display (from param_*)"),
     Column("sim_platform", STR, "the simulated platform, for display (from the sim_* and link_* columns)"),
-)
-
-# `syncbench faults --out DIR`: DIR/fault_runs.parquet and DIR/failures.parquet (experiments/results/faults.py)
-FAULT_RUNS: tuple[Column, ...] = (
-    Column("strategy", STR, "the registered strategy's name"),
-    Column("strategy_label", STR, "the strategy with its parameters, as given (name:key=value,...)"),
-    Column("substrate", STR, "where it ran: 'threads' (thread ranks of one process)"),
-    Column("mode", STR, "the recovery mode: none, checkpoint_restart, elastic, ps_shrink or reweight"),
-    Column("checkpoint_every", INT, "checkpoint_restart: steps between checkpoints (0 elsewhere)"),
-    Column("rejoin_steps", INT, "elastic, ps_shrink: steps until a replacement joins (-1: never)"),
-    Column("workers", INT, "worker ranks at the start"),
-    Column("steps", INT, "the step S the run was to reach"),
-    Column("completed_steps", INT, "steps completed (S, or where a failure without recovery ended the run)"),
-    Column("steps_run", INT, "steps executed, those redone after a restart included"),
-    Column("failures", INT, "failures that happened"),
-    Column("steps_lost", INT, "completed steps thrown away and redone, over all failures"),
-    Column("recovery_s", FLOAT, "mean seconds from a death to the recovered group's first step (NaN: none)"),
-    Column("time_to_step_s", FLOAT, "seconds the run took to reach step S (NaN: it ended before)"),
-    Column("ended", BOOL, "a failure the mode could not recover from ended the run"),
-    Column("cause", STR, "why it ended ('' when it reached step S)"),
-    Column("reference", STR, "the result against the survivors' reference: 'matches', 'mismatch' or 'none' "
-                             "(no fixed answer: a barrier-free server)"),
-    Column("max_abs_diff", FLOAT, "largest difference from the survivors' reference (NaN: no reference)"),
-)
-
-FAILURES: tuple[Column, ...] = (
-    Column("strategy_label", STR, "the run's strategy_label"),
-    Column("mode", STR, "the run's recovery mode"),
-    Column("step", INT, "the step the rank died in (0-based)"),
-    Column("rank", INT, "the rank that died (workers first, then servers)"),
-    Column("steps_lost", INT, "completed steps this failure threw away"),
-    Column("recovery_s", FLOAT, "seconds from the death to the recovered group's first step (NaN: not recovered)"),
-    Column("survivors", INT, "workers that ran the step after it"),
 )
 
 TABLES = {"runs": RUNS, "steps": STEPS, "events": EVENTS, "fault_runs": FAULT_RUNS, "failures": FAILURES}
