@@ -60,14 +60,16 @@ class RankFailed(RuntimeError):  # noqa: N818 - an injected event, raised on pur
 
 @dataclass(frozen=True)
 class FailureRecord:
-    """One failure and what it cost: steps lost (completed steps redone) and seconds from the death to the
-    recovered group's first step (detection, re-forming or restarting, fetching parameters)."""
+    """One failure and what it cost: steps lost (completed steps redone), seconds from the death to its detection,
+    and seconds from the detection to the recovered group's first step (re-forming or restarting, fetching
+    parameters)."""
 
     step: int
     rank: int
     steps_lost: int
-    recovery_s: float
+    recovery_s: float  # from the detection to the recovered group's first step (NaN: not recovered)
     survivors: int  # workers that ran the step after it
+    detection_s: float = math.nan  # from the death to its detection (every survivor stopped, the failure known)
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,18 @@ def run_with_failures(name: str, workers: int, steps: int, failures, recovery: R
                                     f"(staleness={config.staleness!r}, backups={config.backups}): thread ranks run "
                                     f"its failures with ps_shrink only (its servers serve a whole run at once)")
         return _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout)
-    return _Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
+    return Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
 
 
-class _Segments:
-    """The run as segments of fixed membership, each on fresh thread ranks; a failure ends a segment."""
+class Segments:
+    """The run as segments of fixed membership, each on fresh thread ranks; a failure ends a segment.
+
+    The recovery (which slots go on, from which step and state, what each failure cost) is this class's; where a
+    segment runs is `_segment`'s: thread ranks here, Ray actors in experiments/pipeline/ray_faults.py. A segment
+    raises RankFailed after setting `_died_at` (the death) and `_detected_at` (when the run knew), both on `clock`.
+    """
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, config, workers, steps, schedule, recovery, x0, gradient, lr, timeout):
         self.config, self.workers, self.steps, self.recovery = config, workers, steps, recovery
@@ -123,9 +132,10 @@ class _Segments:
         self.checkpoint = (0, {slot: x0.clone() for slot in self.alive})
         self.mixing: Mixing | None = None  # decentralized after a re-weighting
         self.out = FaultRun({}, 0, 0)
+        self._died_at = self._detected_at = 0.0
 
     def run(self) -> FaultRun:
-        death = None  # (time of death, failed slots, step, steps lost) awaiting the next segment's first step
+        death = None  # (death, detection, failed slots, step, steps lost, survivors): awaiting the next first step
         while self.step < self.steps:
             joining = [slot for at, slot in self.rejoins if at == self.step]
             self.rejoins = [(at, slot) for at, slot in self.rejoins if at != self.step]
@@ -138,22 +148,21 @@ class _Segments:
                     death = None
                 continue
             except RankFailed as e:
-                now = time.perf_counter()
                 if death:  # a failure before the recovered group's first step completed: counted from the first
-                    self._record(death, ready[0] if ready else now)
+                    self._record(death, ready[0] if ready else self._detected_at)
                     death = None
                 failed_step = e.step
                 dead = sorted(f.rank for f in self.pending if f.step == failed_step and f.rank in self._ranks())
                 self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
                 try:
-                    death = self._recover(failed_step, dead, self._died_at)
+                    death = self._recover(failed_step, dead, self._died_at, self._detected_at)
                 except RunEnded as ended:  # recorded with its cause; no recovery, so no recovery seconds
                     self.out.ended = ended
-                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive))
-                                          for rank in dead]
+                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive),
+                                                        self._detected_at - self._died_at) for rank in dead]
                     break
         if death:
-            self._record(death, time.perf_counter())
+            self._record(death, self.clock())
         self.out.params = {slot: self.params[slot].numpy() for slot in self.alive}
         self.out.completed_steps = self.step
         self.out.steps_run = self.steps_run
@@ -166,8 +175,9 @@ class _Segments:
     def _segment_end(self) -> int:
         return min([at for at, _ in self.rejoins] + [self.steps])
 
-    def _recover(self, step: int, dead: list[int], died_at: float):
-        """The mode's answer to `dead` failing during `step`: (death time, dead, step, steps lost, survivors)."""
+    def _recover(self, step: int, dead: list[int], died_at: float, detected_at: float):
+        """The mode's answer to `dead` failing during `step`: (death, detection, dead, step, steps lost,
+        survivors)."""
         mode = self.recovery.mode
         if mode == NONE:
             raise RunEnded(f"rank(s) {dead} failed during step {step} and the run has no recovery "
@@ -177,7 +187,7 @@ class _Segments:
             self.params = {slot: p.clone() for slot, p in saved.items()}
             self.alive = sorted(saved)
             self.step = at
-            return died_at, dead, step, step - at, len(self.alive)
+            return died_at, detected_at, dead, step, step - at, len(self.alive)
         if any(r >= self.workers for r in dead):
             raise RunEnded(f"server rank(s) {[r for r in dead if r >= self.workers]} failed during step {step}: "
                            f"recovery mode {mode!r} has no replica of a server", step)
@@ -200,12 +210,13 @@ class _Segments:
             self.mixing = Mixing(step, tuple(alive), w, spectral_gap(w))
             self.out.mixings.append(self.mixing)
         self.step = step  # the survivors redo the step in flight: no completed step is lost
-        return died_at, dead, step, 0, len(self.alive)
+        return died_at, detected_at, dead, step, 0, len(self.alive)
 
     def _record(self, death, ready_at: float) -> None:
-        died_at, dead, step, lost, survivors = death
+        died_at, detected_at, dead, step, lost, survivors = death
         for rank in dead:
-            self.out.failures.append(FailureRecord(step, rank, lost, ready_at - died_at, survivors))
+            self.out.failures.append(FailureRecord(step, rank, lost, ready_at - detected_at, survivors,
+                                                   detected_at - died_at))
 
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         """Steps start..end-1 on len(alive) worker thread ranks (+ servers); RankFailed when one dies."""
@@ -257,14 +268,7 @@ class _Segments:
                     for _ in range(3):  # the workers' three waits of the step
                         finished.wait(self.timeout)
                     continue
-                x = self.params[slot]
-                if config.role == strategies.base.PARAMETERS:  # local step, then average the parameters
-                    x = x - self.lr * _grad(self.gradient, slot, step, x)
-                    runtime.sync(x, "mean")
-                else:
-                    g = _grad(self.gradient, slot, step, x)
-                    runtime.sync(g, "mean")
-                    x = x - self.lr * g
+                x = train_step(config, runtime, self.gradient, self.lr, slot, step, self.params[slot])
                 finished.wait(self.timeout)  # every rank has the step's result: none is kept before all are
                 self.params[slot] = x
                 finished.wait(self.timeout)
@@ -272,19 +276,47 @@ class _Segments:
                     self._completed(step)  # counted and checkpointed once every rank kept its result
                 finished.wait(self.timeout)
 
-        run_threads(m + servers, body, timeout=self.timeout)
+        try:
+            run_threads(m + servers, body, timeout=self.timeout)
+        except RankFailed:
+            self._detected_at = self.clock()  # every thread rank has stopped: the run knows
+            raise
 
-    def _completed(self, step: int) -> None:
+    def _completed(self, step: int, saved: dict | None = None) -> None:
+        """Step `step` is complete on every rank; `saved`: the parameters then, where they are not in self.params
+        (ranks elsewhere report them), for a checkpoint."""
         self.step = step + 1
         self.steps_run += 1
-        every = self.recovery.checkpoint_every
-        if self.recovery.mode == CHECKPOINT_RESTART and self.step % every == 0:
-            self.checkpoint = (self.step, {slot: self.params[slot].clone() for slot in self.alive})
+        if self.checkpoints_at(self.step):
+            saved = self.params if saved is None else saved
+            self.checkpoint = (self.step, {slot: saved[slot].clone() for slot in self.alive})
+
+    def checkpoints_at(self, completed: int) -> bool:
+        """Whether the run checkpoints once `completed` steps are complete."""
+        return self.recovery.mode == CHECKPOINT_RESTART and completed % self.recovery.checkpoint_every == 0
 
     def _bind(self, comm, m: int):
-        if self.mixing is not None and comm.rank < m:  # the survivors' re-weighted plan
-            return _Reweighted(self.config, comm, m, self.mixing.matrix)
-        return self.config.bind(comm, m)
+        return bind(self.config, comm, m, None if self.mixing is None else self.mixing.matrix)
+
+
+def bind(config, comm, m: int, mixing: np.ndarray | None):
+    """The strategy's runtime on a rank of a group of m workers (+ servers): after a re-weighting, the
+    survivors' mixing matrix."""
+    if mixing is not None and comm.rank < m:
+        return _Reweighted(config, comm, m, mixing)
+    return config.bind(comm, m)
+
+
+def train_step(config, runtime, gradient, lr: float, slot: int, step: int, x: torch.Tensor) -> torch.Tensor:
+    """One worker's step: its gradient synchronized, then x moves by lr (allreduce, parameter server); or a local
+    step, then the parameters averaged with its neighbours (decentralized). Returns the new x."""
+    if config.role == strategies.base.PARAMETERS:
+        x = x - lr * _grad(gradient, slot, step, x)
+        runtime.sync(x, "mean")
+        return x
+    g = _grad(gradient, slot, step, x)
+    runtime.sync(g, "mean")
+    return x - lr * g
 
 
 class _Reweighted(Decentralized):
