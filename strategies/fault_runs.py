@@ -91,6 +91,7 @@ class FaultRun:
     mixings: list[Mixing] = field(default_factory=list)
     pushes: dict[int, int] = field(default_factory=dict)  # barrier-free PS: pushes per worker slot
     ended: RunEnded | None = None
+    wall_s: float = math.nan  # seconds from the first segment's start to the end (NaN: not measured here)
 
 
 def run_with_failures(name: str, workers: int, steps: int, failures, recovery: Recovery, x0, gradient,
@@ -135,6 +136,7 @@ class Segments:
         self._died_at = self._detected_at = 0.0
 
     def run(self) -> FaultRun:
+        began = self.clock()
         death = None  # (death, detection, failed slots, step, steps lost, survivors): awaiting the next first step
         while self.step < self.steps:
             joining = [slot for at, slot in self.rejoins if at == self.step]
@@ -147,6 +149,9 @@ class Segments:
                     self._record(death, ready[0])
                     death = None
                 continue
+            except RunEnded as ended:  # a failure the segment could not attribute to the schedule: cause named
+                self.out.ended = ended
+                break
             except RankFailed as e:
                 if death:  # a failure before the recovered group's first step completed: counted from the first
                     self._record(death, ready[0] if ready else self._detected_at)
@@ -166,6 +171,7 @@ class Segments:
         self.out.params = {slot: self.params[slot].numpy() for slot in self.alive}
         self.out.completed_steps = self.step
         self.out.steps_run = self.steps_run
+        self.out.wall_s = self.clock() - began
         return self.out
 
     def _ranks(self) -> set[int]:
