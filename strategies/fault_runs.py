@@ -185,7 +185,8 @@ class Segments:
         """The mode's answer to `dead` failing during `step`: (death, detection, dead, step, steps lost,
         survivors)."""
         mode = self.recovery.mode
-        if mode == NONE:
+        if mode == NONE:  # the failed ranks' parameters are gone with them
+            self.alive = [s for s in self.alive if s not in dead]
             raise RunEnded(f"rank(s) {dead} failed during step {step} and the run has no recovery "
                            f"(recovery.mode = 'none')", step)
         if mode == CHECKPOINT_RESTART:  # every rank restarts, the failed replaced, from the last checkpoint

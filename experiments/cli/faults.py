@@ -109,7 +109,8 @@ def reference(name: str, params: dict, recovery: Recovery, schedule, workers: in
             x[slot] = x[alive[0] if alive[0] != slot else alive[1]].copy()  # fetched from a peer
             del rejoin[slot]
         dead = [f.rank for f in schedule if f.step == step and f.rank in alive]
-        if dead and recovery.mode == NONE:
+        if dead and recovery.mode == NONE:  # the run ends; the failed ranks' parameters are gone with them
+            alive = [s for s in alive if s not in dead]
             break
         if dead:
             alive = [s for s in alive if s not in dead]

@@ -7,13 +7,13 @@ The problem, the recovery and the result are strategies/fault_runs.py's (`Segmen
 step and state, what each failure cost); only a segment runs elsewhere: every rank a Ray actor of one placement
 group (experiments/cluster/group.py), joined by torch.distributed, its messages over the sockets transport (or
 gloo). A segment is one call on every member actor; the parameters stay in the actors (their state) between
-segments; the driver reads them at each segment's end and keeps the checkpoints (its memory is the checkpoint
-store).
+segments; the driver reads them at each segment's end. A checkpoint is written by every rank when it takes it, to
+the run's log (an actor apart from the ranks: the checkpoint store, which outlives a rank's death).
 
 - The death: the failing rank kills its own process with SIGKILL at the start of its step, before its part of the
   step leaves (what ray.kill does to an actor, without Python's cleanup: the kernel closes its sockets). The rank
   kills itself rather than the driver killing it because only the rank knows when it reaches its step: a driver's
-  kill would land wherever the rank happens to be. Just before, it tells the run's death log its time (a Ray
+  kill would land wherever the rank happens to be. Just before, it tells the run's log its time (a Ray
   call it waits for, so the time is a little before the death: the detection is overstated by that round trip).
 - The detection: a peer waiting on the dead rank fails at once on its closed connection; every rank that fails
   closes its own connections and leaves its process group, so a rank waiting on it fails at once too, and the
@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import ray
@@ -101,8 +101,8 @@ class RayFaultHost:
                 except RayActorError:
                     self.group.replace(index)
         if self.log is None:
-            self.log = _DeathLog.options(num_cpus=0).remote()
-        ray.get(self.log.take.remote())  # nothing left from a run before
+            self.log = _RunLog.options(num_cpus=0).remote()
+        ray.get(self.log.clear.remote())  # nothing left from a run before
         return self.group, self.log
 
     def close(self) -> None:
@@ -121,11 +121,13 @@ class RayFaultHost:
 
 
 @ray.remote
-class _DeathLog:
-    """Where a failing rank leaves (slot, step, time) just before it kills itself."""
+class _RunLog:
+    """The run's durable side, apart from its ranks: where a failing rank leaves (slot, step, time) just before it
+    kills itself, and where every rank writes its checkpoint when it takes it (a checkpoint must outlive its rank)."""
 
     def __init__(self):
         self.deaths: list[tuple[int, int, float]] = []
+        self.checkpoints: dict[int, dict[int, np.ndarray]] = {}
 
     def record(self, slot: int, step: int, at: float) -> None:
         self.deaths.append((slot, step, at))
@@ -133,6 +135,15 @@ class _DeathLog:
     def take(self) -> list[tuple[int, int, float]]:
         deaths, self.deaths = self.deaths, []
         return deaths
+
+    def save(self, slot: int, completed: int, x: np.ndarray) -> None:
+        self.checkpoints.setdefault(completed, {})[slot] = x
+
+    def saved(self, completed: int) -> dict[int, np.ndarray]:
+        return self.checkpoints.get(completed, {})
+
+    def clear(self) -> None:
+        self.deaths, self.checkpoints = [], {}
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,6 @@ class _Report:
     ready: float | None  # when the group was formed (every member bound, the replacements holding x)
     done: int  # the next step: steps before it are complete on this rank
     x: np.ndarray | None  # a worker's parameters after step done - 1
-    saved: dict = field(default_factory=dict)  # completed steps -> parameters, at checkpoints
     error: str = ""  # why this rank stopped early (a peer's death)
     noticed: float | None = None
 
@@ -199,8 +209,8 @@ def _member(ctx, plan: _Plan) -> _Report:
             comm.barrier()  # every rank has the step's result: none keeps it before all do
             if not server:
                 state["fault_x"] = x
-                if plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:
-                    report.saved[step + 1] = x.numpy().copy()
+                if plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:  # written before going on
+                    ray.get(plan.log.save.remote(slot, step + 1, x.numpy().copy()))
             report.done = step + 1
             comm.barrier()  # every rank kept it: a death after this cannot catch a peer still in the one before
     except Exception as e:  # noqa: BLE001 - a peer's death: reported with what this rank completed
@@ -285,8 +295,10 @@ class RaySegments(Segments):
                                f"({ {r.slot: r.done for r in reports.values()} })")
         completed = done.pop() if done else start
         for step in range(start, completed):
-            self._completed(step, {r.slot: torch.tensor(r.saved[step + 1]) for r in reports.values()
-                                   if step + 1 in r.saved})
+            saved = None  # the checkpoint every rank wrote to the run's log once step was complete
+            if self.checkpoints_at(step + 1):
+                saved = {slot: torch.tensor(x) for slot, x in ray.get(self.log.saved.remote(step + 1)).items()}
+            self._completed(step, saved)
         for r in reports.values():
             if r.x is not None:
                 self.params[r.slot] = torch.tensor(r.x)
