@@ -58,7 +58,7 @@ def run_with_failures_ray(name: str, workers: int, steps: int, failures, recover
     servers = config.num_servers(workers)
     schedule = check_schedule(failures, workers, steps, servers)
     check_fits(recovery.mode, config, workers, schedule)
-    if getattr(config, "asynchronous", False):
+    if config.asynchronous:
         raise FaultSettingError(f"a barrier-free parameter server (staleness={config.staleness!r}, backups="
                                 f"{config.backups}) on Ray actors: its servers serve a whole run in one call, so a "
                                 f"failure cannot be injected between its steps here; accepted: the synchronous "
