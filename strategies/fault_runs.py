@@ -362,35 +362,56 @@ class _Lives(ShardServer):
 
 
 def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout) -> FaultRun:
+    lives = barrier_free_lives(workers, steps, schedule)
+    server_params = x0.clone().reshape(-1)  # the servers' shards of one vector, each updating its own
+    results = run_threads(workers + config.num_servers(workers), lambda comm: barrier_free_member(
+        comm, config, workers, lives, steps, x0, gradient, lr, server_params), timeout=timeout)
+    return barrier_free_run(workers, steps, schedule, lives, {slot: results[slot] for slot in range(workers)},
+                            results[workers], server_params.reshape(x0.shape).numpy())
+
+
+def barrier_free_lives(workers: int, steps: int, schedule) -> dict[int, int]:
+    """Steps each worker slot pushes: until its first failure."""
     lives = {slot: steps for slot in range(workers)}
     for f in schedule:
         lives[f.rank] = min(lives[f.rank], f.step)
-    server_params = x0.clone().reshape(-1)
-    numel, servers = server_params.numel(), config.num_servers(workers)
-    finals: dict[int, np.ndarray] = {}
+    return lives
 
-    def update(bucket, scaled, where):  # the server's SGD on its unit: x -= lr * g / n (scaled by 1/n already)
-        server_params[where] -= lr * scaled
-        return server_params[where]
 
-    def body(comm):
-        if comm.rank >= workers:
-            server = _Lives(comm, workers, servers, [numel], x0.dtype, update, config.staleness, config.backups,
-                            "cpu", "update", config.partition_mb, lives=lives)
-            return server.run(steps)
-        x = x0.clone().reshape(-1)
-        for step in range(lives[comm.rank]):
-            g = _grad(gradient, comm.rank, step, x.reshape(x0.shape)).reshape(-1)
-            push_pull(comm, g, workers, servers, config.partition_mb)  # the reply: the server's parameters
-            x = g
-        finals[comm.rank] = x.reshape(x0.shape).numpy()
-        return None
+def barrier_free_member(comm, config, workers, lives, steps, x0, gradient, lr, server_params, touched=None,
+                        die=None):
+    """One rank of a barrier-free run. A server serves each worker the pushes of its life into `server_params`
+    (its shards of it; `touched` marks them) and returns its push records; a worker pushes for its life and
+    returns the last reply (the server's parameters), or, with `die`, calls die(rank, step) in the step it fails
+    in."""
+    servers = config.num_servers(workers)
+    if comm.rank >= workers:
+        def update(bucket, scaled, where):  # the server's SGD on its unit: x -= lr * g / n (scaled by 1/n already)
+            server_params[where] -= lr * scaled
+            if touched is not None:
+                touched[where] = True
+            return server_params[where]
 
-    results = run_threads(workers + servers, body, timeout=timeout)
-    # pushes each server handled from each worker, counted on server 0's first unit (every unit sees each push)
-    pushes = {slot: sum(1 for r in results[workers] if r.worker == slot and r.unit == 0) for slot in range(workers)}
-    records = [FailureRecord(f.step, f.rank, 0, 0.0, sum(1 for life in lives.values() if life > f.step))
-               for f in schedule]
+        server = _Lives(comm, workers, servers, [server_params.numel()], x0.dtype, update, config.staleness,
+                        config.backups, "cpu", "update", config.partition_mb, lives=lives)
+        return server.run(steps)
+    x = x0.clone().reshape(-1)
+    for step in range(lives[comm.rank]):
+        g = _grad(gradient, comm.rank, step, x.reshape(x0.shape)).reshape(-1)
+        push_pull(comm, g, workers, servers, config.partition_mb)  # the reply: the server's parameters
+        x = g
+    if die is not None and lives[comm.rank] < steps:
+        die(comm.rank, lives[comm.rank])
+    return x.reshape(x0.shape).numpy()
+
+
+def barrier_free_run(workers, steps, schedule, lives, finals, pushed, server_params,
+                     detection_s: float = math.nan) -> FaultRun:
+    """The barrier-free run's outcome: the live workers' last replies, the server's parameters, the pushes each
+    worker made (counted on server 0's first unit: every unit sees each push), a record per failure (nothing
+    re-formed, no step lost)."""
+    pushes = {slot: sum(1 for r in pushed if r.worker == slot and r.unit == 0) for slot in range(workers)}
+    records = [FailureRecord(f.step, f.rank, 0, 0.0, sum(1 for life in lives.values() if life > f.step),
+                             detection_s) for f in schedule]
     alive = {slot: finals[slot] for slot in range(workers) if lives[slot] == steps}
-    return FaultRun({**alive, "server": server_params.reshape(x0.shape).numpy()}, steps, steps, records,
-                    pushes=pushes)
+    return FaultRun({**alive, "server": server_params}, steps, steps, records, pushes=pushes)

@@ -14,7 +14,6 @@ recovered group's first step) per failure, measured on the ranks that ran, and t
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 
@@ -142,7 +141,8 @@ def run(args) -> int:
     shown = ", ".join(f"rank {f.rank} at step {f.step}" for f in schedule) or "none"
     if args.mtbf is not None:
         shown = f"MTBF {args.mtbf} per worker, steps of {args.step_time}, seed {args.seed}: {shown}"
-    where = "thread ranks" if args.substrate == "threads" else f"Ray actors ({args.p2p})"
+    where = ("thread ranks" if args.substrate == "threads" else
+             f"Ray actors (p2p {args.p2p}; a barrier-free server's runs: gloo)")
     print(f"# {args.workers} workers, {args.steps} steps, {NUMEL} float64 parameters, {where}; failures: {shown}")
     header = (f"{'strategy':<34} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'detect s':>8} "
               f"{'recovery s':>10} {'wall s':>7}  check")
@@ -202,7 +202,11 @@ def _runner(args):
     started = ensure_ray(num_cpus=max(os.cpu_count() or 1, args.workers + 2))
     try:
         with RayFaultHost() as host:
-            yield functools.partial(run_with_failures_ray, timeout=args.timeout, p2p=args.p2p, host=host)
+            def run_one(name, *arguments, **params):  # a barrier-free server's threads take gloo (see its refusal)
+                p2p = "gloo" if strategies.make(name, **params).asynchronous else args.p2p
+                return run_with_failures_ray(name, *arguments, timeout=args.timeout, p2p=p2p, host=host, **params)
+
+            yield run_one
     finally:
         if started:
             stop_ray()
@@ -249,13 +253,6 @@ def _plan(args) -> tuple[list, list]:
         name, params = _strategy(item)
         config = strategies.make(name, **params)
         check_schedule(schedule, args.workers, args.steps, config.num_servers(args.workers))  # before any work
-        if args.substrate == "ray" and config.asynchronous:
-            if args.strategy:  # asked for by name: refused, saying where it runs
-                raise ValueError(f"--strategy {item!r} with --substrate ray: a barrier-free parameter server's "
-                                 f"failures run on thread ranks only (its servers serve a whole run in one call); "
-                                 f"accepted on Ray: ring, halving_doubling, double_binary_tree, parameter_server "
-                                 f"(synchronous), decentralized, ...")
-            continue  # the default list: left out on Ray
         for mode in modes:
             try:
                 recovery = Recovery(mode, args.checkpoint_every if mode == CHECKPOINT_RESTART else 0,

@@ -44,8 +44,17 @@ from ray.exceptions import RayActorError
 
 import strategies
 from experiments.cluster.group import STARTUP_TIMEOUT_S, GroupError, WorkerGroup
-from strategies.fault_runs import FaultRun, RankFailed, Segments, bind, train_step
-from strategies.faults import CHECKPOINT_RESTART, FaultSettingError, RunEnded, check_fits, check_schedule
+from strategies.fault_runs import (
+    FaultRun,
+    RankFailed,
+    Segments,
+    barrier_free_lives,
+    barrier_free_member,
+    barrier_free_run,
+    bind,
+    train_step,
+)
+from strategies.faults import CHECKPOINT_RESTART, PS_SHRINK, FaultSettingError, RunEnded, check_fits, check_schedule
 
 
 def run_with_failures_ray(name: str, workers: int, steps: int, failures, recovery, x0, gradient, lr: float,
@@ -58,12 +67,12 @@ def run_with_failures_ray(name: str, workers: int, steps: int, failures, recover
     servers = config.num_servers(workers)
     schedule = check_schedule(failures, workers, steps, servers)
     check_fits(recovery.mode, config, workers, schedule)
-    if config.asynchronous:
+    if config.asynchronous and (recovery.mode != PS_SHRINK or p2p != "gloo"):
         raise FaultSettingError(f"a barrier-free parameter server (staleness={config.staleness!r}, backups="
-                                f"{config.backups}) on Ray actors: its servers serve a whole run in one call, so a "
-                                f"failure cannot be injected between its steps here; accepted: the synchronous "
-                                f"server (staleness=0) on Ray, or the barrier-free one on thread ranks "
-                                f"(syncbench faults)")
+                                f"{config.backups}) with recovery.mode = {recovery.mode!r} and p2p = {p2p!r} on Ray "
+                                f"actors: accepted are mode 'ps_shrink' (nothing to re-form) over p2p 'gloo' (its "
+                                f"server takes each worker's pushes on a thread of its own; the sockets transport "
+                                f"moves a rank's messages from one thread at a time)")
     if not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout {timeout!r}: accepted are seconds > 0")
     x0 = torch.as_tensor(np.array(x0, copy=True))
@@ -71,6 +80,8 @@ def run_with_failures_ray(name: str, workers: int, steps: int, failures, recover
     host = host or RayFaultHost()
     try:
         group, log = host.take(workers + servers, timeout)
+        if config.asynchronous:
+            return _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout, group, log, network)
         return RaySegments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout, group=group,
                            log=log, p2p=p2p, network=network).run()
     finally:
@@ -282,7 +293,7 @@ class RaySegments(Segments):
         refs = {actor_ref: index for index, actor_ref in (
             (i, self.group.actors[i].run.remote(_member, (plan,), self.network, self.timeout, self.p2p))
             for i in members)}
-        reports, died, lost = self._collect(refs, self.timeout * (end - start + 2))
+        reports, died, lost = _collect(refs, self.timeout * (end - start + 2))
         detected = time.time()
         if not reports and not died:
             raise RunEnded(f"segment of steps {start}..{end - 1}: no member answered within the deadline", start)
@@ -321,19 +332,54 @@ class RaySegments(Segments):
         self._detected_at = detected
         raise RankFailed(min(scripted), step)
 
-    def _collect(self, refs: dict, deadline_s: float) -> tuple[dict, list[int], list[int]]:
-        """Every member's report, the actors that died, the members that did not answer by the deadline."""
-        reports, died = {}, []
-        pending = dict(refs)
-        end = time.monotonic() + deadline_s
-        while pending and time.monotonic() < end:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=min(0.5, max(end - time.monotonic(), 0)))
-            for ref in done:
-                index = pending.pop(ref)
-                try:
-                    reports[index] = ray.get(ref)
-                except RayActorError:
-                    died.append(index)
-                except ray.exceptions.RayTaskError as e:  # the function itself raised: not a death
-                    raise GroupError(f"fault segment failed on actor {index}: {e}", [index]) from None
-        return reports, sorted(died), sorted(pending.values())
+
+def _collect(refs: dict, deadline_s: float) -> tuple[dict, list[int], list[int]]:
+    """Every member's result, the actors that died, the members that did not answer by the deadline."""
+    results, died = {}, []
+    pending = dict(refs)
+    end = time.monotonic() + deadline_s
+    while pending and time.monotonic() < end:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=min(0.5, max(end - time.monotonic(), 0)))
+        for ref in done:
+            index = pending.pop(ref)
+            try:
+                results[index] = ray.get(ref)
+            except RayActorError:
+                died.append(index)
+            except ray.exceptions.RayTaskError as e:  # the function itself raised: not a death
+                raise GroupError(f"fault run failed on actor {index}: {e}", [index]) from None
+    return results, sorted(died), sorted(pending.values())
+
+
+# -- the barrier-free parameter server: a worker killed, the others never wait for it ------------------------
+
+def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout, group, log, network) -> FaultRun:
+    """One call on every actor: each worker pushes for its life and the failing ones kill themselves in the step
+    they fail in; the servers serve each worker its life's pushes (told, as a failure detector would tell them),
+    so nobody waits on the dead: nothing is detected, re-formed or lost."""
+    lives = barrier_free_lives(workers, steps, schedule)
+    began = time.time()
+    group.reform(list(range(group.world_size)))
+    refs = {actor.run.remote(_barrier_free_rank, (config, workers, lives, steps, x0, gradient, lr, log), network,
+                             timeout, "gloo"): index for index, actor in enumerate(group.actors)}
+    results, died, lost = _collect(refs, timeout * (steps + 2))
+    deaths = ray.get(log.take.remote())
+    if set(died) != {slot for slot, _, _ in deaths} or lost:
+        raise RunEnded(f"a failure no schedule named: actors died {sorted(died)}, no answer from {sorted(lost)}", 0)
+    params = x0.clone().reshape(-1)
+    for index in range(workers, group.world_size):  # each server's shards
+        _, shard, touched = results[index]
+        params[torch.as_tensor(touched)] = torch.as_tensor(shard)[torch.as_tensor(touched)]
+    run = barrier_free_run(workers, steps, schedule, lives, {s: results.get(s) for s in range(workers)},
+                           [r for r in results[workers][0]], params.reshape(x0.shape).numpy())
+    run.wall_s = time.time() - began
+    return run
+
+
+def _barrier_free_rank(ctx, config, workers, lives, steps, x0, gradient, lr, log):
+    if ctx.comm.rank < workers:
+        return barrier_free_member(ctx.comm, config, workers, lives, steps, x0, gradient, lr, None,
+                                   die=lambda slot, step: _die(log, slot, step))
+    params, touched = x0.clone().reshape(-1), torch.zeros(x0.numel(), dtype=torch.bool)
+    pushed = barrier_free_member(ctx.comm, config, workers, lives, steps, x0, gradient, lr, params, touched)
+    return pushed, params.numpy(), touched.numpy()

@@ -44,8 +44,6 @@ def test_every_row_matches_the_survivors_reference(capsys):
      "no --strategy fits the simulated modes"),
     # on Ray actors: refused before Ray starts
     (["--substrate", "ray", "--workers", "9"], "--workers 9 with --substrate ray: accepted are 2 to 8"),
-    (["--substrate", "ray", "--strategy", "parameter_server:staleness=async"],
-     "a barrier-free parameter server's failures run on thread ranks only"),
     (["--substrate", "ray", "--p2p", "pigeon"], "--p2p 'pigeon': accepted are gloo, sockets"),
     (["--substrate", "ray", "--timeout", "0.5"], "--timeout 0.5: accepted are 1 to 600 seconds"),
 ])

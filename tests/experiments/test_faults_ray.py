@@ -33,11 +33,12 @@ def host(ray_session):
 RANK_2_IN_STEP_2 = (Failure(step=2, rank=2),)
 
 
-def scripted(host, name, recovery, workers=3, steps=4, failures=RANK_2_IN_STEP_2, gradient=constant, **params):
+def scripted(host, name, recovery, workers=3, steps=4, failures=RANK_2_IN_STEP_2, gradient=constant,
+             p2p="sockets", **params):
     from experiments.pipeline.ray_faults import run_with_failures_ray
 
     return run_with_failures_ray(name, workers, steps, list(failures), recovery, np.zeros(1), gradient, 1.0,
-                                 host=host, **params)
+                                 host=host, p2p=p2p, **params)
 
 
 def values(run):
@@ -107,6 +108,17 @@ def test_elastic_and_shrink_resume_within_two_seconds_of_detection(host):
         assert record.detection_s < 2 and record.recovery_s < 2, (name, record)
 
 
-def test_barrier_free_server_is_refused_on_ray_naming_where_it_runs(host):
-    with pytest.raises(FaultSettingError, match="barrier-free parameter server .* thread ranks"):
+def test_barrier_free_parameter_server_changes_nothing_when_a_worker_is_killed(host):
+    # gradients 3, 6 and 18 (exact in binary in any order of arrival): the survivors push all 4 steps, the killed
+    # rank 2 its first 2: x = -(4 x 1 + 4 x 2 + 2 x 6) = -24 on the server; nobody waited for the dead worker
+    run = scripted(host, "parameter_server", Recovery("ps_shrink"), staleness="async", p2p="gloo",
+                   gradient=lambda slot, step, x: np.full_like(x, (3.0, 6.0, 18.0)[slot]))
+    assert run.params["server"].tolist() == [-24.0]
+    assert run.pushes == {0: 4, 1: 4, 2: 2}
+    assert sorted(k for k in run.params if k != "server") == [0, 1]
+    assert (run.completed_steps, run.failures[0].steps_lost) == (4, 0)
+
+
+def test_barrier_free_server_over_sockets_is_refused_naming_what_is_accepted(host):
+    with pytest.raises(FaultSettingError, match="accepted are mode 'ps_shrink' .* over p2p 'gloo'"):
         scripted(host, "parameter_server", Recovery("ps_shrink"), staleness="async")
