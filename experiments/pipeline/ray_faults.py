@@ -368,8 +368,8 @@ def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout, g
         raise RunEnded(f"a failure no schedule named: actors died {sorted(died)}, no answer from {sorted(lost)}", 0)
     params = x0.clone().reshape(-1)
     for index in range(workers, group.world_size):  # each server's shards
-        _, shard, touched = results[index]
-        params[torch.as_tensor(touched)] = torch.as_tensor(shard)[torch.as_tensor(touched)]
+        shard, touched = (torch.tensor(a) for a in results[index][1:])
+        params[touched] = shard[touched]
     run = barrier_free_run(workers, steps, schedule, lives, {s: results.get(s) for s in range(workers)},
                            [r for r in results[workers][0]], params.reshape(x0.shape).numpy())
     run.wall_s = time.time() - began

@@ -45,9 +45,19 @@ def values(run):
     return {slot: x.tolist() for slot, x in run.params.items()}
 
 
-def test_elastic_ring_survivors_mean_from_the_step_in_flight(host):
+@pytest.fixture(scope="module")
+def elastic_ring(host):
+    return scripted(host, "ring", Recovery("elastic"))
+
+
+@pytest.fixture(scope="module")
+def shrinking_server(host):
+    return scripted(host, "parameter_server", Recovery("ps_shrink"))
+
+
+def test_elastic_ring_survivors_mean_from_the_step_in_flight(elastic_ring):
     # the survivors re-form the ring at 2 and redo step 2: steps 2-3 move x by (1 + 2) / 2 each: -6 - 3 = -9
-    run = scripted(host, "ring", Recovery("elastic"))
+    run = elastic_ring
     assert values(run) == {0: [-9.0], 1: [-9.0]}
     assert (run.completed_steps, run.steps_run, run.ended) == (4, 4, None)
     [record] = run.failures
@@ -80,8 +90,8 @@ def test_no_recovery_ends_the_run_with_its_cause_and_keeps_the_completed_steps(h
     assert np.isnan(run.failures[0].recovery_s) and run.failures[0].detection_s > 0
 
 
-def test_synchronous_parameter_server_barrier_shrinks(host):
-    run = scripted(host, "parameter_server", Recovery("ps_shrink"))
+def test_synchronous_parameter_server_barrier_shrinks(shrinking_server):
+    run = shrinking_server
     assert values(run) == {0: [-9.0], 1: [-9.0]}
     assert (run.completed_steps, run.failures[0].steps_lost) == (4, 0)
 
@@ -99,13 +109,13 @@ def test_decentralized_reweights_the_survivors(host):
 
 
 @pytest.mark.timing
-def test_elastic_and_shrink_resume_within_two_seconds_of_detection(host):
+def test_elastic_and_shrink_resume_within_two_seconds_of_detection(elastic_ring, shrinking_server):
     # the target: elastic ring and the shrinking server lose no completed step and resume within 2 s of
     # the detection; the death itself is detected within 2 s (the survivors hang up, so it reaches all at once)
-    for name, mode in (("ring", "elastic"), ("parameter_server", "ps_shrink")):
-        [record] = scripted(host, name, Recovery(mode)).failures
+    for run in (elastic_ring, shrinking_server):
+        [record] = run.failures
         assert record.steps_lost == 0
-        assert record.detection_s < 2 and record.recovery_s < 2, (name, record)
+        assert record.detection_s < 2 and record.recovery_s < 2, record
 
 
 def test_barrier_free_parameter_server_changes_nothing_when_a_worker_is_killed(host):
