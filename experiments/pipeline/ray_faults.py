@@ -205,7 +205,7 @@ def _member(ctx, plan: _Plan) -> _Report:
                 for j in plan.joining:
                     comm.send(state["fault_x"], plan.members.index(j))
             elif slot in plan.joining:
-                fetched = torch.empty_like(torch.as_tensor(plan.like))
+                fetched = torch.tensor(plan.like)
                 comm.recv(fetched, plan.members.index(plan.donor))
                 state["fault_x"] = fetched
         comm.barrier()  # the group is formed
@@ -214,7 +214,7 @@ def _member(ctx, plan: _Plan) -> _Report:
             if plan.dying.get(slot) == step:
                 _die(plan.log, slot, step)
             if server:
-                runtime.serve(plan.like.size, torch.as_tensor(plan.like).dtype, "mean")
+                runtime.serve(plan.like.size, torch.tensor(plan.like).dtype, "mean")
             else:
                 x = train_step(plan.config, runtime, plan.gradient, plan.lr, slot, step, state["fault_x"])
             comm.barrier()  # every rank has the step's result: none keeps it before all do
