@@ -92,6 +92,7 @@ class FaultRun:
     pushes: dict[int, int] = field(default_factory=dict)  # barrier-free PS: pushes per worker slot
     ended: RunEnded | None = None
     wall_s: float = math.nan  # seconds from the first segment's start to the end (NaN: not measured here)
+    starts_s: list[float] = field(default_factory=list)  # seconds each replacement rank took to start (Ray actors)
 
 
 def run_with_failures(name: str, workers: int, steps: int, failures, recovery: Recovery, x0, gradient,

@@ -149,7 +149,7 @@ def run(args) -> int:
     print(header)
     print("-" * len(header), flush=True)
     worst = 0.0
-    run_rows, failure_rows = [], []
+    run_rows, failure_rows, starts = [], [], []
     with _runner(args) as run_one:
         for item, name, params, recovery in plan:
             start = time.perf_counter()
@@ -166,6 +166,8 @@ def run(args) -> int:
             print(f"{item:<34} {recovery.mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {lost:>4} "
                   f"{detection_s:>8.3f} {recovery_s:>10.4f} {wall:>7.3f}  {check}{ended}", flush=True)
             diff = _diff(got, want)
+            if got.starts_s:
+                starts.append(f"{item} {recovery.mode} " + ", ".join(f"{t:.2f} s" for t in got.starts_s))
             run_rows.append({
                 "strategy": name, "strategy_label": item, "substrate": args.substrate, "mode": recovery.mode,
                 "checkpoint_every": recovery.checkpoint_every,
@@ -181,6 +183,8 @@ def run(args) -> int:
                               "steps_lost": r.steps_lost, "detection_s": r.detection_s, "recovery_s": r.recovery_s,
                               "survivors": r.survivors} for r in got.failures]
     print(f"# check: the live slots' parameters against the survivors' reference (largest difference {worst:.3g})")
+    if starts:
+        print("# replacement actors' start (of the recovery seconds): " + "; ".join(starts))
     if args.out:
         from experiments.results import faults as fault_results
 

@@ -261,7 +261,6 @@ class RaySegments(Segments):
         self.formed: list[int] | None = None  # the members of the intact process group (formed by the first segment)
         self.dead: set[int] = set()  # actors killed, not yet replaced
         self.load_all = True  # every worker loads the driver's parameters (the start, a checkpoint)
-        self.restart_s: list[float] = []  # seconds to start each replacement actor
 
     def _recover(self, step, dead, died_at, detected_at):
         death = super()._recover(step, dead, died_at, detected_at)
@@ -275,7 +274,7 @@ class RaySegments(Segments):
         for index in sorted(self.dead & set(members)):  # a replacement's start-up, measured
             began = time.time()
             self.group.replace(index)
-            self.restart_s.append(time.time() - began)
+            self.out.starts_s.append(time.time() - began)
             self.dead.discard(index)
         if self.formed != members:
             self.group.reform(members)

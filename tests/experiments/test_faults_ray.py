@@ -63,6 +63,7 @@ def test_elastic_ring_survivors_mean_from_the_step_in_flight(elastic_ring):
     [record] = run.failures
     assert (record.step, record.rank, record.steps_lost, record.survivors) == (2, 2, 0, 2)
     assert record.detection_s > 0 and record.recovery_s > 0
+    assert run.starts_s == []  # the survivors re-formed in their own processes: no actor started
 
 
 def test_checkpoint_restart_replaces_the_actor_and_resumes_from_the_checkpoint(host):
@@ -73,6 +74,7 @@ def test_checkpoint_restart_replaces_the_actor_and_resumes_from_the_checkpoint(h
     assert (run.completed_steps, run.steps_run) == (4, 6)
     [record] = run.failures
     assert (record.steps_lost, record.survivors) == (2, 3)
+    assert len(run.starts_s) == 1 and 0 < run.starts_s[0] < record.recovery_s  # the replacement, in the recovery
 
 
 def test_elastic_replacement_actor_joins_and_fetches_parameters(host):
@@ -81,6 +83,7 @@ def test_elastic_replacement_actor_joins_and_fetches_parameters(host):
     run = scripted(host, "halving_doubling", Recovery("elastic", rejoin_steps=1))
     assert values(run) == {0: [-10.5], 1: [-10.5], 2: [-10.5]}
     assert (run.completed_steps, run.steps_run) == (4, 4)
+    assert len(run.starts_s) == 1  # a new actor joined
 
 
 def test_no_recovery_ends_the_run_with_its_cause_and_keeps_the_completed_steps(host):
