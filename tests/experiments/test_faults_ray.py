@@ -78,10 +78,11 @@ def test_checkpoint_restart_replaces_the_actor_and_resumes_from_the_checkpoint(h
 
 
 def test_elastic_replacement_actor_joins_and_fetches_parameters(host):
-    # step 2 at n - 1 (-1.5), a new actor joins at step 3 and fetches x = -7.5 from a peer: the mean of all three
-    # again (-3): -10.5 on every rank, the replacement's included
-    run = scripted(host, "halving_doubling", Recovery("elastic", rejoin_steps=1))
-    assert values(run) == {0: [-10.5], 1: [-10.5], 2: [-10.5]}
+    # rank 0 (the host of the group's rendezvous store) dies in step 2: the survivors 1 and 2 re-form and redo it
+    # at n - 1 (-(2 + 6) / 2 = -4: x = -10), a new actor joins as slot 0 at step 3 and fetches x = -10 from a peer:
+    # the mean of all three again (-3): -13 on every rank, the replacement's included
+    run = scripted(host, "halving_doubling", Recovery("elastic", rejoin_steps=1), failures=[Failure(2, 0)])
+    assert values(run) == {0: [-13.0], 1: [-13.0], 2: [-13.0]}
     assert (run.completed_steps, run.steps_run) == (4, 4)
     assert len(run.starts_s) == 1  # a new actor joined
 
