@@ -127,6 +127,7 @@ class Segments:
         self.pending = list(schedule)  # failures still to happen (each happens once)
         self.gradient, self.lr, self.timeout = gradient, lr, timeout
         self.alive = list(range(workers))  # worker slots running, in rank order
+        self.x0 = x0
         self.params = {slot: x0.clone() for slot in self.alive}
         self.step = 0  # the next step to run
         self.steps_run = 0
@@ -272,7 +273,7 @@ class Segments:
                     self._died_at = time.perf_counter()
                     raise RankFailed(slot, step)
                 if position >= m:
-                    runtime.serve(self.params[alive[0]].numel(), self.params[alive[0]].dtype, "mean")
+                    runtime.serve(self.x0.numel(), self.x0.dtype, "mean")  # (a joining slot has no x yet)
                     for _ in range(3):  # the workers' three waits of the step
                         finished.wait(self.timeout)
                     continue

@@ -288,7 +288,7 @@ class RaySegments(Segments):
         donor = next((s for s in self.alive if s not in joining), None)
         plan = _Plan(self.config, tuple(members), m, start, end, dying, tuple(joining), donor, load,
                      None if self.mixing is None else self.mixing.matrix, self.gradient, self.lr,
-                     self.recovery.checkpoint_every, self.params[self.alive[0]].numpy(), self.log)
+                     self.recovery.checkpoint_every, self.x0.numpy(), self.log)
         refs = {actor_ref: index for index, actor_ref in (
             (i, self.group.actors[i].run.remote(_member, (plan,), self.network, self.timeout, self.p2p))
             for i in members)}
