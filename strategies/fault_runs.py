@@ -12,9 +12,11 @@ peers' waits (the transport's detection of a dead peer), and the run recovers as
 (reweight) or every rank restarts from the last checkpoint (checkpoint_restart). A barrier-free parameter server
 never waits for a worker: the failed worker just stops pushing, the others run on, nothing is re-formed.
 
-The run returns what happened: the parameters of every live slot, completed steps, every failure's steps lost and
-measured recovery seconds (from the failing rank's death to the re-formed group's first step), the mixing matrix
-after each re-weighting; a failure its mode cannot recover from ends the run (`ended`), its completed steps kept.
+The run returns what happened: the parameters of every live slot, completed steps, every failure's steps lost,
+measured detection seconds (from the death until every rank has stopped) and recovery seconds (from there to the
+re-formed group's first step), the mixing matrix after each re-weighting; a failure its mode cannot recover from
+ends the run (`ended`), its completed steps kept. The same recovery runs on Ray actors, the failing one killed:
+experiments/pipeline/ray_faults.py.
 """
 
 from __future__ import annotations

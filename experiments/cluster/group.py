@@ -8,6 +8,9 @@ its node; gloo binds to `lo` when every actor is on one node (this machine's hos
 127.0.0.1), else to the interface that holds each actor's node IP. Two actors of one node (k ranks per namespace
 of the kernel-shaped cluster) then reach each other at that node IP, which the kernel routes over the
 namespace's loopback: their bytes never cross the node's shaped veth.
+
+After a failure, `reform(members)` joins some of the actors into a new process group in their own processes (their
+state kept), and `replace(i)` starts a fresh actor in a dead one's bundle (experiments/pipeline/ray_faults.py).
 """
 
 from __future__ import annotations
