@@ -99,7 +99,8 @@ class RayFaultHost:
         self.log = None
 
     def take(self, world: int, timeout: float) -> tuple[WorkerGroup, object]:
-        if self.group is not None and (self.group.world_size != world or self.group.timeout != timeout):
+        if self.group is not None and (self.group.broken or self.group.world_size != world
+                                       or self.group.timeout != timeout):  # broken: a re-forming that failed
             self.group.shutdown()
             self.group = None
         if self.group is None:
