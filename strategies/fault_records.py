@@ -4,6 +4,7 @@ use them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,14 +23,16 @@ class RankFailed(RuntimeError):  # noqa: N818 - an injected event, raised on pur
 
 @dataclass(frozen=True)
 class FailureRecord:
-    """One failure and what it cost: steps lost (completed steps redone) and seconds from the death to the
-    recovered group's first step (detection, re-forming or restarting, fetching parameters)."""
+    """One failure and what it cost: steps lost (completed steps redone), seconds from the death to its detection,
+    and seconds from the detection to the recovered group's first step (re-forming or restarting, fetching
+    parameters)."""
 
     step: int
     rank: int
     steps_lost: int
-    recovery_s: float
+    recovery_s: float  # from the detection to the recovered group's first step (NaN: not recovered)
     survivors: int  # workers that ran the step after it
+    detection_s: float = math.nan  # from the death to its detection (every survivor stopped, the failure known)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class FaultRun:
     mixings: list[Mixing] = field(default_factory=list)
     pushes: dict[int, int] = field(default_factory=dict)  # barrier-free PS: pushes per worker slot
     ended: RunEnded | None = None
+    wall_s: float = math.nan  # seconds from the first segment's start to the end (NaN: not measured here)
+    starts_s: list[float] = field(default_factory=list)  # seconds each replacement rank took to start (Ray actors)
 
 
 def _grad(gradient, slot: int, step: int, x: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,11 @@ peers' waits (the transport's detection of a dead peer), and the run recovers as
 (reweight) or every rank restarts from the last checkpoint (checkpoint_restart). A barrier-free parameter server
 never waits for a worker: the failed worker just stops pushing, the others run on, nothing is re-formed.
 
-The run returns what happened: the parameters of every live slot, completed steps, every failure's steps lost and
-measured recovery seconds (from the failing rank's death to the re-formed group's first step), the mixing matrix
-after each re-weighting; a failure its mode cannot recover from ends the run (`ended`), its completed steps kept.
+The run returns what happened: the parameters of every live slot, completed steps, every failure's steps lost,
+measured detection seconds (from the death until every rank has stopped) and recovery seconds (from there to the
+re-formed group's first step), the mixing matrix after each re-weighting; a failure its mode cannot recover from
+ends the run (`ended`), its completed steps kept. The same recovery runs on Ray actors, the failing one killed:
+experiments/pipeline/ray_faults.py.
 """
 
 from __future__ import annotations
@@ -69,17 +71,25 @@ def run_with_failures(name: str, workers: int, steps: int, failures, recovery: R
                                     f"(staleness={config.staleness!r}, backups={config.backups}): thread ranks run "
                                     f"its failures with ps_shrink only (its servers serve a whole run at once)")
         return _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout)
-    return _Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
+    return Segments(config, workers, steps, schedule, recovery, x0, gradient, lr, timeout).run()
 
 
-class _Segments:
-    """The run as segments of fixed membership, each on fresh thread ranks; a failure ends a segment."""
+class Segments:
+    """The run as segments of fixed membership, each on fresh thread ranks; a failure ends a segment.
+
+    The recovery (which slots go on, from which step and state, what each failure cost) is this class's; where a
+    segment runs is `_segment`'s: thread ranks here, Ray actors in experiments/pipeline/ray_faults.py. A segment
+    raises RankFailed after setting `_died_at` (the death) and `_detected_at` (when the run knew), both on `clock`.
+    """
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, config, workers, steps, schedule, recovery, x0, gradient, lr, timeout):
         self.config, self.workers, self.steps, self.recovery = config, workers, steps, recovery
         self.pending = list(schedule)  # failures still to happen (each happens once)
         self.gradient, self.lr, self.timeout = gradient, lr, timeout
         self.alive = list(range(workers))  # worker slots running, in rank order
+        self.x0 = x0
         self.params = {slot: x0.clone() for slot in self.alive}
         self.step = 0  # the next step to run
         self.steps_run = 0
@@ -87,9 +97,11 @@ class _Segments:
         self.checkpoint = (0, {slot: x0.clone() for slot in self.alive})
         self.mixing: Mixing | None = None  # decentralized after a re-weighting
         self.out = FaultRun({}, 0, 0)
+        self._died_at = self._detected_at = 0.0
 
     def run(self) -> FaultRun:
-        death = None  # (time of death, failed slots, step, steps lost) awaiting the next segment's first step
+        began = self.clock()
+        death = None  # (death, detection, failed slots, step, steps lost, survivors): awaiting the next first step
         while self.step < self.steps:
             joining = [slot for at, slot in self.rejoins if at == self.step]
             self.rejoins = [(at, slot) for at, slot in self.rejoins if at != self.step]
@@ -101,26 +113,29 @@ class _Segments:
                     self._record(death, ready[0])
                     death = None
                 continue
+            except RunEnded as ended:  # a failure the segment could not attribute to the schedule: cause named
+                self.out.ended = ended
+                break
             except RankFailed as e:
-                now = time.perf_counter()
                 if death:  # a failure before the recovered group's first step completed: counted from the first
-                    self._record(death, ready[0] if ready else now)
+                    self._record(death, ready[0] if ready else self._detected_at)
                     death = None
                 failed_step = e.step
                 dead = sorted(f.rank for f in self.pending if f.step == failed_step and f.rank in self._ranks())
                 self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
                 try:
-                    death = self._recover(failed_step, dead, self._died_at)
+                    death = self._recover(failed_step, dead, self._died_at, self._detected_at)
                 except RunEnded as ended:  # recorded with its cause; no recovery, so no recovery seconds
                     self.out.ended = ended
-                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive))
-                                          for rank in dead]
+                    self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive),
+                                                        self._detected_at - self._died_at) for rank in dead]
                     break
         if death:
-            self._record(death, time.perf_counter())
+            self._record(death, self.clock())
         self.out.params = {slot: self.params[slot].numpy() for slot in self.alive}
         self.out.completed_steps = self.step
         self.out.steps_run = self.steps_run
+        self.out.wall_s = self.clock() - began
         return self.out
 
     def _ranks(self) -> set[int]:
@@ -130,10 +145,12 @@ class _Segments:
     def _segment_end(self) -> int:
         return min([at for at, _ in self.rejoins] + [self.steps])
 
-    def _recover(self, step: int, dead: list[int], died_at: float):
-        """The mode's answer to `dead` failing during `step`: (death time, dead, step, steps lost, survivors)."""
+    def _recover(self, step: int, dead: list[int], died_at: float, detected_at: float):
+        """The mode's answer to `dead` failing during `step`: (death, detection, dead, step, steps lost,
+        survivors)."""
         mode = self.recovery.mode
-        if mode == NONE:
+        if mode == NONE:  # the failed ranks' parameters are gone with them
+            self.alive = [s for s in self.alive if s not in dead]
             raise RunEnded(f"rank(s) {dead} failed during step {step} and the run has no recovery "
                            f"(recovery.mode = 'none')", step)
         if mode == CHECKPOINT_RESTART:  # every rank restarts, the failed replaced, from the last checkpoint
@@ -141,7 +158,7 @@ class _Segments:
             self.params = {slot: p.clone() for slot, p in saved.items()}
             self.alive = sorted(saved)
             self.step = at
-            return died_at, dead, step, step - at, len(self.alive)
+            return died_at, detected_at, dead, step, step - at, len(self.alive)
         if any(r >= self.workers for r in dead):
             raise RunEnded(f"server rank(s) {[r for r in dead if r >= self.workers]} failed during step {step}: "
                            f"recovery mode {mode!r} has no replica of a server", step)
@@ -164,12 +181,13 @@ class _Segments:
             self.mixing = Mixing(step, tuple(alive), w, spectral_gap(w))
             self.out.mixings.append(self.mixing)
         self.step = step  # the survivors redo the step in flight: no completed step is lost
-        return died_at, dead, step, 0, len(self.alive)
+        return died_at, detected_at, dead, step, 0, len(self.alive)
 
     def _record(self, death, ready_at: float) -> None:
-        died_at, dead, step, lost, survivors = death
+        died_at, detected_at, dead, step, lost, survivors = death
         for rank in dead:
-            self.out.failures.append(FailureRecord(step, rank, lost, ready_at - died_at, survivors))
+            self.out.failures.append(FailureRecord(step, rank, lost, ready_at - detected_at, survivors,
+                                                   detected_at - died_at))
 
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         """Steps start..end-1 on len(alive) worker thread ranks (+ servers); RankFailed when one dies."""
@@ -217,18 +235,11 @@ class _Segments:
                     self._died_at = time.perf_counter()
                     raise RankFailed(slot, step)
                 if position >= m:
-                    runtime.serve(self.params[alive[0]].numel(), self.params[alive[0]].dtype, "mean")
+                    runtime.serve(self.x0.numel(), self.x0.dtype, "mean")  # (a joining slot has no x yet)
                     for _ in range(3):  # the workers' three waits of the step
                         finished.wait(self.timeout)
                     continue
-                x = self.params[slot]
-                if config.role == strategies.base.PARAMETERS:  # local step, then average the parameters
-                    x = x - self.lr * _grad(self.gradient, slot, step, x)
-                    runtime.sync(x, "mean")
-                else:
-                    g = _grad(self.gradient, slot, step, x)
-                    runtime.sync(g, "mean")
-                    x = x - self.lr * g
+                x = train_step(config, runtime, self.gradient, self.lr, slot, step, self.params[slot])
                 finished.wait(self.timeout)  # every rank has the step's result: none is kept before all are
                 self.params[slot] = x
                 finished.wait(self.timeout)
@@ -236,19 +247,47 @@ class _Segments:
                     self._completed(step)  # counted and checkpointed once every rank kept its result
                 finished.wait(self.timeout)
 
-        run_threads(m + servers, body, timeout=self.timeout)
+        try:
+            run_threads(m + servers, body, timeout=self.timeout)
+        except RankFailed:
+            self._detected_at = self.clock()  # every thread rank has stopped: the run knows
+            raise
 
-    def _completed(self, step: int) -> None:
+    def _completed(self, step: int, saved: dict | None = None) -> None:
+        """Step `step` is complete on every rank; `saved`: the parameters then, where they are not in self.params
+        (ranks elsewhere report them), for a checkpoint."""
         self.step = step + 1
         self.steps_run += 1
-        every = self.recovery.checkpoint_every
-        if self.recovery.mode == CHECKPOINT_RESTART and self.step % every == 0:
-            self.checkpoint = (self.step, {slot: self.params[slot].clone() for slot in self.alive})
+        if self.checkpoints_at(self.step):
+            saved = self.params if saved is None else saved
+            self.checkpoint = (self.step, {slot: saved[slot].clone() for slot in self.alive})
+
+    def checkpoints_at(self, completed: int) -> bool:
+        """Whether the run checkpoints once `completed` steps are complete."""
+        return self.recovery.mode == CHECKPOINT_RESTART and completed % self.recovery.checkpoint_every == 0
 
     def _bind(self, comm, m: int):
-        if self.mixing is not None and comm.rank < m:  # the survivors' re-weighted plan
-            return _Reweighted(self.config, comm, m, self.mixing.matrix)
-        return self.config.bind(comm, m)
+        return bind(self.config, comm, m, None if self.mixing is None else self.mixing.matrix)
+
+
+def bind(config, comm, m: int, mixing: np.ndarray | None):
+    """The strategy's runtime on a rank of a group of m workers (+ servers): after a re-weighting, the
+    survivors' mixing matrix."""
+    if mixing is not None and comm.rank < m:
+        return _Reweighted(config, comm, m, mixing)
+    return config.bind(comm, m)
+
+
+def train_step(config, runtime, gradient, lr: float, slot: int, step: int, x: torch.Tensor) -> torch.Tensor:
+    """One worker's step: its gradient synchronized, then x moves by lr (allreduce, parameter server); or a local
+    step, then the parameters averaged with its neighbours (decentralized). Returns the new x."""
+    if config.role == strategies.base.PARAMETERS:
+        x = x - lr * _grad(gradient, slot, step, x)
+        runtime.sync(x, "mean")
+        return x
+    g = _grad(gradient, slot, step, x)
+    runtime.sync(g, "mean")
+    return x - lr * g
 
 
 class _Reweighted(Decentralized):
@@ -279,35 +318,56 @@ class _Lives(ShardServer):
 
 
 def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout) -> FaultRun:
+    lives = barrier_free_lives(workers, steps, schedule)
+    server_params = x0.clone().reshape(-1)  # the servers' shards of one vector, each updating its own
+    results = run_threads(workers + config.num_servers(workers), lambda comm: barrier_free_member(
+        comm, config, workers, lives, steps, x0, gradient, lr, server_params), timeout=timeout)
+    return barrier_free_run(workers, steps, schedule, lives, {slot: results[slot] for slot in range(workers)},
+                            results[workers], server_params.reshape(x0.shape).numpy())
+
+
+def barrier_free_lives(workers: int, steps: int, schedule) -> dict[int, int]:
+    """Steps each worker slot pushes: until its first failure."""
     lives = {slot: steps for slot in range(workers)}
     for f in schedule:
         lives[f.rank] = min(lives[f.rank], f.step)
-    server_params = x0.clone().reshape(-1)
-    numel, servers = server_params.numel(), config.num_servers(workers)
-    finals: dict[int, np.ndarray] = {}
+    return lives
 
-    def update(bucket, scaled, where):  # the server's SGD on its unit: x -= lr * g / n (scaled by 1/n already)
-        server_params[where] -= lr * scaled
-        return server_params[where]
 
-    def body(comm):
-        if comm.rank >= workers:
-            server = _Lives(comm, workers, servers, [numel], x0.dtype, update, config.staleness, config.backups,
-                            "cpu", "update", config.partition_mb, lives=lives)
-            return server.run(steps)
-        x = x0.clone().reshape(-1)
-        for step in range(lives[comm.rank]):
-            g = _grad(gradient, comm.rank, step, x.reshape(x0.shape)).reshape(-1)
-            push_pull(comm, g, workers, servers, config.partition_mb)  # the reply: the server's parameters
-            x = g
-        finals[comm.rank] = x.reshape(x0.shape).numpy()
-        return None
+def barrier_free_member(comm, config, workers, lives, steps, x0, gradient, lr, server_params, touched=None,
+                        die=None):
+    """One rank of a barrier-free run. A server serves each worker the pushes of its life into `server_params`
+    (its shards of it; `touched` marks them) and returns its push records; a worker pushes for its life and
+    returns the last reply (the server's parameters), or, with `die`, calls die(rank, step) in the step it fails
+    in."""
+    servers = config.num_servers(workers)
+    if comm.rank >= workers:
+        def update(bucket, scaled, where):  # the server's SGD on its unit: x -= lr * g / n (scaled by 1/n already)
+            server_params[where] -= lr * scaled
+            if touched is not None:
+                touched[where] = True
+            return server_params[where]
 
-    results = run_threads(workers + servers, body, timeout=timeout)
-    # pushes each server handled from each worker, counted on server 0's first unit (every unit sees each push)
-    pushes = {slot: sum(1 for r in results[workers] if r.worker == slot and r.unit == 0) for slot in range(workers)}
-    records = [FailureRecord(f.step, f.rank, 0, 0.0, sum(1 for life in lives.values() if life > f.step))
-               for f in schedule]
+        server = _Lives(comm, workers, servers, [server_params.numel()], x0.dtype, update, config.staleness,
+                        config.backups, "cpu", "update", config.partition_mb, lives=lives)
+        return server.run(steps)
+    x = x0.clone().reshape(-1)
+    for step in range(lives[comm.rank]):
+        g = _grad(gradient, comm.rank, step, x.reshape(x0.shape)).reshape(-1)
+        push_pull(comm, g, workers, servers, config.partition_mb)  # the reply: the server's parameters
+        x = g
+    if die is not None and lives[comm.rank] < steps:
+        die(comm.rank, lives[comm.rank])
+    return x.reshape(x0.shape).numpy()
+
+
+def barrier_free_run(workers, steps, schedule, lives, finals, pushed, server_params,
+                     detection_s: float = math.nan) -> FaultRun:
+    """The barrier-free run's outcome: the live workers' last replies, the server's parameters, the pushes each
+    worker made (counted on server 0's first unit: every unit sees each push), a record per failure (nothing
+    re-formed, no step lost)."""
+    pushes = {slot: sum(1 for r in pushed if r.worker == slot and r.unit == 0) for slot in range(workers)}
+    records = [FailureRecord(f.step, f.rank, 0, 0.0, sum(1 for life in lives.values() if life > f.step),
+                             detection_s) for f in schedule]
     alive = {slot: finals[slot] for slot in range(workers) if lives[slot] == steps}
-    return FaultRun({**alive, "server": server_params.reshape(x0.shape).numpy()}, steps, steps, records,
-                    pushes=pushes)
+    return FaultRun({**alive, "server": server_params}, steps, steps, records, pushes=pushes)

@@ -28,6 +28,7 @@ SLOW_MODULES = {
     "experiments/test_simulate.py", "experiments/test_simulate_scale.py", "experiments/test_ps_substrates.py",
     "experiments/test_cluster_netns.py",
     "experiments/test_group.py", "experiments/test_group_errors.py", "experiments/test_runner_ray.py",
+    "experiments/test_faults_ray.py",
     "experiments/test_gpu.py", "experiments/test_p2p_default.py", "experiments/test_gpu_check.py",
     # the report built whole, in a browser, from a run
     "reports/test_browser.py", "reports/test_build.py", "reports/test_hostile_files.py",

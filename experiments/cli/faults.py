@@ -1,4 +1,5 @@
-"""`syncbench faults`: a scripted failure on thread ranks for each strategy and recovery mode that fits it.
+"""`syncbench faults`: a scripted failure for each strategy and recovery mode that fits it, on thread ranks or on
+Ray actors (`--substrate ray`: the failing actor is killed, experiments/pipeline/ray_faults.py).
 
 Each row trains the same small problem (a parameter vector, each worker slot's gradient x - target(slot, step))
 with one strategy, the failures injected (strategies/fault_runs.py), and checks the result against the survivors'
@@ -6,11 +7,14 @@ reference worked out here in numpy: each step's mean over the slots alive in it 
 without failures (checkpoint_restart: it must resume to the same bits' values), the re-weighted mixing matrices
 (reweight), the steps before the failure (none). A barrier-free server's result depends on the order its pushes
 arrived: no fixed reference, said so. Prints a plain table: steps completed and run, steps lost, seconds of
-recovery per failure (measured on thread ranks: from the death to the recovered group's first step), the check.
+detection (from the death until every survivor has stopped and the run knows) and of recovery (from there to the
+recovered group's first step) per failure, measured on the ranks that ran, and the check.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -34,13 +38,23 @@ from strategies.faults import (
     survivors_graph,
 )
 
+SUBSTRATES = ("threads", "ray")
+RAY_WORKERS = (2, 8)  # the emulated cluster's sizes on this machine (an actor per rank, servers besides)
 DEFAULT_STRATEGIES = ("ring", "halving_doubling", "double_binary_tree", "parameter_server",
                       "parameter_server:staleness=async", "decentralized")
 NUMEL, LR = 64, 0.25
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--workers", type=int, default=4, help="worker ranks, 1 to 16 (default 4)")
+    p.add_argument("--workers", type=int, default=4, help="worker ranks, 1 to 16 (default 4; Ray: 2 to 8)")
+    p.add_argument("--substrate", choices=SUBSTRATES, default="threads",
+                   help="threads: thread ranks of this process (default); ray: every rank a Ray actor, the failing "
+                        "one killed (SIGKILL), the survivors re-formed or a replacement started, seconds measured")
+    p.add_argument("--p2p", default="sockets", help="with --substrate ray: what carries the messages (sockets, "
+                                                     "gloo; default sockets)")
+    p.add_argument("--timeout", type=float, default=20.0,
+                   help="with --substrate ray: every wait's bound in seconds, 1 to 600 (default 20; a death is "
+                        "detected at once, this is the backstop)")
     p.add_argument("--steps", type=int, default=12, help="steps, 1 to 1,000 (default 12)")
     p.add_argument("--fail", action="append", default=None, metavar="RANK@STEP",
                    help="rank RANK dies during step STEP (0-based); repeatable (default 2@5)")
@@ -102,7 +116,8 @@ def reference(name: str, params: dict, recovery: Recovery, schedule, workers: in
             x[slot] = x[alive[0] if alive[0] != slot else alive[1]].copy()  # fetched from a peer
             del rejoin[slot]
         dead = [f.rank for f in schedule if f.step == step and f.rank in alive]
-        if dead and recovery.mode == NONE:
+        if dead and recovery.mode == NONE:  # the run ends; the failed ranks' parameters are gone with them
+            alive = [s for s in alive if s not in dead]
             break
         if dead:
             alive = [s for s in alive if s not in dead]
@@ -134,43 +149,50 @@ def run(args) -> int:
     shown = ", ".join(f"rank {f.rank} at step {f.step}" for f in schedule) or "none"
     if args.mtbf is not None:
         shown = f"MTBF {args.mtbf} per worker, steps of {args.step_time}, seed {args.seed}: {shown}"
-    print(f"# {args.workers} workers, {args.steps} steps, {NUMEL} float64 parameters, thread ranks; failures: "
-          f"{shown}")
-    header = (f"{'strategy':<34} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'recovery s':>10} "
-              f"{'wall s':>7}  check")
+    where = ("thread ranks" if args.substrate == "threads" else
+             f"Ray actors (p2p {args.p2p}; a barrier-free server's runs: gloo)")
+    print(f"# {args.workers} workers, {args.steps} steps, {NUMEL} float64 parameters, {where}; failures: {shown}")
+    header = (f"{'strategy':<34} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'detect s':>8} "
+              f"{'recovery s':>10} {'wall s':>7}  check")
     print(header)
-    print("-" * len(header))
+    print("-" * len(header), flush=True)
     worst = 0.0
-    run_rows, failure_rows = [], []
-    for item, name, params, recovery in plan:
-        start = time.perf_counter()
-        got = run_with_failures(name, args.workers, args.steps, schedule, recovery, x0, gradient, LR, **params)
-        wall = time.perf_counter() - start
-        want = reference(name, params, recovery, schedule, args.workers, args.steps, x0)
-        check = _check(got, want)
-        if want is not None:
-            worst = max(worst, _diff(got, want))
-        lost = sum(r.steps_lost for r in got.failures)
-        recovered = [r.recovery_s for r in got.failures if not np.isnan(r.recovery_s)]
-        recovery_s = np.mean(recovered) if recovered else float("nan")
-        ended = f"; ended: {got.ended.cause}" if got.ended else ""
-        print(f"{item:<34} {recovery.mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {lost:>4} "
-              f"{recovery_s:>10.4f} {wall:>7.3f}  {check}{ended}")
-        diff = _diff(got, want)
-        run_rows.append({
-            "strategy": name, "strategy_label": item, "substrate": "threads", "mode": recovery.mode,
-            "checkpoint_every": recovery.checkpoint_every,
-            "rejoin_steps": -1 if recovery.rejoin_steps is None else recovery.rejoin_steps,
-            "workers": args.workers, "steps": args.steps, "completed_steps": got.completed_steps,
-            "steps_run": got.steps_run, "failures": len(got.failures), "steps_lost": lost, "recovery_s": recovery_s,
-            "time_to_step_s": float("nan") if got.ended else wall, "ended": got.ended is not None,
-            "cause": got.ended.cause if got.ended else "",
-            "reference": "none" if want is None else ("matches" if diff <= 1e-9 else "mismatch"),
-            "max_abs_diff": diff})
-        failure_rows += [{"strategy_label": item, "mode": recovery.mode, "step": r.step, "rank": r.rank,
-                          "steps_lost": r.steps_lost, "recovery_s": r.recovery_s, "survivors": r.survivors}
-                         for r in got.failures]
+    run_rows, failure_rows, starts = [], [], []
+    with _runner(args) as run_one:
+        for item, name, params, recovery in plan:
+            start = time.perf_counter()
+            got = run_one(name, args.workers, args.steps, schedule, recovery, x0, gradient, LR, **params)
+            wall = got.wall_s if not np.isnan(got.wall_s) else time.perf_counter() - start
+            want = reference(name, params, recovery, schedule, args.workers, args.steps, x0)
+            check = _check(got, want)
+            if want is not None:
+                worst = max(worst, _diff(got, want))
+            lost = sum(r.steps_lost for r in got.failures)
+            recovery_s, detection_s = (_mean(r.recovery_s for r in got.failures),
+                                       _mean(r.detection_s for r in got.failures))
+            ended = f"; ended: {got.ended.cause}" if got.ended else ""
+            print(f"{item:<34} {recovery.mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {lost:>4} "
+                  f"{detection_s:>8.3f} {recovery_s:>10.4f} {wall:>7.3f}  {check}{ended}", flush=True)
+            diff = _diff(got, want)
+            if got.starts_s:
+                starts.append(f"{item} {recovery.mode} " + ", ".join(f"{t:.2f} s" for t in got.starts_s))
+            run_rows.append({
+                "strategy": name, "strategy_label": item, "substrate": args.substrate, "mode": recovery.mode,
+                "checkpoint_every": recovery.checkpoint_every,
+                "rejoin_steps": -1 if recovery.rejoin_steps is None else recovery.rejoin_steps,
+                "workers": args.workers, "steps": args.steps, "completed_steps": got.completed_steps,
+                "steps_run": got.steps_run, "failures": len(got.failures), "steps_lost": lost,
+                "detection_s": detection_s, "recovery_s": recovery_s,
+                "time_to_step_s": float("nan") if got.ended else wall, "ended": got.ended is not None,
+                "cause": got.ended.cause if got.ended else "",
+                "reference": "none" if want is None else ("matches" if diff <= 1e-9 else "mismatch"),
+                "max_abs_diff": diff})
+            failure_rows += [{"strategy_label": item, "mode": recovery.mode, "step": r.step, "rank": r.rank,
+                              "steps_lost": r.steps_lost, "detection_s": r.detection_s, "recovery_s": r.recovery_s,
+                              "survivors": r.survivors} for r in got.failures]
     print(f"# check: the live slots' parameters against the survivors' reference (largest difference {worst:.3g})")
+    if starts:
+        print("# replacement actors' start (of the recovery seconds): " + "; ".join(starts))
     if args.out:
         from experiments.results import faults as fault_results
 
@@ -179,10 +201,48 @@ def run(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _runner(args):
+    """run(name, workers, steps, failures, recovery, x0, gradient, lr, **params) on the chosen substrate."""
+    if args.substrate == "threads":
+        yield run_with_failures
+        return
+    from experiments.cluster.ray_runtime import ensure_ray, stop_ray
+    from experiments.pipeline.ray_faults import RayFaultHost, run_with_failures_ray
+
+    # a logical CPU per actor (the largest group: the workers and the parameter server's)
+    started = ensure_ray(num_cpus=max(os.cpu_count() or 1, args.workers + 2))
+    try:
+        with RayFaultHost() as host:
+            def run_one(name, *arguments, **params):  # a barrier-free server's threads take gloo (see its refusal)
+                p2p = "gloo" if strategies.make(name, **params).asynchronous else args.p2p
+                return run_with_failures_ray(name, *arguments, timeout=args.timeout, p2p=p2p, host=host, **params)
+
+            yield run_one
+    finally:
+        if started:
+            stop_ray()
+
+
+def _mean(values) -> float:
+    values = [v for v in values if not np.isnan(v)]
+    return float(np.mean(values)) if values else float("nan")
+
+
 def _plan(args) -> tuple[list, list]:
     """The failure schedule and the (strategy, mode) rows that fit it, every argument checked."""
     if not 1 <= args.workers <= 16:
         raise ValueError(f"--workers {args.workers}: accepted are 1 to 16 (thread ranks of this process)")
+    if args.substrate == "ray":
+        if not RAY_WORKERS[0] <= args.workers <= RAY_WORKERS[1]:
+            raise ValueError(f"--workers {args.workers} with --substrate ray: accepted are {RAY_WORKERS[0]} to "
+                             f"{RAY_WORKERS[1]} (an actor per rank on this machine)")
+        if not 1 <= args.timeout <= 600:
+            raise ValueError(f"--timeout {args.timeout:g}: accepted are 1 to 600 seconds")
+        from strategies.transport.names import P2P
+
+        if args.p2p not in P2P:
+            raise ValueError(f"--p2p {args.p2p!r}: accepted are {', '.join(P2P)}")
     if not 1 <= args.steps <= 1000:
         raise ValueError(f"--steps {args.steps}: accepted are 1 to 1,000")
     if args.mtbf is not None and args.fail:

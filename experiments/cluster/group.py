@@ -8,6 +8,9 @@ its node; gloo binds to `lo` when every actor is on one node (this machine's hos
 127.0.0.1), else to the interface that holds each actor's node IP. Two actors of one node (k ranks per namespace
 of the kernel-shaped cluster) then reach each other at that node IP, which the kernel routes over the
 namespace's loopback: their bytes never cross the node's shaped veth.
+
+After a failure, `reform(members)` joins some of the actors into a new process group in their own processes (their
+state kept), and `replace(i)` starts a fresh actor in a dead one's bundle (experiments/pipeline/ray_faults.py).
 """
 
 from __future__ import annotations
@@ -140,6 +143,16 @@ class GroupWorker:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
+    def reform(self, rank: int, world_size: int) -> None:
+        """Leave the process group (one a failure broke, or of another size) to join a new one as `rank` of
+        `world_size`: elastic recovery re-forms the survivors in their processes, their state kept."""
+        self.leave()
+        if getattr(self, "_listener", None) is not None:  # this rank hosted the old group's store
+            self._listener.close()
+            self._listener = None
+        self.store, self.control_group = None, None
+        self.rank, self.world_size = rank, world_size
+
 
 class WorkerGroup:
     """n worker actors in a placement group, joined by torch.distributed; see the module docstring."""
@@ -181,14 +194,33 @@ class WorkerGroup:
         if not _wait_any([self.pg.ready()], startup_timeout):
             raise RuntimeError(f"placement group of {self.world_size} x {bundle} not placed within "
                                f"{startup_timeout:g} s; the cluster has {ray.available_resources()} available")
+        self._bundle = bundle
+        self.actors = [self._spawn(rank, rank, self.world_size) for rank in range(self.world_size)]
+        self.info = self._rendezvous(self.actors, startup_timeout)
+
+    def _spawn(self, index: int, rank: int, world_size: int):
+        """A fresh actor in bundle `index` of the placement group, to be `rank` of `world_size`."""
         env = {"env_vars": {"TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1", **MALLOC_ENV}}
-        self.actors = [
-            GroupWorker.options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=env,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
-            ).remote(rank, self.world_size, list(sys.path))
-            for rank in range(self.world_size)]
-        addresses = self._get([a.address.remote() for a in self.actors], startup_timeout, "start")
+        return GroupWorker.options(
+            num_cpus=self._bundle["CPU"], num_gpus=self._bundle.get("GPU", 0), runtime_env=env,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index),
+        ).remote(rank, world_size, list(sys.path))
+
+    def replace(self, index: int, startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """A fresh actor in place of actor `index` (dead: its bundle is free again), started and waited for."""
+        self.actors[index] = actor = self._spawn(index, index, self.world_size)
+        self._get([actor.address.remote()], startup_timeout, "start")
+
+    def reform(self, members: list[int], startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """A new process group of the actors `members` (indices into `actors`), ranks in that order; the others
+        are left out of it. Each member leaves the group it was in (a failure broke it) and keeps its state."""
+        actors = [self.actors[i] for i in members]
+        self._get([a.reform.remote(rank, len(actors)) for rank, a in enumerate(actors)], startup_timeout, "reform")
+        self.info = self._rendezvous(actors, startup_timeout)
+
+    def _rendezvous(self, actors: list, startup_timeout: float) -> list[dict]:
+        """Join `actors` into one process group, ranks in list order (rank 0 hosts the store); their facts."""
+        addresses = self._get([a.address.remote() for a in actors], startup_timeout, "start")
         one_node = len({ip for ip, _ in addresses}) == 1
         host = "127.0.0.1" if one_node else addresses[0][0]
         ifnames = ["lo" if one_node else ifname for _, ifname in addresses]
@@ -196,10 +228,10 @@ class WorkerGroup:
             rank = ifnames.index(None)
             raise RuntimeError(f"rank {rank}: no network interface holds its node IP {addresses[rank][0]}, "
                                f"so gloo cannot tell where to bind")
-        port = self._get([self.actors[0].open_store.remote(host, self.timeout)], startup_timeout, "start")[0]
+        port = self._get([actors[0].open_store.remote(host, self.timeout)], startup_timeout, "start")[0]
         self.port = port
-        self.info = self._get([a.join.remote(host, port, ifname, self.backend, self.timeout)
-                               for a, ifname in zip(self.actors, ifnames)], startup_timeout, "rendezvous")
+        return self._get([a.join.remote(host, port, ifname, self.backend, self.timeout)
+                          for a, ifname in zip(actors, ifnames)], startup_timeout, "rendezvous")
 
     @property
     def host(self) -> str:

@@ -78,9 +78,11 @@ class Substrate(ABC):
                          f"substrate (nodes of several ranks run on thread ranks, on SimGrid and on Ray with "
                          f"kernel-shaped links); accepted there is ranks_per_node = 1")
         if (spec.failures or spec.recovery) and not self.failures:
-            found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate (it "
-                         f"cannot kill a rank and recover yet); failures and recovery run on thread ranks "
-                         f"(strategies/fault_runs.py) and in the model (reports/faults_model.py)")
+            found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate (a "
+                         f"sweep's training cannot yet lose a rank and go on); failures and recovery run with "
+                         f"`syncbench faults` on thread ranks or on Ray actors (--substrate ray: the failing actor "
+                         f"killed, the survivors re-formed), on SimGrid (--simulate) and in the model "
+                         f"(strategies/fault_cost.py)")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:

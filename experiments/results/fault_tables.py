@@ -8,7 +8,8 @@ from experiments.results.columns import BOOL, FLOAT, INT, STR, Column
 FAULT_RUNS: tuple[Column, ...] = (
     Column("strategy", STR, "the registered strategy's name"),
     Column("strategy_label", STR, "the strategy with its parameters, as given (name:key=value,...)"),
-    Column("substrate", STR, "where it ran: 'threads' (thread ranks of one process)"),
+    Column("substrate", STR, "where it ran: 'threads' (thread ranks of one process) or 'ray' (an actor per rank, "
+                             "the failing one killed)"),
     Column("mode", STR, "the recovery mode: none, checkpoint_restart, elastic, ps_shrink or reweight"),
     Column("checkpoint_every", INT, "checkpoint_restart: steps between checkpoints (0 elsewhere)"),
     Column("rejoin_steps", INT, "elastic, ps_shrink: steps until a replacement joins (-1: never)"),
@@ -18,7 +19,8 @@ FAULT_RUNS: tuple[Column, ...] = (
     Column("steps_run", INT, "steps executed, those redone after a restart included"),
     Column("failures", INT, "failures that happened"),
     Column("steps_lost", INT, "completed steps thrown away and redone, over all failures"),
-    Column("recovery_s", FLOAT, "mean seconds from a death to the recovered group's first step (NaN: none)"),
+    Column("detection_s", FLOAT, "mean seconds from a death to its detection (every survivor stopped; NaN: none)"),
+    Column("recovery_s", FLOAT, "mean seconds from a detection to the recovered group's first step (NaN: none)"),
     Column("time_to_step_s", FLOAT, "seconds the run took to reach step S (NaN: it ended before)"),
     Column("ended", BOOL, "a failure the mode could not recover from ended the run"),
     Column("cause", STR, "why it ended ('' when it reached step S)"),
@@ -33,6 +35,8 @@ FAILURES: tuple[Column, ...] = (
     Column("step", INT, "the step the rank died in (0-based)"),
     Column("rank", INT, "the rank that died (workers first, then servers)"),
     Column("steps_lost", INT, "completed steps this failure threw away"),
-    Column("recovery_s", FLOAT, "seconds from the death to the recovered group's first step (NaN: not recovered)"),
+    Column("detection_s", FLOAT, "seconds from the death to its detection (NaN: not measured)"),
+    Column("recovery_s", FLOAT, "seconds from the detection to the recovered group's first step (NaN: not "
+                                "recovered)"),
     Column("survivors", INT, "workers that ran the step after it"),
 )

@@ -3,7 +3,8 @@
 `syncbench faults --out DIR` writes DIR/fault_runs.parquet and DIR/failures.parquet beside runs/ and steps/
 (each written atomically by the dataset's writer, an existing one never overwritten unless asked); `read(DIR)`
 gives them back as frames in their types. The columns are the schema's (experiments/results/schema.py TABLES:
-`syncbench schema` lists them). Seconds are measured on the ranks that ran (thread ranks: `substrate` says which).
+`syncbench schema` lists them). Seconds are measured on the ranks that ran (thread ranks or Ray actors:
+`substrate` says which).
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ def test_every_row_matches_the_survivors_reference(capsys):
     (["--simulate", "2", "--mtbf", "20s", "--costs", "boot=3"], "'boot' is not one of detect, restart"),
     (["--simulate", "2", "--mtbf", "20s", "--strategy", "decentralized", "--modes", "elastic"],
      "no --strategy fits the simulated modes"),
+    # on Ray actors: refused before Ray starts
+    (["--substrate", "ray", "--workers", "9"], "--workers 9 with --substrate ray: accepted are 2 to 8"),
+    (["--substrate", "ray", "--p2p", "pigeon"], "--p2p 'pigeon': accepted are gloo, sockets"),
+    (["--substrate", "ray", "--timeout", "0.5"], "--timeout 0.5: accepted are 1 to 600 seconds"),
 ])
 def test_bad_arguments_are_named(capsys, argv, words):
     assert main(["faults", *argv]) == 2

@@ -75,6 +75,14 @@ def test_synchronous_parameter_server_barrier_shrinks():
     assert (run.completed_steps, run.failures[0].steps_lost) == (4, 0)
 
 
+def test_shrunk_server_barrier_grows_back_when_rank_0_is_replaced():
+    # rank 0 dies in step 2: the survivors' mean (2 + 6) / 2 moves x from -6 to -10; slot 0's replacement fetches
+    # -10 at step 3 (the server sizes its step by the run's parameters, not by slot 0's, which it has not yet)
+    run = run_with_failures("parameter_server", 3, 4, [Failure(step=2, rank=0)], Recovery("ps_shrink", rejoin_steps=1),
+                            np.zeros(1), constant, 1.0)
+    assert {slot: x.tolist() for slot, x in run.params.items()} == {0: [-13.0], 1: [-13.0], 2: [-13.0]}
+
+
 def test_barrier_free_parameter_server_changes_nothing():
     # gradients 3, 6 and 18: every push moves the server's x by lr * g / 3 (1, 2 or 6: exact in binary, so any
     # order of arrival sums to the same bits) as it arrives: the survivors push all 4 steps, rank 2 its first 2:
