@@ -332,6 +332,20 @@ COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "check
               "rejoin": "rejoin_s"}
 
 
+def _costs(text: str) -> dict[str, float]:
+    """--costs 'detect=5,restart=60,...' -> FaultCosts' keyword arguments, each name and number checked."""
+    costs = {}
+    for pair in text.split(","):
+        key, _, value = pair.partition("=")
+        if key.strip() not in COST_NAMES:
+            raise ValueError(f"--costs {text!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
+        try:
+            costs[COST_NAMES[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"--costs {text!r}: {value!r} is not a number of seconds") from None
+    return costs
+
+
 def simulate(args) -> int:
     """SimGrid: each strategy and mode that fits, `args.simulate` seeds, the mean against the model."""
     from dataclasses import replace
@@ -348,16 +362,7 @@ def simulate(args) -> int:
     if not 2 <= args.workers <= 16_384 or not 1 <= args.steps <= 1_000_000:
         raise ValueError(f"--workers {args.workers}, --steps {args.steps}: accepted are 2 to 16,384 workers and 1 to "
                          f"1,000,000 steps")
-    costs = {}
-    for pair in args.costs.split(","):
-        key, _, value = pair.partition("=")
-        if key.strip() not in COST_NAMES:
-            raise ValueError(f"--costs {args.costs!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
-        try:
-            costs[COST_NAMES[key.strip()]] = float(value)
-        except ValueError:
-            raise ValueError(f"--costs {args.costs!r}: {value!r} is not a number of seconds") from None
-    costs = FaultCosts(step_s=1.0, **costs)
+    costs = FaultCosts(step_s=1.0, **_costs(args.costs))
     mtbf = parse_mtbf(args.mtbf)
     if args.checkpoint_every < 0 or args.numel < 1 or not args.compute > 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}, --numel {args.numel}, --compute "
