@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -61,173 +63,215 @@ def run_replicated_ps(workers: int, servers: int, replicas: int, steps: int, fai
     x0 = torch.as_tensor(np.array(x0, copy=True)).reshape(-1)
     if x0.numel() < servers:
         raise FaultSettingError(f"{x0.numel()} parameters on {servers} servers: each server needs a shard (>= 1)")
-    bounds = np.linspace(0, x0.numel(), servers + 1).round().astype(int)
-    shard_of = [slice(int(bounds[j]), int(bounds[j + 1])) for j in range(servers)]
-    live_servers = list(range(servers))
-    primaries = {j: j for j in range(servers)}
-    chain = chains(live_servers, servers, primaries, replicas)
-    store = {s: {j: x0[shard_of[j]].clone() for j in range(servers) if s in chain[j]} for s in live_servers}
-    params = {slot: x0.clone() for slot in range(workers)}
-    alive, rejoins, pending = list(range(workers)), [], list(schedule)
-    out = FaultRun({}, 0, 0)
-    step, death = 0, None
+    return _ReplicatedRun(workers, servers, replicas, steps, schedule, x0, gradient, lr, rejoin_steps, timeout).run()
 
-    while step < steps:
-        joining = [slot for at, slot in rejoins if at == step]
-        rejoins = [(at, slot) for at, slot in rejoins if at != step]
-        for slot in joining:  # the replacement fetches the parameters from a live peer
-            params[slot] = params[alive[0]].clone()
-        alive = sorted(alive + joining)
-        end = min([at for at, _ in rejoins] + [steps])
-        m, k = len(alive), len(live_servers)
-        ranks = alive + [workers + s for s in live_servers]  # position -> rank
-        dying = {}
-        for f in pending:
-            if step <= f.step < end and f.rank in ranks:
-                dying.setdefault(f.rank, f.step)
-        finished = threading.Barrier(m + k)
-        done = {"step": step, "ready": None, "died_at": None}
 
-        def body(comm, chain=chain, alive=alive, m=m, ranks=ranks, dying=dying, finished=finished, done=done,
-                 start=step, end=end):
+@dataclass(frozen=True)
+class _Segment:
+    """Steps start..end-1 run by one group of thread ranks (until a failure or a replacement's joining)."""
+
+    start: int
+    end: int
+    chain: dict[int, list[int]]  # shard -> its chain (server indices), the primary first
+    alive: list[int]  # the live worker slots, in position order
+    ranks: list[int]  # position -> rank: the live workers, then the live servers (workers + server index)
+    dying: dict[int, int]  # rank -> the step it dies in
+    finished: threading.Barrier
+    done: dict  # "step": the step reached; "ready": the group formed; "died_at": a rank died (perf_counter)
+
+
+class _ReplicatedRun:
+    """One run's state: the shards, their chains and each server's copies, the workers' parameters, the failures
+    still to come; segments of steps, each run by one group of thread ranks, and the re-forming after a failure."""
+
+    def __init__(self, workers, servers, replicas, steps, schedule, x0, gradient, lr, rejoin_steps, timeout):
+        self.workers, self.replicas, self.steps = workers, replicas, steps
+        self.gradient, self.lr, self.rejoin_steps, self.timeout = gradient, lr, rejoin_steps, timeout
+        bounds = np.linspace(0, x0.numel(), servers + 1).round().astype(int)
+        self.shard_of = [slice(int(bounds[j]), int(bounds[j + 1])) for j in range(servers)]
+        self.live_servers = list(range(servers))
+        self.primaries = {j: j for j in range(servers)}
+        self.chain = chains(self.live_servers, servers, self.primaries, replicas)
+        self.store = {s: {j: x0[self.shard_of[j]].clone() for j in range(servers) if s in self.chain[j]}
+                      for s in self.live_servers}
+        self.params = {slot: x0.clone() for slot in range(workers)}
+        self.alive, self.rejoins, self.pending = list(range(workers)), [], list(schedule)
+        self.out = FaultRun({}, 0, 0)
+        self.step, self.death = 0, None
+
+    def run(self) -> FaultRun:
+        while self.step < self.steps:
+            segment = self._segment()
             try:
-                member(comm, chain, alive, m, ranks, dying, finished, done, start, end)
-            except threading.BrokenBarrierError as e:
-                raise RankAborted("the step's barrier broke: a peer failed") from e
-            except BaseException:
-                finished.abort()
-                raise
-
-        def member(comm, chain, alive, m, ranks, dying, finished, done, start, end):
-            position = comm.rank
-            rank = ranks[position]
-            where = {r: i for i, r in enumerate(ranks)}
-
-            def pos(server):
-                return where[workers + server]
-
-            comm.allgather_object(None)  # the group is formed
-            if position == 0:
-                done["ready"] = time.perf_counter()
-            for s in range(start, end):
-                if dying.get(rank) == s:
-                    done["died_at"] = time.perf_counter()
-                    raise RankFailed(rank, s)
-                kept = {}
-                if position < m:  # a worker: push each shard's gradient to its primary, take x_j back
-                    slot = alive[position]
-                    g = _grad(gradient, slot, s, params[slot]).reshape(-1)
-                    for j, holders in chain.items():
-                        comm.send(g[shard_of[j]].clone(), pos(holders[0]))
-                    x = torch.empty_like(params[slot])
-                    for j, holders in chain.items():
-                        part = torch.empty_like(x[shard_of[j]])
-                        comm.recv(part, pos(holders[0]))
-                        x[shard_of[j]] = part
-                    kept = {"worker": x}
-                else:
-                    server = rank - workers
-                    mine = [j for j, holders in chain.items() if holders[0] == server]
-                    new = {}
-                    for j in mine:  # average the live workers' pushes, the SGD step, down the chain
-                        total = torch.zeros_like(store[server][j])
-                        for w in range(m):
-                            part = torch.empty_like(total)
-                            comm.recv(part, w)
-                            total += part
-                        new[j] = store[server][j] - lr * total / m
-                        if len(chain[j]) > 1:
-                            comm.send(new[j].clone(), pos(chain[j][1]))
-                    depth = max(len(h) for h in chain.values())
-                    for d in range(1, depth):  # replicas, link by link: store, pass on, the tail acknowledges
-                        for j, holders in chain.items():
-                            if len(holders) > d and holders[d] == server:
-                                got = torch.empty_like(store[server][j])
-                                comm.recv(got, pos(holders[d - 1]))
-                                new[j] = got
-                                if d + 1 < len(holders):
-                                    comm.send(got.clone(), pos(holders[d + 1]))
-                                else:
-                                    comm.send(torch.ones(1), pos(holders[0]))
-                    for j in mine:  # on every replica now: answer the workers
-                        if len(chain[j]) > 1:
-                            comm.recv(torch.empty(1), pos(chain[j][-1]))
-                        for w in range(m):
-                            comm.send(new[j].clone(), w)
-                    kept = {"server": new}
-                finished.wait(timeout)  # every rank has the step's values: none is kept before all are
-                if "worker" in kept:
-                    params[alive[position]] = kept["worker"]
-                else:
-                    store[rank - workers].update(kept["server"])
-                finished.wait(timeout)
-                if position == 0:
-                    done["step"] = s + 1
-                    out.steps_run += 1
-                finished.wait(timeout)
-
-        try:
-            run_threads(m + k, body, timeout=timeout)
-        except RankFailed as e:
-            failed_step = e.step
-            dead = sorted(f.rank for f in pending if f.step == failed_step and f.rank in ranks)
-            pending = [f for f in pending if not (f.step == failed_step and f.rank in dead)]
-            if death:
-                _record(out, death, done["ready"] or time.perf_counter())
-            step = failed_step  # the step in flight is redone: nothing completed is lost
-            dead_workers = [r for r in dead if r < workers]
-            dead_servers = [r - workers for r in dead if r >= workers]
-            alive = [slot for slot in alive if slot not in dead_workers]
-            for slot in dead_workers:
-                params.pop(slot)
-            if rejoin_steps is not None:
-                rejoins += [(failed_step + rejoin_steps, slot) for slot in dead_workers]
-            try:
-                if not alive:
-                    raise RunEnded(f"rank(s) {dead} failed during step {failed_step}: no worker left", failed_step)
-                live_servers, primaries, chain = _reform(dead_servers, live_servers, primaries, chain, store,
-                                                         replicas, failed_step, workers)
-            except RunEnded as ended:
-                out.ended = ended
-                out.failures += [FailureRecord(failed_step, r, 0, math.nan, len(alive)) for r in dead]
-                death = None
+                run_threads(len(segment.ranks), partial(self._rank, segment), timeout=self.timeout)
+            except RankFailed as e:
+                if self._failed(e.step, segment):
+                    continue
                 break
-            death = (done["died_at"], dead, failed_step, len(alive))
-            continue
-        step = done["step"]
-        if death:
-            _record(out, death, done["ready"])
-            death = None
-    if death:
-        _record(out, death, time.perf_counter())
-    out.params = {slot: params[slot].reshape(-1).numpy() for slot in alive}
-    out.params["servers"] = {s: {j: v.numpy() for j, v in store[s].items()} for s in live_servers}
-    out.completed_steps = step if out.ended is None else out.ended.completed_steps
-    return out
+            self.step = segment.done["step"]
+            if self.death:
+                _record(self.out, self.death, segment.done["ready"])
+                self.death = None
+        if self.death:
+            _record(self.out, self.death, time.perf_counter())
+        out = self.out
+        out.params = {slot: self.params[slot].reshape(-1).numpy() for slot in self.alive}
+        out.params["servers"] = {s: {j: v.numpy() for j, v in self.store[s].items()} for s in self.live_servers}
+        out.completed_steps = self.step if out.ended is None else out.ended.completed_steps
+        return out
 
+    def _segment(self) -> _Segment:
+        """The next group: replacements due now join (fetching the parameters from a live peer); it runs until the
+        next joining or the end, the failures scheduled in that span on its ranks injected."""
+        joining = [slot for at, slot in self.rejoins if at == self.step]
+        self.rejoins = [(at, slot) for at, slot in self.rejoins if at != self.step]
+        for slot in joining:  # the replacement fetches the parameters from a live peer
+            self.params[slot] = self.params[self.alive[0]].clone()
+        self.alive = sorted(self.alive + joining)
+        end = min([at for at, _ in self.rejoins] + [self.steps])
+        ranks = self.alive + [self.workers + s for s in self.live_servers]
+        dying = {}
+        for f in self.pending:
+            if self.step <= f.step < end and f.rank in ranks:
+                dying.setdefault(f.rank, f.step)
+        return _Segment(self.step, end, self.chain, self.alive, ranks, dying, threading.Barrier(len(ranks)),
+                        {"step": self.step, "ready": None, "died_at": None})
 
-def _reform(dead_servers, live_servers, primaries, chain, store, replicas, step, workers):
-    """The chains after `dead_servers` died: each shard's primary is its first live holder (its copy as of the
-    last completed step); new chain members copy the shard from it. RunEnded when a shard lost every holder."""
-    if not dead_servers:
-        return live_servers, primaries, chain
-    live = [s for s in live_servers if s not in dead_servers]
-    for j, holders in chain.items():
-        survivors = [s for s in holders if s in live]
-        if not survivors:
-            raise RunEnded(f"server rank(s) {[workers + s for s in dead_servers]} failed during step {step}: shard "
-                           f"{j} lost its primary and all {len(holders) - 1} replica(s) at once", step)
-        primaries[j] = survivors[0]
-    for s in dead_servers:
-        store.pop(s)
-    new_chain = chains(live, len(chain), primaries, replicas)
-    for s in live:  # a server keeps the shards whose chain it is on
-        store[s] = {j: v for j, v in store[s].items() if s in new_chain[j]}
-    for j, holders in new_chain.items():
-        for s in holders[1:]:
-            if j not in store[s]:  # a new link: its copy from the primary (the re-replication)
-                store[s][j] = store[holders[0]][j].clone()
-    return live, primaries, new_chain
+    def _rank(self, segment: _Segment, comm) -> None:
+        try:
+            self._member(segment, comm)
+        except threading.BrokenBarrierError as e:
+            raise RankAborted("the step's barrier broke: a peer failed") from e
+        except BaseException:
+            segment.finished.abort()
+            raise
+
+    def _member(self, segment: _Segment, comm) -> None:
+        """One rank's steps of the segment: a worker's or a server's, each step's values kept once every rank has
+        them."""
+        position, m, done, finished = comm.rank, len(segment.alive), segment.done, segment.finished
+        rank = segment.ranks[position]
+        pos = {r - self.workers: i for i, r in enumerate(segment.ranks) if r >= self.workers}  # server -> position
+        comm.allgather_object(None)  # the group is formed
+        if position == 0:
+            done["ready"] = time.perf_counter()
+        for s in range(segment.start, segment.end):
+            if segment.dying.get(rank) == s:
+                done["died_at"] = time.perf_counter()
+                raise RankFailed(rank, s)
+            if position < m:
+                kept = self._worker_step(comm, segment, pos, s)
+            else:
+                kept = self._server_step(comm, segment, pos, rank - self.workers)
+            finished.wait(self.timeout)  # every rank has the step's values: none is kept before all are
+            if position < m:
+                self.params[segment.alive[position]] = kept
+            else:
+                self.store[rank - self.workers].update(kept)
+            finished.wait(self.timeout)
+            if position == 0:
+                done["step"] = s + 1
+                self.out.steps_run += 1
+            finished.wait(self.timeout)
+
+    def _worker_step(self, comm, segment: _Segment, pos: dict[int, int], s: int) -> torch.Tensor:
+        """A worker: push each shard's gradient to its primary, take x_j back."""
+        slot = segment.alive[comm.rank]
+        g = _grad(self.gradient, slot, s, self.params[slot]).reshape(-1)
+        for j, holders in segment.chain.items():
+            comm.send(g[self.shard_of[j]].clone(), pos[holders[0]])
+        x = torch.empty_like(self.params[slot])
+        for j, holders in segment.chain.items():
+            part = torch.empty_like(x[self.shard_of[j]])
+            comm.recv(part, pos[holders[0]])
+            x[self.shard_of[j]] = part
+        return x
+
+    def _server_step(self, comm, segment: _Segment, pos: dict[int, int], server: int) -> dict[int, torch.Tensor]:
+        """A server: as primary, average the live workers' pushes, the SGD step, down the chain; as a replica,
+        store and pass on (the tail acknowledging); as primary again, once on every replica, answer the workers."""
+        chain, m, store = segment.chain, len(segment.alive), self.store[server]
+        mine = [j for j, holders in chain.items() if holders[0] == server]
+        new = {}
+        for j in mine:  # average the live workers' pushes, the SGD step, down the chain
+            total = torch.zeros_like(store[j])
+            for w in range(m):
+                part = torch.empty_like(total)
+                comm.recv(part, w)
+                total += part
+            new[j] = store[j] - self.lr * total / m
+            if len(chain[j]) > 1:
+                comm.send(new[j].clone(), pos[chain[j][1]])
+        depth = max(len(h) for h in chain.values())
+        for d in range(1, depth):  # replicas, link by link: store, pass on, the tail acknowledges
+            for j, holders in chain.items():
+                if len(holders) > d and holders[d] == server:
+                    got = torch.empty_like(store[j])
+                    comm.recv(got, pos[holders[d - 1]])
+                    new[j] = got
+                    if d + 1 < len(holders):
+                        comm.send(got.clone(), pos[holders[d + 1]])
+                    else:
+                        comm.send(torch.ones(1), pos[holders[0]])
+        for j in mine:  # on every replica now: answer the workers
+            if len(chain[j]) > 1:
+                comm.recv(torch.empty(1), pos[chain[j][-1]])
+            for w in range(m):
+                comm.send(new[j].clone(), w)
+        return new
+
+    def _failed(self, failed_step: int, segment: _Segment) -> bool:
+        """After rank(s) died during `failed_step`: the dead workers leave (a replacement due later if
+        rejoin_steps), the chains re-form over the live servers; the step in flight is redone. False when the run
+        ends (no worker left, or a shard lost every holder)."""
+        dead = sorted(f.rank for f in self.pending if f.step == failed_step and f.rank in segment.ranks)
+        self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
+        if self.death:
+            _record(self.out, self.death, segment.done["ready"] or time.perf_counter())
+        self.step = failed_step  # the step in flight is redone: nothing completed is lost
+        dead_workers = [r for r in dead if r < self.workers]
+        dead_servers = [r - self.workers for r in dead if r >= self.workers]
+        self.alive = [slot for slot in self.alive if slot not in dead_workers]
+        for slot in dead_workers:
+            self.params.pop(slot)
+        if self.rejoin_steps is not None:
+            self.rejoins += [(failed_step + self.rejoin_steps, slot) for slot in dead_workers]
+        try:
+            if not self.alive:
+                raise RunEnded(f"rank(s) {dead} failed during step {failed_step}: no worker left", failed_step)
+            self._reform(dead_servers, failed_step)
+        except RunEnded as ended:
+            self.out.ended = ended
+            self.out.failures += [FailureRecord(failed_step, r, 0, math.nan, len(self.alive)) for r in dead]
+            self.death = None
+            return False
+        self.death = (segment.done["died_at"], dead, failed_step, len(self.alive))
+        return True
+
+    def _reform(self, dead_servers: list[int], step: int) -> None:
+        """The chains after `dead_servers` died: each shard's primary is its first live holder (its copy as of the
+        last completed step); new chain members copy the shard from it. RunEnded when a shard lost every holder."""
+        if not dead_servers:
+            return
+        live = [s for s in self.live_servers if s not in dead_servers]
+        for j, holders in self.chain.items():
+            survivors = [s for s in holders if s in live]
+            if not survivors:
+                raise RunEnded(f"server rank(s) {[self.workers + s for s in dead_servers]} failed during step "
+                               f"{step}: shard {j} lost its primary and all {len(holders) - 1} replica(s) at once",
+                               step)
+            self.primaries[j] = survivors[0]
+        store = self.store
+        for s in dead_servers:
+            store.pop(s)
+        new_chain = chains(live, len(self.chain), self.primaries, self.replicas)
+        for s in live:  # a server keeps the shards whose chain it is on
+            store[s] = {j: v for j, v in store[s].items() if s in new_chain[j]}
+        for j, holders in new_chain.items():
+            for s in holders[1:]:
+                if j not in store[s]:  # a new link: its copy from the primary (the re-replication)
+                    store[s][j] = store[holders[0]][j].clone()
+        self.live_servers, self.chain = live, new_chain
 
 
 def _record(out: FaultRun, death, ready_at: float) -> None:
