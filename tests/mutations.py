@@ -214,8 +214,8 @@ MUTATIONS = (
     Mutation("byteps-optimum-denominator", "cost", "strategies/cost.py",
              "(n * n + k * n - 2 * k)", "(n * n + k * n - k)", REPORT_TESTS, "", DETAILS),
     Mutation("local-sgd-period-ignored", "cost", "strategies/cost.py",
-             "return (traffic.rounds / period, traffic.path_bytes / period,",
-             "return (traffic.rounds, traffic.path_bytes,", REPORT_TESTS, "",
+             "return (traffic.rounds / period, path / period,",
+             "return (traffic.rounds, path,", REPORT_TESTS, "",
              ("tests/experiments/test_local_sgd.py",)),
     # -- run metrics -----------------------------------------------------------------------------------------------
     Mutation("time-to-target-one-step-early", "summary", "experiments/pipeline/summary.py",

@@ -55,6 +55,7 @@ def run_check(out: str | Path, device: str = "cuda", tiny: bool = False, steps: 
         raise ValueError(f"--steps {','.join(unknown)}: accepted are {', '.join(STEPS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
     torch.set_num_threads(1)  # as syncbench's workers compute; the GPU does the work
     torch.set_float32_matmul_precision("high")  # TF32 matmuls (cuDNN's convolutions use TF32 by default)
     check = Check(out, device, core.TINY if tiny else core.FULL)
@@ -75,6 +76,8 @@ def run_check(out: str | Path, device: str = "cuda", tiny: bool = False, steps: 
         check.summary["finished_at"] = _now()
         check.record(check.step, {})  # rewrites the files with the finishing time
         check.close()
+        torch.set_num_threads(threads)  # the caller's process as it was (a test suite runs on after it)
+        torch.set_float32_matmul_precision(precision)
     return check.summary
 
 
