@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from experiments.cli.main import main
 from experiments.config import settings_doc, sweep
 from experiments.config.settings import SETTINGS
@@ -105,6 +107,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.slow  # a subprocess importing the whole CLI (3 s): out of make test-fast
 def test_a_new_setting_is_one_row_parse_checks_docs_and_schema_take_it_from_there():
     """The settings module run with one more row (the file as it would be, nothing else changed): the RunSpec has
     the field with its default, a sweep sets it and lists it, bad values are refused naming the row's range, the

@@ -224,6 +224,7 @@ def test_straggler_and_balanced_runs_get_one_verdict_each(results_dir):
 
 # ---- scaling efficiency needs a baseline ---------------------------------------------------------------------
 
+@pytest.mark.slow  # the report built whole: out of make test-fast
 def test_without_a_one_worker_run_no_efficiency_is_shown(tmp_path, fake_results):
     fake_results(tmp_path)
     edit_runs(tmp_path, lambda runs: runs[runs["workers"] != 1])

@@ -48,6 +48,7 @@ def test_without_an_emulated_link_the_section_says_why(tmp_path):
     assert isinstance(body, Absent) and "no run on an emulated link" in body.reason
 
 
+@pytest.mark.slow  # the node map replays schedules (4 s): out of make test-fast
 def test_on_nodes_the_section_ranks_the_node_aware_strategies_at_the_sweeps_node_size(tmp_path):
     # the per-level section's results: 4 workers in nodes of 2 sharing a 1 Gbit/s NIC, 100 Gbit/s inside a node
     from tests.reports.test_levels import INTRA, NIC, _results, _run
