@@ -49,8 +49,9 @@ TABLE = [
                          "messages: a table, SVG or HTML"),
     ("break-even", break_even, "the NIC bandwidth below which each compression (or local SGD) shortens the step, "
                                "and time to target given a steps-to-target ratio"),
-    ("faults", faults, "a scripted failure on thread ranks for each strategy and recovery mode: steps lost, "
-                       "recovery seconds, the survivors' result checked"),
+    ("faults", faults, "a scripted failure on thread ranks or Ray actors for each strategy and recovery mode: "
+                       "steps lost, detection and recovery seconds, the survivors' result checked; or failures "
+                       "drawn from a rate on SimGrid against the model (--simulate)"),
     ("strategies", strategies, "list the registered strategies and their parameters"),
     ("schema", schema, "the columns of the runs and steps tables: name, type, meaning"),
     ("profile", profile, "measure a compute profile: forward, per-parameter gradient readiness, optimizer (one rank "
