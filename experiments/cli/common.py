@@ -34,6 +34,27 @@ def size_arg(option: str, text: str, high: int) -> int:
     return value
 
 
+def add_results_arguments(p, verb: str) -> None:
+    """A sweep's results directory and what to do with what is there, for `run` (verb: run) and `simulate`."""
+    p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
+    p.add_argument("--resume", action="store_true", help=f"{verb} only what is missing or failed in --out")
+    p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
+    p.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help=f"{verb} the valid grid points and list every invalid one with its reason (here and in the "
+                        "report), instead of refusing the sweep")
+
+
+def add_model_source(p, profile_help: str, bytes_help: str = "gradient size instead of a model, e.g. 553.36MB"):
+    """Where `model` and `map` take the gradients from: a named model, a byte count or a profile (one of them);
+    returns the group, for a command that adds a fourth source."""
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
+    what.add_argument("--model-bytes", help=bytes_help)
+    what.add_argument("--profile", help=profile_help)
+    return what
+
+
 def closing_report(out: Path) -> None:
     """report.html after a sweep; one that cannot be written (a full or read-only disk) is said in one line and
     does not fail the command: the runs are stored, and `syncbench report DIR` builds it later."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 import time
 
+from experiments.cli.common import add_model_source
+
 
 def add_arguments(p) -> None:
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
-    what.add_argument("--model-bytes", help="gradient size instead of a model, e.g. 553.36MB")
-    what.add_argument("--profile", help="a profile JSON (`syncbench profile`): its model, Ts and gradient readiness; "
-                                        "cells price its step with buckets overlapped with backward")
+    what = add_model_source(p, "a profile JSON (`syncbench profile`): its model, Ts and gradient readiness; cells "
+                               "price its step with buckets overlapped with backward")
     what.add_argument("--collective", action="store_true",
                       help="the collective alone: one allreduce per message size (--sizes) x workers, on one "
                            "--bandwidth")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from experiments.cli.common import MAX_MODEL_BYTES, check_link, size_arg
+from experiments.cli.common import MAX_MODEL_BYTES, add_model_source, check_link, size_arg
 
 
 def add_arguments(p) -> None:
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="resnet18 | resnet50 | vgg11 | vgg16 (fp32 parameters)")
-    what.add_argument("--model-bytes", help="message size instead of a model, e.g. 553.36MB")
-    what.add_argument("--profile", help="a profile JSON (`syncbench profile`, measured or --synthetic): its model "
-                                        "and step time, buckets overlapped with backward as its gradients are ready")
+    add_model_source(p, "a profile JSON (`syncbench profile`, measured or --synthetic): its model and step time, "
+                        "buckets overlapped with backward as its gradients are ready",
+                     "message size instead of a model, e.g. 553.36MB")
     p.add_argument("--num-classes", type=int,
                    help="with --model: classifier outputs (default: the workload's, as sweeps; ImageNet: 1000)")
     p.add_argument("--workers", action="append", required=True,

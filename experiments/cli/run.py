@@ -5,19 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.cli.common import closing_report
+from experiments.cli.common import add_results_arguments, closing_report
 
 
 def add_arguments(p) -> None:
     p.add_argument("sweep", help="a sweep TOML file, e.g. experiments/config/sweeps/quick.toml")
-    p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
-    p.add_argument("--resume", action="store_true", help="run only what is missing or failed in --out")
-    p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
+    add_results_arguments(p, "run")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
-    p.add_argument("--no-report", action="store_true", help="skip writing report.html")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="run the valid grid points and list every invalid one with its reason (here and in the "
-                        "report), instead of refusing the sweep")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more than 4 ranks per core (times then measure core contention)")
     p.add_argument("--substrate", default="ray", choices=("ray", "threads"),

@@ -5,17 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from experiments.cli.common import add_results_arguments
+
 
 def add_arguments(p) -> None:
     p.add_argument("sweep", nargs="?", help="a sweep TOML file with a [simulate] table, e.g. "
                                             "experiments/config/sweeps/simulate.toml")
-    p.add_argument("--out", help="results directory (default: results/<sweep name>/)")
-    p.add_argument("--resume", action="store_true", help="simulate only what is missing or failed in --out")
-    p.add_argument("--overwrite", action="store_true", help="discard results already in --out")
-    p.add_argument("--no-report", action="store_true", help="skip writing report.html")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="simulate the valid grid points and list every invalid one with its reason, instead of "
-                        "refusing the sweep")
+    add_results_arguments(p, "simulate")
     p.add_argument("--bench", action="store_true",
                    help="instead: wall time to simulate one ResNet-50 step per strategy and rank count (a table)")
     p.add_argument("--workers", default="64,256,1024", help="with --bench: rank counts (default 64,256,1024)")

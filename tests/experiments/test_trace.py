@@ -336,27 +336,27 @@ def test_the_events_columns_keep_their_types():
         ("start_s", "double"), ("end_s", "double")]
 
 
-def test_a_simulated_run_traces_on_the_simulated_clock(tmp_path):
-    """SimGrid: the phases are the timeline's simulated seconds (forward 10 ms, backward 20 ms, optimizer 1 ms),
-    the totals equal the steps table's, and the path of a straggler's ring starts with its compute."""
+def _simulate_traced(tmp_path, grid: str, defaults: str = ""):
+    """A 3-step SimGrid sweep of the tiny workload with step 1 traced (1 Gbit/s, 50 us, rank 1 computing 3x slower,
+    forward 10 ms, backward 20 ms, optimizer 1 ms); `grid` is the [grid] table's body and what follows it. Skips
+    where SimGrid is not installed; returns the results directory and its runs, every run ok."""
     from experiments.simulate.substrate import simulate_sweep
     from strategies.transport.simgrid import simgrid_available
 
     if simgrid_available():
         pytest.skip(simgrid_available())
     sweep = tmp_path / "sim.toml"
-    sweep.write_text("""
+    sweep.write_text(f"""
 name = "sim"
 [defaults]
 workload = "tiny"
 steps = 3
 warmup_steps = 1
 trace_steps = 1
-link = { bandwidth = "1Gbit", latency = "50us" }
-straggler = { ranks = [1], slowdown = 3 }
+{defaults}link = {{ bandwidth = "1Gbit", latency = "50us" }}
+straggler = {{ ranks = [1], slowdown = 3 }}
 [grid]
-strategy = ["ring"]
-workers = [4]
+{grid}
 [simulate]
 forward_s = 0.01
 backward_s = 0.02
@@ -365,6 +365,13 @@ optimizer_s = 0.001
     out = tmp_path / "out"
     runs = simulate_sweep(sweep, out, log=open("/dev/null", "w"))
     assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    return out, runs
+
+
+def test_a_simulated_run_traces_on_the_simulated_clock(tmp_path):
+    """SimGrid: the phases are the timeline's simulated seconds (forward 10 ms, backward 20 ms, optimizer 1 ms),
+    the totals equal the steps table's, and the path of a straggler's ring starts with its compute."""
+    out, runs = _simulate_traced(tmp_path, 'strategy = ["ring"]\nworkers = [4]')
     events, steps = read_events(out), read_steps(out)
     step = timeline.one_step(events, runs["run_id"].iloc[0])
     assert set(step["step"]) == {1}
@@ -477,36 +484,9 @@ def test_a_simulated_barrier_free_server_records_its_lanes_and_its_any_source_re
     """SimGrid (one actor serving every worker through irecv_any / wait_any): the server ranks' traced step has
     each worker's pushes received and replies sent, as many as the workers sent and took in that step, and one
     update per push, on the simulated clock."""
-    from experiments.simulate.substrate import simulate_sweep
-    from strategies.transport.simgrid import simgrid_available
-
-    if simgrid_available():
-        pytest.skip(simgrid_available())
-    sweep = tmp_path / "sim.toml"
-    sweep.write_text("""
-name = "sim"
-[defaults]
-workload = "tiny"
-steps = 3
-warmup_steps = 1
-trace_steps = 1
-bucket_mb = 0.02
-link = { bandwidth = "1Gbit", latency = "50us" }
-straggler = { ranks = [1], slowdown = 3 }
-[grid]
-strategy = ["parameter_server"]
-workers = [3]
-[strategy_params.parameter_server]
-servers = 1
-staleness = "async"
-[simulate]
-forward_s = 0.01
-backward_s = 0.02
-optimizer_s = 0.001
-""")
-    out = tmp_path / "out"
-    runs = simulate_sweep(sweep, out, log=open("/dev/null", "w"))
-    assert (runs["status"] == "ok").all(), runs["error"].tolist()
+    out, _ = _simulate_traced(tmp_path, 'strategy = ["parameter_server"]\nworkers = [3]\n'
+                                     '[strategy_params.parameter_server]\nservers = 1\nstaleness = "async"',
+                           defaults='bucket_mb = 0.02\n')
     events = read_events(out)
     assert set(events["step"]) == {1}
     server = events[events["rank"] == 3]
