@@ -485,8 +485,8 @@ def test_a_simulated_barrier_free_server_records_its_lanes_and_its_any_source_re
     each worker's pushes received and replies sent, as many as the workers sent and took in that step, and one
     update per push, on the simulated clock."""
     out, _ = _simulate_traced(tmp_path, 'strategy = ["parameter_server"]\nworkers = [3]\n'
-                                     '[strategy_params.parameter_server]\nservers = 1\nstaleness = "async"',
-                           defaults='bucket_mb = 0.02\n')
+                                        '[strategy_params.parameter_server]\nservers = 1\nstaleness = "async"',
+                              defaults='bucket_mb = 0.02\n')
     events = read_events(out)
     assert set(events["step"]) == {1}
     server = events[events["rank"] == 3]
