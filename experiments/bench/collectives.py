@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import strategies
-from experiments.bench.verify_rank import _check_setting, _groups, _setting_label, _verify_on_rank
+from experiments.bench.verify_rank import check_setting, setting_label, verify_on_rank, world_groups
 from experiments.cluster import placement
 from experiments.cluster.group import P2P, WorkerGroup
 from experiments.cluster.limits import RANK_BASE_BYTES, capacity_for, check_ranks
@@ -74,23 +74,23 @@ def verify(workers: int, numel: int, op: str = "sum", names: list[str] | None = 
         shown = str(numel) if len(str(numel)) <= 40 else str(numel)[:40] + "..."
         raise ValueError(f"--workers {workers} / --numel {shown}: accepted are workers >= 1 and numel from 0 to "
                          f"{MAX_VERIFY_NUMEL:,}")
+    groups = world_groups(settings, workers)
     # each rank holds its input and, for the reference, every rank's input in float64
-    check_ranks(max(world for world, _ in _groups(settings, workers)), RANK_BASE_BYTES + numel * (8 * workers + 16),
+    check_ranks(max(world for world, _ in groups), RANK_BASE_BYTES + numel * (8 * workers + 16),
                 capacity_for(address), f"verify --workers {workers} --numel {numel:,}", oversubscribe)
-    groups = _groups(settings, workers)
     all_ok = True
-    width = max(len(_setting_label(n, p)) for n, p in settings)
+    width = max(len(setting_label(n, p)) for n, p in settings)
     out(f"verify: {workers} workers, {numel} {dtype} elements, op {op}, {P2P_WORDS[p2p]} between Ray actors"
         + (f"; skipped (no op {op!r}): {', '.join(unsupported)}" if unsupported else ""))
     out(f"{'strategy':{width}s} {'ok':>4s} {'max abs err':>12s} {'sent/worker (measured)':>24s} {'(analytic)':>12s}")
     with ray_session(address, num_cpus=max(_cores(), max(world for world, _ in groups))):
         for world, group_settings in groups:
             with WorkerGroup(world) as group:
-                per_rank = group.run(_verify_on_rank, group_settings, workers, numel, op, dtype, p2p=p2p)
+                per_rank = group.run(verify_on_rank, group_settings, workers, numel, op, dtype, p2p=p2p)
             for name, params in group_settings:
-                label = _setting_label(name, params)
+                label = setting_label(name, params)
                 rows = [r for ranks in per_rank for r in ranks if r["setting"] == label]
-                ok, error, why = _check_setting(name, params, workers, numel, op, np_dtype, rows)
+                ok, error, why = check_setting(name, params, workers, numel, op, np_dtype, rows)
                 all_ok &= ok
                 traffic = strategies.make(name, **params).traffic(workers, numel, np_dtype.itemsize)
                 measured = max(r["bytes_sent"] for r in rows[:workers])
@@ -184,15 +184,15 @@ def bench(workers: int, sizes: list[int], names: list[str] | None = None, link: 
         raise ValueError(f"--iters {iters}: accepted are 0 (by size) to 100,000")
     _check_duration(names, workers, sizes, iters, network)
     # each rank holds the message, a receive buffer and the strategy's scratch space
-    check_ranks(max(world for world, _ in _groups(names, workers)), RANK_BASE_BYTES + 3 * max(sizes),
+    check_ranks(max(world for world, _ in world_groups(names, workers)), RANK_BASE_BYTES + 3 * max(sizes),
                 capacity_for(address), f"bench --workers {workers} --sizes up to {max(sizes):,} bytes",
                 oversubscribe)
     results: dict = {}
     tails: dict = {}  # (p99, max) of the per-iteration times
     with ray_session(address, num_cpus=max(_cores(), workers + 1)):
-        for world, _ in _groups(names, workers):
+        for world, _ in world_groups(names, workers):
             placement.check(world, network)
-        for world, group_names in _groups(names, workers):
+        for world, group_names in world_groups(names, workers):
             with WorkerGroup(world, node_resources=placement.bundles(world, network)) as group:
                 per_rank = group.run(_bench_on_rank, group_names, workers, sizes, iters, network=network, p2p=p2p)
             for key in per_rank[0]:

@@ -11,7 +11,7 @@ from strategies.ops import BITWISE, LOGICAL
 from strategies.testing import StrategyCheckError, check_identical, check_traffic, expected, make_inputs
 
 
-def _groups(settings, workers: int):
+def world_groups(settings, workers: int):
     """Strategy settings grouped by the world size they need (parameter servers need extra ranks)."""
     by_world: dict[int, list] = {}
     for setting in settings:
@@ -20,11 +20,11 @@ def _groups(settings, workers: int):
     return sorted(by_world.items())
 
 
-def _setting_label(name: str, params: dict) -> str:
+def setting_label(name: str, params: dict) -> str:
     return name + "".join(f"[{k}={v}]" for k, v in params.items())
 
 
-def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name, device: str = "cpu"):
+def verify_on_rank(ctx, settings, workers, numel, op, dtype_name, device: str = "cpu"):
     """Each setting once on this rank, inputs from strategies.testing.make_inputs (on `device`); what it ended
     with (on the host) and every counter (sent and received, bytes and messages) of that one call."""
     rows = []
@@ -42,12 +42,12 @@ def _verify_on_rank(ctx, settings, workers, numel, op, dtype_name, device: str =
             runtime.sync(x, op_here)
             output = x.cpu().numpy()
         role = "server" if runtime.is_server else "worker"
-        rows.append({"setting": _setting_label(name, params), "rank": ctx.rank, "output": output,
+        rows.append({"setting": setting_label(name, params), "rank": ctx.rank, "output": output,
                      "role": role, **ctx.comm.counters().as_dict()})
     return rows
 
 
-def _check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool, float, str]:
+def check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool, float, str]:
     """The checks of strategies.testing on what the actors returned: the reference (exact for integers,
     min/max, logical and bitwise ops; relative 1e-5 x n for float sums), bitwise agreement between worker
     ranks, and every rank's bytes and messages, sent and received, against the analytic traffic."""
@@ -62,7 +62,7 @@ def _check_setting(name, params, workers, numel, op, dtype, rows) -> tuple[bool,
     exact = op_here in ("min", "max") + LOGICAL + BITWISE or dtype.kind in "iub"
     tolerance = 0.0 if exact else 1e-5 * max(scale, 1.0) * max(workers, 1)
     problems = [] if error <= tolerance else [f"error {error:.3g} > {tolerance:.3g}"]
-    case = f"{_setting_label(name, params)} workers={workers} numel={numel} op={op_here} dtype={dtype}"
+    case = f"{setting_label(name, params)} workers={workers} numel={numel} op={op_here} dtype={dtype}"
     for check in ((lambda: check_identical(outputs, case)) if config.identical else None,
                   lambda: check_traffic(config, workers, numel, dtype.itemsize, rows, case)):
         try:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 
 import strategies
-from experiments.bench.verify_rank import _check_setting, _groups, _setting_label, _verify_on_rank
+from experiments.bench.verify_rank import check_setting, setting_label, verify_on_rank, world_groups
 from strategies.transport.threads import run_threads
 
 OPS = ("sum", "max")
@@ -26,16 +26,16 @@ def collectives(check) -> dict:
         for numel in s.collective_numels:
             for op in OPS:
                 usable = [(n, p) for n, p in settings if not strategies.get(n).exact or op in strategies.get(n).ops]
-                for world, group in _groups(usable, workers):
+                for world, group in world_groups(usable, workers):
                     check.spend()
                     per_rank = run_threads(world, lambda comm, group=group, numel=numel, op=op, workers=workers:
-                                           _verify_on_rank(SimpleNamespace(rank=comm.rank, comm=comm), group,
+                                           verify_on_rank(SimpleNamespace(rank=comm.rank, comm=comm), group,
                                                            workers, numel, op, "float32", check.device),
                                            timeout=s.timeout_s)
                     for name, params in group:
-                        label = _setting_label(name, params)
+                        label = setting_label(name, params)
                         rows = [r for ranks in per_rank for r in ranks if r["setting"] == label]
-                        ok, error, why = _check_setting(name, params, workers, numel, op, np.dtype(np.float32), rows)
+                        ok, error, why = check_setting(name, params, workers, numel, op, np.dtype(np.float32), rows)
                         cases.append({"setting": label, "workers": workers, "numel": numel, "op": op, "ok": ok,
                                       "max_abs_error": error, "problems": why})
             check.partial(_summary(cases))

@@ -32,9 +32,9 @@ VERIFY_CASES = [
 
 def _verify_cases_on_rank(ctx, cases):
     """verify's rank function once per case that needs this group's world size: per case, its rows."""
-    from experiments.bench.collectives import _verify_on_rank
+    from experiments.bench.verify_rank import verify_on_rank
 
-    return [_verify_on_rank(ctx, settings, workers, 1001, op, dtype) for workers, op, dtype, settings in cases]
+    return [verify_on_rank(ctx, settings, workers, 1001, op, dtype) for workers, op, dtype, settings in cases]
 
 
 @pytest.mark.timeout(600)  # four tests of 300 s each before: 6 groups of 3-8 ranks on a loaded machine
@@ -45,7 +45,7 @@ def test_every_strategy_and_op_is_correct_over_gloo_one_group_per_world_size(ray
     a group starts in seconds, a case runs in milliseconds. Every failing case is named in the assertion."""
     import numpy as np
 
-    from experiments.bench.collectives import _check_setting, _groups, _setting_label
+    from experiments.bench.verify_rank import check_setting, setting_label, world_groups
     from experiments.cluster.group import WorkerGroup
 
     by_world: dict[int, list] = {}
@@ -54,8 +54,8 @@ def test_every_strategy_and_op_is_correct_over_gloo_one_group_per_world_size(ray
         settings = [(n, p) for n, p in strategies.registry.settings()
                     if (n in names if names else not strategies.get(n).exact or op in strategies.get(n).ops)]
         assert names is None or {n for n, _ in settings} == set(names)
-        expected_labels[workers, op, dtype] = {_setting_label(n, p) for n, p in settings}
-        for world, group_settings in _groups(settings, workers):
+        expected_labels[workers, op, dtype] = {setting_label(n, p) for n, p in settings}
+        for world, group_settings in world_groups(settings, workers):
             by_world.setdefault(world, []).append((workers, op, dtype, group_settings))
     failures, checked = [], {case: set() for case in expected_labels}
     for world, cases in sorted(by_world.items()):
@@ -63,9 +63,9 @@ def test_every_strategy_and_op_is_correct_over_gloo_one_group_per_world_size(ray
             per_rank = group.run(_verify_cases_on_rank, cases)
         for index, (workers, op, dtype, group_settings) in enumerate(cases):
             for name, params in group_settings:
-                label = _setting_label(name, params)
+                label = setting_label(name, params)
                 rows = [r for ranks in per_rank for r in ranks[index] if r["setting"] == label]
-                ok, error, why = _check_setting(name, params, workers, 1001, op, np.dtype(dtype), rows)
+                ok, error, why = check_setting(name, params, workers, 1001, op, np.dtype(dtype), rows)
                 checked[workers, op, dtype].add(label)
                 if not ok:
                     failures.append(f"{label} workers={workers} op={op} dtype={dtype} (world {world}): {why}")
