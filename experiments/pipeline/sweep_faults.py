@@ -425,6 +425,14 @@ def _final(segments: SweepSegments, slot, rows: list[dict]) -> dict:
             "params_digest": params_digest(params) if params is not None else ""}
 
 
+def failure_setting(spec) -> str:
+    """The run's failures as set, for display."""
+    failures = spec.failures or {}
+    if "mtbf_s" in failures:
+        return f"MTBF {failures['mtbf_s']:g} s per worker, seed {failures.get('seed', 0)}"
+    return ", ".join(f"rank {rank} at step {step}" for step, rank in failures.get("schedule", []))
+
+
 def _fault_columns(spec, out, rows: list[dict], row: dict) -> dict:
     """The failures' columns of the run's row: what happened, what it cost, the time to the last step."""
     failures = out.failures if out is not None else []
@@ -436,7 +444,7 @@ def _fault_columns(spec, out, rows: list[dict], row: dict) -> dict:
     detection = [f.detection_s for f in failures if math.isfinite(f.detection_s)]
     recovery = [f.recovery_s for f in failures if math.isfinite(f.recovery_s)]
     columns = {
-        "recovery_mode": (spec.recovery or {"mode": "none"})["mode"],
+        "recovery_mode": (spec.recovery or {"mode": "none"})["mode"], "failure_setting": failure_setting(spec),
         "failure_count": len(failures), "failure_steps": tuple(f.step for f in failures),
         "failure_ranks": tuple(f.rank for f in failures), "completed_steps": completed,
         "steps_run": out.steps_run if out is not None else 0,

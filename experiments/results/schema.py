@@ -161,6 +161,8 @@ RUNS: tuple[Column, ...] = (
     # a run with failures (failures and recovery settings; experiments/pipeline/sweep_faults.py)
     Column("recovery_mode", STR, "the run's recovery mode: none, checkpoint_restart, elastic, ps_shrink, reweight "
                                  "('' for a run without failures)"),
+    Column("failure_setting", STR, "the run's failures as set: 'rank r at step s, ...' (a schedule) or 'MTBF x s "
+                                   "per worker, seed k' ('' for a run without failures)"),
     Column("failure_count", INT, "failures that happened in the run"),
     Column("failure_steps", INTS, "the step each failure happened in (0-based), in order"),
     Column("failure_ranks", INTS, "the worker slot of each failure, in order"),
