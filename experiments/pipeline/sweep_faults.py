@@ -44,7 +44,7 @@ from experiments.pipeline.servers import serve_steps
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import _INIT_LOCK, run_steps
 from strategies.fault_records import RankFailed
-from strategies.faults import Failure, Recovery, check_fits, check_schedule
+from strategies.faults import Failure, Recovery, RunEnded, check_fits, check_schedule
 from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads
 from workloads.buckets import make_buckets
@@ -218,6 +218,10 @@ class SweepSegments(fault_runs.Segments):
     # -- a segment: steps start..end-1 of the real training on thread ranks ---------------------------------------
 
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
+        left = self.spec.timeout - (self.clock() - self.began)  # the timeout bounds the whole run, recoveries too
+        if left <= 0:
+            raise RunEnded(f"the run passed its timeout = {self.spec.timeout:g} s (the bound on a whole run, every "
+                           f"step and recovery included) at step {start}", start)
         alive = list(self.alive)
         m = len(alive)
         self.dying = {}
@@ -243,7 +247,7 @@ class SweepSegments(fault_runs.Segments):
 
         try:
             results = run_threads(m + config.num_servers(m), body, timeout=self.spec.timeout,
-                                  network=self.spec.network(), run_timeout=self.spec.timeout)
+                                  network=self.spec.network(), run_timeout=left)
         except RankFailed:
             self._detected_at = self.clock()  # every thread rank has stopped: the run knows
             raise

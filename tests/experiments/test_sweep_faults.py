@@ -12,6 +12,7 @@ import io
 import textwrap
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -24,6 +25,7 @@ from experiments.pipeline.substrate import Run, Substrate, ThreadSubstrate
 from experiments.pipeline.sweep_faults import SweepSegments, execute
 from experiments.pipeline.train import train
 from experiments.results import dataset
+from strategies.faults import Failure
 from strategies.transport.threads import run_threads
 from workloads.data import make_dataset
 from workloads.flat import FlatModel
@@ -192,3 +194,19 @@ def test_simgrid_and_ray_sweeps_refuse_failures_with_their_reason():
     ray = RaySubstrate().problems(Run(spec.run_id, spec))
     assert any("cannot be applied on the ray substrate (a killed actor fails its sweep run" in p for p in ray), ray
     assert all("--substrate threads" in p for p in simgrid + ray if "failures" in p)
+
+
+def test_an_mtbf_kills_a_slot_once_its_exponential_time_has_come_and_draws_its_replacement_s():
+    spec = RunSpec(strategy="ring", failures={"mtbf_s": 10.0, "seed": 3}, recovery={"mode": "elastic"}, **BASE)
+    run = SweepSegments(spec)
+    draws = {slot: np.random.default_rng([3, slot, 39]) for slot in range(4)}
+    first = {slot: rng.exponential(10.0) for slot, rng in draws.items()}
+    assert run.due == pytest.approx(first)  # seeded per slot: the same draws every time
+    slot = min(first, key=first.get)
+    now = [first[slot] - 1e-6]
+    run.clock = lambda: run.began + now[0]
+    assert not any(run.dies(s, 3) for s in range(4))  # no slot's time has come
+    now[0] = first[slot] + 1e-6
+    assert run.dies(slot, 3) and run.pending == [Failure(3, slot)]
+    assert run.due[slot] == pytest.approx(now[0] + draws[slot].exponential(10.0))  # the replacement's clock
+    assert not run.dies(slot, 4)
