@@ -210,3 +210,22 @@ def test_an_mtbf_kills_a_slot_once_its_exponential_time_has_come_and_draws_its_r
     assert run.dies(slot, 3) and run.pending == [Failure(3, slot)]
     assert run.due[slot] == pytest.approx(now[0] + draws[slot].exponential(10.0))  # the replacement's clock
     assert not run.dies(slot, 4)
+
+
+def test_a_restart_on_real_data_resumes_its_shards_and_times_its_target_on_the_run_clock():
+    """digits: each shard's position in its epoch goes with the checkpoint (a restart that forgot it would train
+    on other batches); the target is met at the first evaluation, step 3, which the restart redid."""
+    spec = RunSpec(strategy="ring", dataset="digits", failures={"schedule": [[3, 1]]},
+                   recovery={"mode": "checkpoint_restart", "checkpoint_every": 2}, target={"metric": "loss",
+                                                                                             "value": 1e9},
+                   eval_every=4, **{**BASE, "image_size": 8})
+    clean = SweepSegments(spec, schedule=[]).run()
+    row, steps, _ = execute(spec, META)
+    assert row["status"] == "ok", row["error"]
+    assert (row["steps_lost"], row["steps_run"]) == (1, 7)
+    restarted = SweepSegments(spec).run()
+    for slot in range(4):
+        assert torch.equal(torch.as_tensor(restarted.params[slot]), torch.as_tensor(clean.params[slot]))
+    assert row["target_reached"] and row["steps_to_target"] == 4
+    redone = pd.DataFrame(steps).query("role == 'worker' and step == 3")["wall_s"].max()
+    assert row["time_to_target_s"] == redone and redone > row["detection_s"] + row["recovery_s"]
