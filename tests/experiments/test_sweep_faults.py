@@ -53,7 +53,8 @@ def reference(spec: RunSpec, alive_at, donor_of=None) -> torch.Tensor:
                                    seed=spec.seed)
         data[slot] = make_dataset(spec.dataset, spec.batch_size, spec.image_size, spec.num_classes, slot,
                                   spec.workers, spec.seed)
-    x = FlatModel(models[0]).params.detach().clone().requires_grad_(True)
+    flats = {slot: FlatModel(model) for slot, model in models.items()}
+    x = flats[0].params.detach().clone().requires_grad_(True)
     optimizer = torch.optim.SGD([x], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     for step in range(spec.steps):
         for slot, donor in (donor_of(step) if donor_of else {}).items():
@@ -61,7 +62,7 @@ def reference(spec: RunSpec, alive_at, donor_of=None) -> torch.Tensor:
                 mine.copy_(theirs)
         grads = []
         for slot in alive_at(step):
-            flat = FlatModel(models[slot])
+            flat = flats[slot]
             with torch.no_grad():
                 flat.params.copy_(x)
             flat.zero_grad()
@@ -73,8 +74,10 @@ def reference(spec: RunSpec, alive_at, donor_of=None) -> torch.Tensor:
     return x.detach()
 
 
-def test_elastic_ring_trains_on_the_survivors_mean_and_a_replacement_rejoins():
-    spec = spec_of("ring", [(2, 2)], mode="elastic", rejoin_steps=2)  # slot 2 dies in step 2, back at step 4
+@pytest.mark.parametrize("strategy, mode", [("ring", "elastic"), ("halving_doubling", "elastic"),
+                                            ("parameter_server", "ps_shrink")])
+def test_the_survivors_train_on_their_mean_and_a_replacement_rejoins(strategy, mode):
+    spec = spec_of(strategy, [(2, 2)], mode=mode, rejoin_steps=2)  # slot 2 dies in step 2, back at step 4
     run = SweepSegments(spec).run()
     assert (run.completed_steps, run.steps_run, run.ended) == (6, 6, None)
     [failure] = run.failures
