@@ -232,3 +232,17 @@ def test_a_restart_on_real_data_resumes_its_shards_and_times_its_target_on_the_r
     assert row["target_reached"] and row["steps_to_target"] == 4
     redone = pd.DataFrame(steps).query("role == 'worker' and step == 3")["wall_s"].max()
     assert row["time_to_target_s"] == redone and redone > row["detection_s"] + row["recovery_s"]
+
+
+def test_survivors_stands_for_each_familys_own_mode_and_is_refused_where_there_is_none(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(SWEEP).replace('recovery = [{ mode = "none" }, { mode = "elastic" }]',
+                                                   'recovery = [{ mode = "survivors" }]\n'
+                                                   'strategy = ["ring", "halving_doubling", "parameter_server", '
+                                                   '"decentralized"]').replace('strategy = "ring"\n', ""))
+    modes = {run.strategy: run.recovery["mode"] for run in sweep_mod.load(path).runs}
+    assert modes == {"ring": "elastic", "halving_doubling": "elastic", "parameter_server": "ps_shrink",
+                     "decentralized": "reweight"}
+    path.write_text(path.read_text().replace('"decentralized"]', '"hierarchical"]'))
+    with pytest.raises(sweep_mod.SweepError, match="recovery.mode = 'survivors' with strategy 'hierarchical'"):
+        sweep_mod.load(path)
