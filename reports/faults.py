@@ -146,7 +146,8 @@ def faults_verdicts(frame: pd.DataFrame) -> list[str]:
 def section(r):
     from reports.section_parts import Absent, Table
 
-    frame = faults_frame(r.ok)
+    ok = r.ok[r.ok["recovery_mode"].fillna("") == ""] if "recovery_mode" in r.ok else r.ok  # priced: failure-free
+    frame = faults_frame(ok)
     if frame.empty:
         return Absent("no two strategies measured at the same workload, link and worker count (>= 2) to price "
                       "under a failure rate")

@@ -17,6 +17,7 @@ from reports import (
     calibration,
     explain_section,
     faults,
+    faults_measured,
     figures,
     levels,
     ps,
@@ -349,6 +350,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("convergence", "Convergence", convergence),
     Section("stragglers", "Stragglers and slow links", stragglers),
     Section("timeline", "One step, rank by rank: timeline and critical path", timeline.section),
+    Section("faults-measured", "Failures measured: a rank lost in training, strategy x recovery mode",
+            faults_measured.section),
     Section("faults", "Failures: time to a step under a failure rate (model)", faults.section),
     Section("runs", "All runs", all_runs, needs_runs=False),
 )

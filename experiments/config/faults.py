@@ -4,6 +4,7 @@
     failures = { mtbf = "7.9h", seed = 1 }                      # every worker: exponential, mean 7.9 h, seeded
     recovery = { mode = "checkpoint_restart", checkpoint_every = 10 }
     recovery = { mode = "elastic", rejoin_steps = 5 }           # also ps_shrink, reweight, none
+    recovery = { mode = "survivors" }                           # each strategy's own: elastic, ps_shrink, reweight
 
 Both go in [defaults] or a [grid] list. The whole point is checked before any work (strategies/faults.py says
 which mode fits which strategy) and every problem is named with its value and what is accepted. The RunSpec holds
@@ -17,6 +18,7 @@ import math
 
 import strategies.faults as faults
 from experiments.config.settings import BY_NAME, is_int
+from strategies.base import PARAMETERS, SERVER
 from strategies.transport.link import parse_latency
 
 MTBF_RANGE_S = (1.0, 1e9)  # one second to about 32 years, per worker
@@ -24,7 +26,9 @@ SEED_MAX = BY_NAME["failures.seed"].range.high
 FAILURE_KEYS = ("schedule", "mtbf", "seed")
 RECOVERY_KEYS = ("mode", "checkpoint_every", "rejoin_steps")
 EXAMPLE_FAILURES = '{ schedule = [{ rank = 2, step = 5 }] } or { mtbf = "7.9h", seed = 1 }'
-EXAMPLE_RECOVERY = '{ mode = "checkpoint_restart", checkpoint_every = 10 } (modes: ' + ", ".join(faults.MODES) + ")"
+SURVIVORS = "survivors"  # the strategy family's own mode (_survivors)
+EXAMPLE_RECOVERY = ('{ mode = "checkpoint_restart", checkpoint_every = 10 } (modes: ' + ", ".join(faults.MODES)
+                    + f", or {SURVIVORS!r}: the strategy family's own)")
 _UNITS = {"d": 86400.0, "day": 86400.0, "days": 86400.0, "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
           "min": 60.0}
 
@@ -39,6 +43,7 @@ def check(point: dict, config, workers: int, steps: int, errors: list[str]) -> t
                       f"{EXAMPLE_FAILURES}")
         return None, None
     start = len(errors)
+    raw_recovery = _survivors(raw_recovery, config, errors)
     servers = config.num_servers(workers)
     failures = _failures(raw_failures, workers, steps, servers, errors)
     recovery = _recovery(raw_recovery, errors)
@@ -52,6 +57,26 @@ def check(point: dict, config, workers: int, steps: int, errors: list[str]) -> t
         return None, None
     return failures, {"mode": recovery.mode, "checkpoint_every": recovery.checkpoint_every,
                       "rejoin_steps": recovery.rejoin_steps}
+
+
+def _survivors(value, config, errors: list[str]):
+    """recovery.mode = "survivors": the strategy family's own way for the survivors to go on (elastic for an exact
+    allreduce over send/recv, ps_shrink for a parameter server, reweight for decentralized averaging), so that one
+    grid compares every family's own recovery; the run records the mode it stands for."""
+    if not (isinstance(value, dict) and value.get("mode") == SURVIVORS):
+        return value
+    if config.role == SERVER:
+        mode = faults.PS_SHRINK
+    elif config.role == PARAMETERS and not config.exact:
+        mode = faults.REWEIGHT
+    elif config.name in faults.ELASTIC_STRATEGIES:
+        mode = faults.ELASTIC
+    else:
+        errors.append(f"recovery.mode = 'survivors' with strategy {config.name!r}: its survivors cannot go on without "
+                      f"a restart; it stands for elastic ({', '.join(faults.ELASTIC_STRATEGIES)}), ps_shrink "
+                      f"(parameter_server) or reweight (decentralized); accepted here: checkpoint_restart, none")
+        return value
+    return {**value, "mode": mode}
 
 
 def _failures(value, workers: int, steps: int, servers: int, errors: list[str]) -> dict:

@@ -32,6 +32,8 @@ from experiments.pipeline.train import train
 
 class RaySubstrate(Substrate):
     name = "ray"
+    failures_refusal = ("a killed actor fails its sweep run: its training does not yet re-form the survivors' actors "
+                        "from the step in flight")
     model_wrappers = True  # ranks are torch.distributed members: DDP runs
     nodes = True  # on the kernel-shaped cluster only: k ranks per namespace share its shaped NIC (problems())
 

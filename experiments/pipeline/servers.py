@@ -15,16 +15,17 @@ from strategies.parameter_server_async import unit_buckets
 from strategies.transport.ops import wire_dtype
 
 
-def serve_steps(comm, spec, config, buckets, update) -> dict:
+def serve_steps(comm, spec, config, buckets, update, first: int = 0) -> dict:
     """A parameter server rank: per step, serve the buckets in bucket order as the workers push them (per
     bucket, as BytePS does); `update(bucket, reduced, where)` steps this server's shard and returns the
-    parameters to send back, timing itself on `update.clock` (its time is the server's compute)."""
+    parameters to send back, timing itself on `update.clock` (its time is the server's compute). `first`: the step
+    it starts at (a run with failures resumes its servers at a step; experiments/pipeline/sweep_faults.py)."""
     clock = update.clock
     runtimes = [config.bind(comm, spec.workers) for _ in buckets]
     rows = []
     trace = StepTrace(spec, comm, clock)  # the traced steps: each bucket served, and the messages
     run_start = clock()
-    for step in range(spec.steps):
+    for step in range(first, spec.steps):
         comm.check_deadline()
         comm.reset_counters()
         trace.begin(step)

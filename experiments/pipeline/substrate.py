@@ -50,6 +50,7 @@ class Substrate(ABC):
     stragglers = True  # can slow one rank's compute
     wall_clock = True  # runs in real time: a replayed step longer than the run's timeout is refused
     failures = False  # injects failures and recovers as the run's recovery says (experiments/config/faults.py)
+    failures_refusal = "its ranks cannot lose one and go on"  # why not, where failures is False
     nodes = False  # places ranks in nodes of ranks_per_node > 1 (a shared NIC, an intra-node link); a substrate
     # that can for some runs only (Ray: kernel-shaped links) says so and refuses the others in its problems()
 
@@ -78,11 +79,10 @@ class Substrate(ABC):
                          f"substrate (nodes of several ranks run on thread ranks, on SimGrid and on Ray with "
                          f"kernel-shaped links); accepted there is ranks_per_node = 1")
         if (spec.failures or spec.recovery) and not self.failures:
-            found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate (a "
-                         f"sweep's training cannot yet lose a rank and go on); failures and recovery run with "
-                         f"`syncbench faults` on thread ranks or on Ray actors (--substrate ray: the failing actor "
-                         f"killed, the survivors re-formed), on SimGrid (--simulate) and in the model "
-                         f"(strategies/fault_cost.py)")
+            found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate "
+                         f"({self.failures_refusal}); a sweep's training loses a rank and goes on with `syncbench run "
+                         f"--substrate threads`; `syncbench faults` runs failures on Ray actors (--substrate ray), on "
+                         f"SimGrid (--simulate) and in the model (strategies/fault_cost.py)")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:
@@ -145,6 +145,7 @@ class ThreadSubstrate(Substrate):
     threads share this process's cores, and with device = "cuda" its one GPU."""
 
     name = "threads"
+    failures = True  # a rank's thread stops, the survivors recover (experiments/pipeline/sweep_faults.py)
     nodes = True  # run_threads places the ranks in nodes; the emulated network shares each node's NIC
 
     def __init__(self, train_fn=None):
@@ -153,7 +154,9 @@ class ThreadSubstrate(Substrate):
         self.train_fn = train_fn or train
 
     def problems(self, run: Run) -> list[str]:
-        found = super().problems(run)
+        from experiments.pipeline.sweep_faults import problems as fault_problems
+
+        found = super().problems(run) + fault_problems(run.spec)
         if run.spec.device == "cuda":
             import torch
 
@@ -175,6 +178,11 @@ class ThreadSubstrate(Substrate):
 
         spec = run.spec
         cuda = spec.device == "cuda"
+        if spec.failures:  # the run loses ranks and recovers: segments of the training (sweep_faults.py)
+            from experiments.pipeline.sweep_faults import execute
+
+            return execute(spec, {"started_at": now_utc(), "transport": "threads", "gpu": _gpu_name() if cuda else "",
+                                  "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"})
 
         def body(comm):  # every thread rank computes on the run's device (all of them share one GPU)
             ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device=spec.device, state={})

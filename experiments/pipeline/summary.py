@@ -19,8 +19,13 @@ from experiments.results.schema import RUNS
 from experiments.results.schema import row as schema_row
 
 
-def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict) -> tuple[dict, list[dict]]:
+def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict,
+              step_traffic=None) -> tuple[dict, list[dict]]:
     """The run's row (config, status, the numbers DESIGN.md defines) and its step rows.
+
+    `step_traffic`: a run that lost ranks (experiments/pipeline/sweep_faults.py): a function of the bucket sizes
+    giving {step: its declared traffic}, each step's bytes checked against its group's (its rows' ranks are
+    positions in that group).
 
     `meta`: what the substrate knows of the run (started_at, duration_s, transport, gpu, cores, host; a
     substrate other than Ray adds `substrate` and its own columns); it overrides the row's defaults."""
@@ -40,6 +45,8 @@ def summarize(spec: RunSpec, results: list[dict] | None, error: str, meta: dict)
     steps.insert(0, "run_id", row["run_id"])
     numel = int(finals[0]["numel"])
     traffic, per_step = _run_traffic(config, spec, steps, finals[0], numel)
+    if step_traffic is not None:  # the group changed: each step's declared traffic in its group
+        per_step = step_traffic(finals[0].get("bucket_numels") or [numel])
     mismatch = bytes_mismatch(steps, per_step or traffic, spec.strategy) if traffic["counted"] else ""
     mismatch = mismatch or ranks_disagree(config, spec, finals)
     if mismatch:

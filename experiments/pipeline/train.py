@@ -90,8 +90,11 @@ def train(ctx, spec, progress=None) -> dict:
 # -- the step loop ------------------------------------------------------------------------------------------
 
 
-def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
-    """The step loop of a worker rank on any substrate; `compute` holds the clock and what a step computes."""
+def run_steps(comm, spec, config, compute, buckets, progress=None, hooks=None) -> dict:
+    """The step loop of a worker rank on any substrate; `compute` holds the clock and what a step computes.
+    `hooks`: a run with failures (experiments/pipeline/sweep_faults.py): hooks.begin(step) before each step (where
+    a failing rank dies), hooks.end(step, row) after it (where the step is counted once every rank has it); the loop
+    runs steps hooks.first..spec.steps - 1 (a segment resumed at a step)."""
     clock = compute.clock
     role = worker_role(config)
     syncer = _bucket_sync(comm, spec, config, compute, buckets, role)
@@ -104,7 +107,9 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
     trace = StepTrace(spec, comm, clock)  # the traced steps' events (trace_steps; none: nothing recorded)
     run_start = clock()
     try:
-        for step in range(spec.steps):
+        for step in range(0 if hooks is None else hooks.first, spec.steps):
+            if hooks is not None:
+                hooks.begin(step)
             comm.check_deadline()  # the run's whole-time bound, where the substrate sets one
             comm.reset_counters()
             trace.begin(step, syncer)
@@ -154,6 +159,8 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
             if spec.target and ((step + 1) % spec.eval_every == 0 or step + 1 == spec.steps):
                 row["eval_value"] = compute.evaluate(spec.target["metric"])  # outside the timed part of the step
             rows.append(row)
+            if hooks is not None:
+                hooks.end(step, row)
             if progress is not None and comm.rank == 0:  # outside the timed part of the step
                 progress.put_nowait(step + 1)
     finally:
@@ -162,12 +169,17 @@ def run_steps(comm, spec, config, compute, buckets, progress=None) -> dict:
         if hook is not None:
             hook.close()
         compute.close()
+    return {"steps": rows, "final": _final(compute, buckets, rows), "events": trace.events}
+
+
+def _final(compute, buckets, rows) -> dict:
+    """What a worker reports at the end of its steps: the last loss, the buffers it synchronized, its numbers."""
     numels = [b.numel for b in buckets] if buckets else [compute.numel]
-    final = {"loss": loss_value, "numel": compute.numel, "buckets": len(numels), "bucket_numels": numels,
-             "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
-             "trained": compute.trains,
-             "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
-    return {"steps": rows, "final": final, "events": trace.events}
+    return {"loss": rows[-1]["loss"] if rows else math.nan, "numel": compute.numel, "buckets": len(numels),
+            "bucket_numels": numels,
+            "bucket_shapes": [_bucket_shapes(compute.flat, b) for b in buckets] if compute.flat is not None else None,
+            "trained": compute.trains,
+            "consensus_distance": rows[-1]["consensus_distance"] if rows else math.nan, **compute.final()}
 
 
 def _bucket_sync(comm, spec, config, compute, buckets, role) -> BucketSync | None:

@@ -158,6 +158,25 @@ RUNS: tuple[Column, ...] = (
     Column("accuracy", FLOAT, "held-out accuracy at the end (NaN: the data set has none)"),
     Column("consensus_distance", FLOAT, "decentralized: mean distance of workers' parameters from their mean"),
     Column("spectral_gap", FLOAT, "decentralized: 1 - |lambda_2| of the mixing matrix"),
+    # a run with failures (failures and recovery settings; experiments/pipeline/sweep_faults.py)
+    Column("recovery_mode", STR, "the run's recovery mode: none, checkpoint_restart, elastic, ps_shrink, reweight "
+                                 "('' for a run without failures)"),
+    Column("failure_setting", STR, "the run's failures as set: 'rank r at step s, ...' (a schedule) or 'MTBF x s "
+                                   "per worker, seed k' ('' for a run without failures)"),
+    Column("failure_count", INT, "failures that happened in the run"),
+    Column("failure_steps", INTS, "the step each failure happened in (0-based), in order"),
+    Column("failure_ranks", INTS, "the worker slot of each failure, in order"),
+    Column("completed_steps", INT, "steps completed (the run's steps, or where a failure without recovery ended it)"),
+    Column("steps_run", INT, "steps executed, those redone after a restart included"),
+    Column("steps_lost", INT, "completed steps thrown away and redone, over all failures"),
+    Column("detection_s", FLOAT, "mean seconds from a death to its detection (every survivor stopped; NaN: none)"),
+    Column("recovery_s", FLOAT, "mean seconds from a detection to the recovered group's first step (NaN: none)"),
+    Column("recovery_max_s", FLOAT, "the longest failure's detection + recovery seconds (NaN: none)"),
+    Column("time_to_step_s", FLOAT, "wall seconds from the run's first step to its last completed step, "
+                                    "recoveries included (NaN: it ended before its last step)"),
+    Column("run_throughput", FLOAT, "samples per second over the run's timed steps on its wall clock: their "
+                                    "samples / the time from the end of warm-up to the last completed step, "
+                                    "recoveries and redone steps included (NaN: no timed step completed)"),
 )
 
 STEPS: tuple[Column, ...] = (

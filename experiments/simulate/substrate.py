@@ -80,6 +80,9 @@ class SimSpec:
 
 class SimGridSubstrate(Substrate):
     name = "simgrid"
+    failures_refusal = ("SimGrid 3.32's Python binding cannot turn a host off inside a simulated collective, which its "
+                        "transport would not survive either; `syncbench faults --simulate` notices failures at step "
+                        "boundaries and composes them over the simulated steps")
     heading, verb = "simulate", "sim"
     backend_allreduce = False  # no gloo/NCCL inside: a counted = False strategy's bytes would be invisible
     model_wrappers = False  # no torch.distributed ranks

@@ -112,6 +112,19 @@ param_norm double
 accuracy double
 consensus_distance double
 spectral_gap double
+recovery_mode string
+failure_setting string
+failure_count int64
+failure_steps list<item: int64>
+failure_ranks list<item: int64>
+completed_steps int64
+steps_run int64
+steps_lost int64
+detection_s double
+recovery_s double
+recovery_max_s double
+time_to_step_s double
+run_throughput double
 """
 
 FROZEN_STEPS = """
