@@ -164,7 +164,8 @@ SETTINGS: tuple[Setting, ...] = (
             omitted_at=AT_DEFAULT),
     Setting("failures.seed", int, "the seed of failures drawn from an mtbf",
             Range(0, 2**31 - 1, text="whole numbers 0 to 2,147,483,647")),
-    Setting("recovery", dict, "how a run recovers from failures: { mode = ... } (docs/faults.md)",
+    Setting("recovery", dict, "how a run recovers from failures: { mode = ... }, one of none, checkpoint_restart, "
+                              "elastic, ps_shrink, reweight, survivors (each family's own) (docs/faults.md)",
             omitted_at=AT_DEFAULT),
     Setting("timeout", float, "every wait of a run (and a whole thread-rank run)", Range(1, 86_400), "s",
             default=120.0),
