@@ -34,13 +34,19 @@ def run(name, outages, **kw):
     return run_with_outages(name, 4, STEPS, outages, np.zeros(6), gradient, 0.5, **kw)
 
 
+def baseline(name, **kw):
+    """The run without an outage, its first (cold: imports, first allocations) left out."""
+    run(name, [], **kw)
+    return run(name, [], **kw)
+
+
 @pytest.mark.timing
 @pytest.mark.parametrize("name, params", [("ring", {}), ("halving_doubling", {}), ("parameter_server", {})])
 def test_a_synchronous_strategy_stalls_everyone_by_the_outage_and_ends_where_it_would(name, params):
-    base = run(name, [], **params)
+    base = baseline(name, **params)
     out = run(name, [LinkOutage(step=2, rank=2, seconds=T)], **params)
     late = delays(out, base, STEPS)
-    assert all(T - 0.03 < d < T + 0.15 for d in late.values()), late
+    assert all(T - 0.05 < d < T + 0.15 for d in late.values()), late
     assert [(o.step, o.rank, o.outcome) for o in out.outages] == [(2, 2, STALL)]
     assert out.outages[0].held_s == pytest.approx(T, abs=0.05)
     assert not out.run.failures and out.run.completed_steps == STEPS
@@ -51,10 +57,10 @@ def test_a_synchronous_strategy_stalls_everyone_by_the_outage_and_ends_where_it_
 @pytest.mark.timing
 def test_a_barrier_free_server_stalls_only_the_worker_whose_link_is_down():
     params = {"staleness": "async"}
-    base = run("parameter_server", [], **params)
+    base = baseline("parameter_server", **params)
     out = run("parameter_server", [LinkOutage(step=1, rank=2, seconds=T)], **params)
     late = delays(out, base, STEPS)
-    assert T - 0.03 < late[2] < T + 0.15, late
+    assert T - 0.05 < late[2] < T + 0.15, late
     assert all(late[slot] < 0.1 for slot in (0, 1, 3)), late  # they never wait for worker 2
     assert [(o.step, o.rank, o.outcome) for o in out.outages] == [(1, 2, STALL)]
     np.testing.assert_array_equal(out.run.params["server"], base.run.params["server"])
@@ -121,3 +127,47 @@ def test_refusals_come_before_any_work():
     with pytest.raises(FaultSettingError, match="server rank 4"):
         run("parameter_server", [LinkOutage(1, 4, 0.1)], staleness="async")
     assert check_outages([LinkOutage(1, 4, 0.5)], workers=4, steps=5, servers=1) == (LinkOutage(1, 4, 0.5),)
+
+
+# -- the model's price ---------------------------------------------------------------------------------------
+
+def _price(name, steps, outage=None, timeout=60.0, **params):
+    import strategies
+    from strategies.fault_cost import outage_price
+
+    return outage_price(strategies.make(name, **params), 8, outage or LinkOutage(5, 2, 1.0), steps, timeout)
+
+
+def test_the_model_stalls_everyone_of_a_synchronous_strategy_and_one_worker_of_a_barrier_free_server():
+    for name in ("ring", "halving_doubling", "parameter_server"):
+        assert _price(name, 10) == type(_price(name, 10))(STALL, tuple(range(8)), 1.0)
+    assert _price("parameter_server", 10, staleness="async").stalled == (2,)
+    assert _price("parameter_server", 10, LinkOutage(5, 8, 1.0), staleness="async").stalled == tuple(range(8))
+
+
+def test_the_model_spreads_a_gossip_stall_one_hop_a_step():
+    assert _price("decentralized", 6).stalled == (1, 2, 3)  # step S = s + 1: rank 2 and its ring neighbours
+    assert _price("decentralized", 7).stalled == (0, 1, 2, 3, 4)
+    assert _price("decentralized", 10).stalled == tuple(range(8))
+    # one peer a round: in round 5 of 8 ranks the hop is 2^(5 mod 3) = 4, so rank 6 receives from rank 2
+    assert _price("decentralized", 6, topology="one_peer_exponential").stalled == (2, 6)
+
+
+def test_the_model_prices_an_outage_past_the_timeout_as_a_failure():
+    price = _price("ring", 10, LinkOutage(5, 2, 60.0), timeout=60.0)
+    assert price.outcome == FAILURE and price.stalled == () and math.isnan(price.stall_s)
+    with pytest.raises(FaultSettingError, match="link = 9"):
+        _price("ring", 10, LinkOutage(5, 9, 1.0))
+
+
+@pytest.mark.timing
+def test_the_harness_stalls_the_ranks_the_model_says_for_a_barrier_free_server():
+    import strategies
+    from strategies.fault_cost import outage_price
+
+    outage = LinkOutage(step=1, rank=1, seconds=T)
+    base = baseline("parameter_server", staleness="async")
+    out = run("parameter_server", [outage], staleness="async")
+    measured = tuple(slot for slot, d in delays(out, base, STEPS).items() if d > T / 2)
+    assert measured == outage_price(strategies.make("parameter_server", staleness="async"), 4, outage, STEPS,
+                                    20.0).stalled == (1,)
