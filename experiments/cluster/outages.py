@@ -99,7 +99,8 @@ def _start_rank(cluster: Cluster, rank, world, strategy, params, workers, steps,
     log = tempfile.TemporaryFile("w+")  # gloo's chatter must never fill a pipe nobody reads
     proc = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-m",
                              "experiments.cluster.outage_rank", json.dumps(spec)], cwd=REPO, text=True,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": node.veth_node}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+                            env={**os.environ, "GLOO_SOCKET_IFNAME": node.veth_node}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log)
     proc.log = log
     return proc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pytest
 
 from experiments.cluster import netns
@@ -25,12 +26,13 @@ def left_behind() -> list[str]:
 
 
 def test_a_ring_over_tcp_stalls_by_at_least_the_outage_and_everything_is_removed():
-    bandwidth = parse_bandwidth("100Mbit")
-    base = kernel_outage_run("ring", {}, 4, 5, 100_000, None, bandwidth, timeout=30, name=NAME)
-    out = kernel_outage_run("ring", {}, 4, 5, 100_000, LinkOutage(step=3, rank=1, seconds=0.5), bandwidth,
-                            timeout=30, name=NAME)
-    late = {rank: out[rank][-1] - base[rank][-1] for rank in base}
-    assert all(d > 0.45 for d in late.values()), late  # TCP's retransmission backoff may add to it, never less
+    """One run (its ranks' start-up is most of the cost): the outage's step against the others' median."""
+    out = kernel_outage_run("ring", {}, 4, 6, 100_000, LinkOutage(step=3, rank=1, seconds=0.5),
+                            parse_bandwidth("100Mbit"), timeout=30, name=NAME)
+    for rank, ends in out.items():
+        steps = np.diff([0.0, *ends])
+        usual = float(np.median(np.delete(steps, 3)))
+        assert steps[3] - usual > 0.45, (rank, steps)  # TCP's retransmission backoff may add to it, never less
     assert left_behind() == []
 
 
