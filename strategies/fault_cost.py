@@ -257,9 +257,10 @@ class OutagePrice:
     stall_s: float
 
 
-def outage_price(config, workers: int, outage, steps: int, timeout_s: float) -> OutagePrice:
+def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idle_s: float = 0.0) -> OutagePrice:
     """The model's price of `outage` (a strategies.faults.LinkOutage) for strategy `config` at `workers` workers,
-    at step S = `steps`:
+    at step S = `steps`. `idle_s`: the seconds from a step's start before the rank needs its link (its compute):
+    the outage's first idle_s cost nothing, so the stall is max(0, t - idle_s).
     - an exact allreduce (every rank needs every rank's part every step) and a synchronous server (its barrier
       waits for every push; a server's own link: every worker's pull): every rank stalls by the outage;
     - a barrier-free server (async): a worker's link stalls that worker only; a server's link stalls every worker
@@ -273,14 +274,16 @@ def outage_price(config, workers: int, outage, steps: int, timeout_s: float) -> 
 
     servers = config.num_servers(workers)
     [outage] = check_outages([outage], workers, steps, servers)
+    if not (math.isfinite(idle_s) and idle_s >= 0):
+        raise FaultSettingError(f"idle_s = {idle_s!r}: accepted are seconds >= 0 (a step's compute)")
     if outage_outcome(outage.seconds, timeout_s) == FAILURE:
         return OutagePrice(FAILURE, (), math.nan)
-    everyone = tuple(range(workers))
+    stall = max(0.0, outage.seconds - idle_s)
     if config.role == SERVER and getattr(config, "asynchronous", False) and outage.rank < workers:
-        return OutagePrice(STALL, (outage.rank,), outage.seconds)
+        return OutagePrice(STALL, (outage.rank,), stall)
     if config.role == PARAMETERS and not config.exact:
-        return OutagePrice(STALL, _reached(config.topology, workers, outage, steps), outage.seconds)
-    return OutagePrice(STALL, everyone, outage.seconds)
+        return OutagePrice(STALL, _reached(config.topology, workers, outage, steps), stall)
+    return OutagePrice(STALL, tuple(range(workers)), stall)
 
 
 def _reached(topology: str, workers: int, outage, steps: int) -> tuple[int, ...]:

@@ -171,3 +171,14 @@ def test_the_harness_stalls_the_ranks_the_model_says_for_a_barrier_free_server()
     measured = tuple(slot for slot, d in delays(out, base, STEPS).items() if d > T / 2)
     assert measured == outage_price(strategies.make("parameter_server", staleness="async"), 4, outage, STEPS,
                                     20.0).stalled == (1,)
+
+
+def test_the_models_stall_leaves_out_the_compute_the_outage_overlaps():
+    import strategies
+    from strategies.fault_cost import outage_price
+
+    ring = strategies.make("ring")
+    assert outage_price(ring, 4, LinkOutage(1, 1, 1.0), 4, 60.0, idle_s=0.25).stall_s == 0.75
+    assert outage_price(ring, 4, LinkOutage(1, 1, 1.0), 4, 60.0, idle_s=2.0).stall_s == 0.0
+    with pytest.raises(FaultSettingError, match="idle_s = -1"):
+        outage_price(ring, 4, LinkOutage(1, 1, 1.0), 4, 60.0, idle_s=-1)
