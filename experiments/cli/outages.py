@@ -70,8 +70,7 @@ def run(args, strategy_of) -> int:
     print("-" * len(header), flush=True)
     for item, name, params, config in plan:
         began = time.perf_counter()
-        base = _median(args, name, params, None, bandwidth, timeout)
-        out = _median(args, name, params, outage, bandwidth, timeout)
+        base, out = _medians(args, name, params, outage, bandwidth, timeout)
         price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
         delay = {r: out[r] - base[r] for r in base}
         others = [d for r, d in delay.items() if r != outage.rank]
@@ -85,10 +84,12 @@ def run(args, strategy_of) -> int:
     return 0
 
 
-def _median(args, name, params, outage, bandwidth, timeout) -> dict[int, float]:
-    """Each worker's time to step S, the median of --repeat runs."""
-    runs = [_ends(args, name, params, outage, bandwidth, timeout) for _ in range(args.repeat)]
-    return {r: float(np.median([ends[r][-1] for ends in runs])) for r in runs[0]}
+def _medians(args, name, params, outage, bandwidth, timeout) -> tuple[dict[int, float], dict[int, float]]:
+    """Each worker's time to step S without and with the outage, the median of --repeat runs of each, taken in
+    turn (a load that changes meanwhile touches both)."""
+    runs = [(_ends(args, name, params, None, bandwidth, timeout), _ends(args, name, params, outage, bandwidth,
+                                                                         timeout)) for _ in range(args.repeat)]
+    return tuple({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
 
 
 def _ends(args, name, params, outage, bandwidth, timeout) -> dict[int, list[float]]:
