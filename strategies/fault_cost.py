@@ -269,7 +269,7 @@ def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idl
     - neighbour averaging: the ranks that receive from the rank in step s stall then, their receivers in s + 1,
       and so on: the ranks reached within S - s rounds of the topology's graph (each round's for
       one_peer_exponential)."""
-    from strategies.base import PARAMETERS, SERVER
+    from strategies.base import PARAMETERS
     from strategies.faults import FAILURE, STALL, check_outages, outage_outcome
 
     servers = config.num_servers(workers)
@@ -279,7 +279,7 @@ def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idl
     if outage_outcome(outage.seconds, timeout_s) == FAILURE:
         return OutagePrice(FAILURE, (), math.nan)
     stall = max(0.0, outage.seconds - idle_s)
-    if config.role == SERVER and getattr(config, "asynchronous", False) and outage.rank < workers:
+    if getattr(config, "asynchronous", False) and outage.rank < workers:  # either mode, update or summation
         return OutagePrice(STALL, (outage.rank,), stall)
     if config.role == PARAMETERS and not config.exact:
         return OutagePrice(STALL, _reached(config.topology, workers, outage, steps), stall)

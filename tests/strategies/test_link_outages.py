@@ -142,6 +142,7 @@ def test_the_model_stalls_everyone_of_a_synchronous_strategy_and_one_worker_of_a
     for name in ("ring", "halving_doubling", "parameter_server"):
         assert _price(name, 10) == type(_price(name, 10))(STALL, tuple(range(8)), 1.0)
     assert _price("parameter_server", 10, staleness="async").stalled == (2,)
+    assert _price("parameter_server", 10, staleness="async", mode="summation").stalled == (2,)
     assert _price("parameter_server", 10, LinkOutage(5, 8, 1.0), staleness="async").stalled == tuple(range(8))
 
 
