@@ -39,7 +39,7 @@ def main(spec: dict) -> None:
         runtime = config.bind(comm, spec["workers"])
         grads = torch.ones(spec["numel"], dtype=torch.float32)
         down = spec.get("down")  # the step this rank's link goes down at, or None
-        if runtime.is_server and getattr(config, "asynchronous", False):
+        if runtime.is_server and config.asynchronous:
             comm.allgather_object(None)  # every rank connected: the clock starts together
             start = time.monotonic()
             runtime.serve_run(spec["steps"], spec["numel"], torch.float32)

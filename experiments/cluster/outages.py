@@ -75,7 +75,7 @@ def kernel_outage_run(strategy: str, params: dict, workers: int, steps: int, num
             raise ValueError(f"link outage seconds = {outage.seconds:g} with timeout = {timeout:g} s: on the kernel "
                              f"cluster this measures stalls; accepted are outages shorter than the timeout (longer "
                              f"ones fail the run: tests/experiments/test_cluster_netns.py)")
-    p2p = "gloo" if getattr(config, "asynchronous", False) else "sockets-tcp"
+    p2p = "gloo" if config.asynchronous else "sockets-tcp"
     with shaped_network(name, world, bandwidth) as cluster:
         procs = [_start_rank(cluster, rank, world, strategy, params, workers, steps, numel, timeout, p2p,
                              outage.step if outage is not None and outage.rank == rank else None)

@@ -42,7 +42,7 @@ class OutageSim:
         config = strategies.make(self.strategy, **self.params)
         if self.outage is not None:
             check_outages([self.outage], self.workers, self.steps, config.num_servers(self.workers))
-            if getattr(config, "asynchronous", False) and self.outage.rank >= self.workers:
+            if config.asynchronous and self.outage.rank >= self.workers:
                 raise ValueError(f"link outage of server rank {self.outage.rank} on a barrier-free server: it "
                                  f"serves the whole run at once, so it has no step {self.outage.step} to start the "
                                  f"outage at; accepted are worker ranks 0..{self.workers - 1}")
@@ -82,7 +82,7 @@ def outage_steps(sim: OutageSim) -> dict[int, list[float]]:
 
     def rank_main(comm):
         runtime = config.bind(comm, sim.workers)
-        if runtime.is_server and getattr(config, "asynchronous", False):  # the whole run from here
+        if runtime.is_server and config.asynchronous:  # the whole run from here
             runtime.serve_run(sim.steps, sim.numel, torch.float32)
             return None
         grads = torch.empty(sim.numel, dtype=torch.float32, device="meta")
