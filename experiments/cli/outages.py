@@ -45,6 +45,11 @@ def run(args, strategy_of) -> int:
     if args.on not in SUBSTRATES:
         raise ValueError(f"--on {args.on!r}: accepted are {', '.join(SUBSTRATES)}")
     bandwidth = parse_bandwidth(args.bandwidth)
+    if args.on == "kernel":
+        from experiments.cluster.host import support_problem
+
+        if (problem := support_problem()) is not None:
+            raise ValueError(f"--on kernel: cannot build the kernel-shaped network here: {problem}")
     items = args.strategy or list(DEFAULT_STRATEGIES)
     plan = []
     for item in items:  # every strategy and the outage checked before any work
