@@ -44,6 +44,7 @@ from strategies.faults import (
     check_schedule,
     outage_outcome,
 )
+from strategies.transport.communicator import CommError
 from strategies.transport.link import LinkDown
 from strategies.transport.threads import run_threads
 
@@ -149,8 +150,9 @@ class OutageSegments(Segments):
         except RankFailed:
             self._settle(None)
             raise
-        except Exception as e:  # noqa: BLE001 - a peer's timeout on a link that is down: the rank taken for dead
-            if not self.taken:
+        except CommError as e:  # a peer's timeout on a link still down: the rank taken for dead
+            if not self.taken or time.monotonic() >= self.taken[-1][4].end:
+                self._settle(None)  # the outages so far were stalls; this error is something else's
                 raise
             step, slot, _, died_at, _ = self.taken[-1]
             self._settle(e)
