@@ -39,3 +39,16 @@ def test_the_simulation_refuses_an_outage_outside_the_run():
     with pytest.raises(ValueError, match="server rank 4 on a barrier-free server"):
         OutageSim("parameter_server", outage=LinkOutage(1, 4, 1.0), params={"staleness": "async",
                                                                              "mode": "summation"}, **SMALL)
+
+
+@pytest.mark.parametrize("steps", [3, 4])
+def test_a_simulated_gossip_stall_spreads_one_hop_a_step_as_the_model_says(steps):
+    """8 ranks on a ring topology, rank 2's link down in step 2: at step 3 its two neighbours wait too, at step 4
+    their neighbours as well; the rest are on time."""
+    kw = {"workers": 8, "steps": steps, "numel": 100_000, "compute_s": 0.1}
+    base = simulate_outage(OutageSim("decentralized", outage=None, **kw))
+    out = simulate_outage(OutageSim("decentralized", outage=OUTAGE, **kw))
+    price = outage_price(strategies.make("decentralized"), 8, OUTAGE, steps, timeout_s=60, idle_s=0.1)
+    want = {rank: price.stall_s if rank in price.stalled else 0.0 for rank in range(8)}
+    assert {rank: out[rank][-1] - base[rank][-1] for rank in base} == pytest.approx(want, abs=2e-3)
+    assert len(price.stalled) == {3: 3, 4: 5}[steps]
