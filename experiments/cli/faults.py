@@ -9,6 +9,8 @@ without failures (checkpoint_restart: it must resume to the same bits' values), 
 arrived: no fixed reference, said so. Prints a plain table: steps completed and run, steps lost, seconds of
 detection (from the death until every survivor has stopped and the run knows) and of recovery (from there to the
 recovered group's first step) per failure, measured on the ranks that ran, and the check.
+
+`--outage RANK@STEP:SECONDS` instead: a link down for a while, no rank dying (experiments/cli/outages.py).
 """
 
 from __future__ import annotations
