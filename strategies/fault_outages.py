@@ -17,7 +17,7 @@ the two happened, measured, not predicted. A barrier-free server's outages must 
 per-worker loop has no recovery of its own on thread ranks: refused before work).
 
 Each worker's step ends are recorded (seconds from the run's start), so a caller compares the time to step S of
-each rank with and without the outage: `delays`.
+each rank with and without the outage (OutageRun.time_to_step).
 """
 
 from __future__ import annotations
@@ -78,12 +78,6 @@ class OutageRun:
         NaN for a slot that never did."""
         return {slot: max((t for s, t in ends if s == steps - 1), default=math.nan)
                 for slot, ends in sorted(self.ends.items())}
-
-
-def delays(outage: OutageRun, reference: OutageRun, steps: int) -> dict[int, float]:
-    """Each slot's time to step `steps` with the outage minus without it."""
-    got, base = outage.time_to_step(steps), reference.time_to_step(steps)
-    return {slot: got[slot] - base.get(slot, math.nan) for slot in got}
 
 
 def run_with_outages(name: str, workers: int, steps: int, outages, x0, gradient, lr: float, failures=(),

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from strategies.fault_outages import delays, run_with_outages
+from strategies.fault_outages import run_with_outages
 from strategies.fault_runs import run_with_failures
 from strategies.faults import (
     FAILURE,
@@ -22,7 +22,7 @@ from strategies.faults import (
     outage_outcome,
 )
 
-T = 0.2  # seconds the link is down
+T = 0.3  # seconds the link is down
 STEPS = 5
 
 
@@ -35,18 +35,24 @@ def run(name, outages, **kw):
 
 
 def baseline(name, **kw):
-    """The run without an outage, its first (cold: imports, first allocations) left out."""
+    """The run without an outage, its first (cold: imports, first allocations) left out; and each slot's least
+    time to step STEPS over three such runs (a loaded machine only ever makes a run slower)."""
     run(name, [], **kw)
-    return run(name, [], **kw)
+    runs = [run(name, [], **kw) for _ in range(3)]
+    return runs[0], {slot: min(r.time_to_step(STEPS)[slot] for r in runs) for slot in range(4)}
+
+
+def later(out, fastest) -> dict[int, float]:
+    return {slot: t - fastest[slot] for slot, t in out.time_to_step(STEPS).items()}
 
 
 @pytest.mark.timing
 @pytest.mark.parametrize("name, params", [("ring", {}), ("halving_doubling", {}), ("parameter_server", {})])
 def test_a_synchronous_strategy_stalls_everyone_by_the_outage_and_ends_where_it_would(name, params):
-    base = baseline(name, **params)
+    base, fastest = baseline(name, **params)
     out = run(name, [LinkOutage(step=2, rank=2, seconds=T)], **params)
-    late = delays(out, base, STEPS)
-    assert all(T - 0.05 < d < T + 0.15 for d in late.values()), late
+    late = later(out, fastest)
+    assert all(T - 0.02 < d < T + 0.3 for d in late.values()), late
     assert [(o.step, o.rank, o.outcome) for o in out.outages] == [(2, 2, STALL)]
     assert out.outages[0].held_s == pytest.approx(T, abs=0.05)
     assert not out.run.failures and out.run.completed_steps == STEPS
@@ -57,11 +63,11 @@ def test_a_synchronous_strategy_stalls_everyone_by_the_outage_and_ends_where_it_
 @pytest.mark.timing
 def test_a_barrier_free_server_stalls_only_the_worker_whose_link_is_down():
     params = {"staleness": "async"}
-    base = baseline("parameter_server", **params)
+    base, fastest = baseline("parameter_server", **params)
     out = run("parameter_server", [LinkOutage(step=1, rank=2, seconds=T)], **params)
-    late = delays(out, base, STEPS)
-    assert T - 0.05 < late[2] < T + 0.15, late
-    assert all(late[slot] < 0.1 for slot in (0, 1, 3)), late  # they never wait for worker 2
+    late = later(out, fastest)
+    assert T - 0.02 < late[2] < T + 0.3, late
+    assert all(late[slot] < T / 2 for slot in (0, 1, 3)), late  # they never wait for worker 2
     assert [(o.step, o.rank, o.outcome) for o in out.outages] == [(1, 2, STALL)]
     np.testing.assert_array_equal(out.run.params["server"], base.run.params["server"])
     assert out.run.pushes == {slot: STEPS for slot in range(4)}
@@ -167,9 +173,9 @@ def test_the_harness_stalls_the_ranks_the_model_says_for_a_barrier_free_server()
     from strategies.fault_cost import outage_price
 
     outage = LinkOutage(step=1, rank=1, seconds=T)
-    base = baseline("parameter_server", staleness="async")
+    _, fastest = baseline("parameter_server", staleness="async")
     out = run("parameter_server", [outage], staleness="async")
-    measured = tuple(slot for slot, d in delays(out, base, STEPS).items() if d > T / 2)
+    measured = tuple(slot for slot, d in later(out, fastest).items() if d > T / 2)
     assert measured == outage_price(strategies.make("parameter_server", staleness="async"), 4, outage, STEPS,
                                     20.0).stalled == (1,)
 
