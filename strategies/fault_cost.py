@@ -241,3 +241,57 @@ def crossover_mtbf(first: tuple[str, FaultCosts], second: tuple[str, FaultCosts]
                     hi = mid
             return math.exp((lo + hi) / 2)
     return None
+
+
+# -- a link down for t seconds: who waits, and for how long ----------------------------------------------------
+
+@dataclass(frozen=True)
+class OutagePrice:
+    """What one link outage costs a run's time to step S. outcome STALL: every rank in `stalled` reaches step S
+    `stall_s` later (the outage: nobody catches up, no step has slack in this model), the others on time. outcome
+    FAILURE: the outage outlasted the timeout, the rank is taken for dead; priced as a failure by the recovery mode
+    (expected_time's costs, detection = the timeout), so stall_s is NaN here."""
+
+    outcome: str
+    stalled: tuple[int, ...]
+    stall_s: float
+
+
+def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idle_s: float = 0.0) -> OutagePrice:
+    """The model's price of `outage` (a strategies.faults.LinkOutage) for strategy `config` at `workers` workers,
+    at step S = `steps`. `idle_s`: the seconds from a step's start before the rank needs its link (its compute):
+    the outage's first idle_s cost nothing, so the stall is max(0, t - idle_s).
+    - an exact allreduce (every rank needs every rank's part every step) and a synchronous server (its barrier
+      waits for every push; a server's own link: every worker's pull): every rank stalls by the outage;
+    - a barrier-free server (async): a worker's link stalls that worker only; a server's link stalls every worker
+      (each pushes to every server). With a staleness bound k the others also wait once they are k steps ahead
+      (by the outage less k of their steps): priced here as async, the others' stall left out;
+    - neighbour averaging: the ranks that receive from the rank in step s stall then, their receivers in s + 1,
+      and so on: the ranks reached within S - s rounds of the topology's graph (each round's for
+      one_peer_exponential)."""
+    from strategies.base import PARAMETERS
+    from strategies.faults import FAILURE, STALL, check_outages, outage_outcome
+
+    servers = config.num_servers(workers)
+    [outage] = check_outages([outage], workers, steps, servers)
+    if not (math.isfinite(idle_s) and idle_s >= 0):
+        raise FaultSettingError(f"idle_s = {idle_s!r}: accepted are seconds >= 0 (a step's compute)")
+    if outage_outcome(outage.seconds, timeout_s) == FAILURE:
+        return OutagePrice(FAILURE, (), math.nan)
+    stall = max(0.0, outage.seconds - idle_s)
+    if getattr(config, "asynchronous", False) and outage.rank < workers:  # either mode, update or summation
+        return OutagePrice(STALL, (outage.rank,), stall)
+    if config.role == PARAMETERS and not config.exact:
+        return OutagePrice(STALL, _reached(config.topology, workers, outage, steps), stall)
+    return OutagePrice(STALL, tuple(range(workers)), stall)
+
+
+def _reached(topology: str, workers: int, outage, steps: int) -> tuple[int, ...]:
+    """The ranks a neighbour-averaging run's delay reaches by step S: rank r, then each round s .. S - 1 every rank
+    that receives from a rank already reached."""
+    from strategies.decentralized import in_neighbours
+
+    late = {outage.rank}
+    for round_ in range(outage.step, steps):
+        late |= {i for i, near in enumerate(in_neighbours(topology, workers, round_)) if late.intersection(near)}
+    return tuple(sorted(late))

@@ -83,6 +83,7 @@ class Segments:
     """
 
     clock = staticmethod(time.perf_counter)
+    network = None  # an emulated network for the thread ranks (strategies/fault_outages.py sets one), or none
 
     def __init__(self, config, workers, steps, schedule, recovery, x0, gradient, lr, timeout):
         self.config, self.workers, self.steps, self.recovery = config, workers, steps, recovery
@@ -248,7 +249,7 @@ class Segments:
                 finished.wait(self.timeout)
 
         try:
-            run_threads(m + servers, body, timeout=self.timeout)
+            run_threads(m + servers, body, timeout=self.timeout, network=self.network)
         except RankFailed:
             self._detected_at = self.clock()  # every thread rank has stopped: the run knows
             raise

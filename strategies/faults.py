@@ -251,3 +251,54 @@ def connected(peers: list[list[int]]) -> bool:
                 seen.add(j)
                 todo.append(j)
     return len(seen) == len(peers)
+
+
+# -- a link down for t seconds: no rank dies, the rank's NIC carries nothing for a while ----------------------
+
+OUTAGE_MAX_S = 3600.0  # one hour: a link down longer than that is a failure for any communicator's timeout
+STALL = "stall"  # the outage ended before the communicator's timeout: everyone waiting on the rank waited
+FAILURE = "failure"  # it outlasted the timeout: the rank was taken for dead and the recovery mode applied
+
+
+@dataclass(frozen=True, order=True)
+class LinkOutage:
+    """Rank `rank`'s NIC carries nothing for `seconds` from the start of step `step` (0-based); the rank lives.
+
+    What it costs is the stall: every rank that waits on it in that step (a ring: everyone; a barrier-free
+    parameter server: that worker only; neighbour averaging: its neighbours, one hop further each step). An outage
+    at least the communicator's timeout long is a failure: the rank's peers give it up and the recovery mode
+    applies (`outage_outcome`)."""
+
+    step: int
+    rank: int
+    seconds: float
+
+
+def check_outages(outages, workers: int, steps: int, servers: int = 0) -> tuple[LinkOutage, ...]:
+    """The outages sorted by step; FaultSettingError naming a rank, step or duration outside the run, or a link
+    listed twice at one step."""
+    out = []
+    if len(outages) > MAX_FAILURES:
+        raise FaultSettingError(f"link outages: {len(outages):,} listed, at most {MAX_FAILURES:,}")
+    for o in outages:
+        if not _whole(o.rank) or not 0 <= o.rank < workers + servers:
+            ranks = f"0..{workers - 1}" + (f" (servers {workers}..{workers + servers - 1})" if servers else "")
+            raise FaultSettingError(f"link outage link = {o.rank!r}: the run has ranks {ranks}")
+        if not _whole(o.step) or not 0 <= o.step < steps:
+            raise FaultSettingError(f"link outage step = {o.step!r}: the run has steps 0..{steps - 1}")
+        seconds = o.seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+                math.isfinite(seconds) and 0 < seconds <= OUTAGE_MAX_S):
+            raise FaultSettingError(f"link outage seconds = {seconds!r}: accepted are seconds > 0 and at most "
+                                    f"{OUTAGE_MAX_S:g}")
+        out.append(LinkOutage(o.step, o.rank, float(seconds)))
+    if len({(o.step, o.rank) for o in out}) != len(out):
+        raise FaultSettingError(f"link outages {sorted(out)}: a link listed twice at one step")
+    return tuple(sorted(out))
+
+
+def outage_outcome(seconds: float, timeout_s: float) -> str:
+    """STALL when an outage of `seconds` ends before a peer's wait of `timeout_s` gives up on the rank, else
+    FAILURE (the recovery mode applies). A peer's wait on the rank starts no earlier than the outage, so an
+    outage shorter than the timeout never fails a run; one at least as long fails it once a peer waits on it."""
+    return STALL if seconds < timeout_s else FAILURE

@@ -9,6 +9,8 @@ without failures (checkpoint_restart: it must resume to the same bits' values), 
 arrived: no fixed reference, said so. Prints a plain table: steps completed and run, steps lost, seconds of
 detection (from the death until every survivor has stopped and the run knows) and of recovery (from there to the
 recovered group's first step) per failure, measured on the ranks that ran, and the check.
+
+`--outage RANK@STEP:SECONDS` instead: a link down for a while, no rank dying (experiments/cli/outages.py).
 """
 
 from __future__ import annotations
@@ -70,9 +72,11 @@ def add_arguments(p) -> None:
     p.add_argument("--costs", default="detect=0.5,restart=1,checkpoint=0.2,reform=0.3,rejoin=3",
                    help="with --simulate: recovery costs in seconds (default detect=0.5,restart=1,checkpoint=0.2,"
                         "reform=0.3,rejoin=3)")
-    p.add_argument("--compute", type=float, default=0.1, help="with --simulate: compute seconds per step (0.1)")
+    p.add_argument("--compute", type=float, default=0.1,
+                   help="with --simulate or --outage --on simgrid: compute seconds per step (0.1)")
     p.add_argument("--numel", type=int, default=1_000_000,
-                   help="with --simulate: float32 gradients synchronized per step (default 1,000,000: 4 MB)")
+                   help="with --simulate or --outage: float32 gradients synchronized per step (default 1,000,000: "
+                        "4 MB)")
     p.add_argument("--compose", action="store_true",
                    help="with --simulate: simulate one step per world size the runs reach (the strategy's real code "
                         "on SimGrid) and compose every seed's failures and recoveries over those step times, "
@@ -92,6 +96,16 @@ def add_arguments(p) -> None:
     p.add_argument("--overwrite", action="store_true", help="with --out: replace failure results already there")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated recovery modes (default: all that "
                                                             "fit each strategy)")
+    p.add_argument("--outage", default=None, metavar="RANK@STEP:SECONDS",
+                   help="instead of failures: rank RANK's link carries nothing for SECONDS from the start of step STEP "
+                        "(no rank dies); prints each strategy's time to --steps with and without it, and the model's "
+                        "price (experiments/cli/outages.py)")
+    p.add_argument("--on", default="emulated", choices=("emulated", "kernel", "simgrid"),
+                   help="with --outage: emulated links on thread ranks (default), the kernel-shaped network of "
+                        "namespaces over TCP (root), or SimGrid")
+    p.add_argument("--bandwidth", default="1Gbit", help="with --outage: every NIC's bandwidth (default 1Gbit)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="with --outage: runs with and without it, each worker's median time taken (default 3; 1 to 20)")
 
 
 def gradient(slot: int, step: int, x: np.ndarray) -> np.ndarray:
@@ -142,6 +156,10 @@ def reference(name: str, params: dict, recovery: Recovery, schedule, workers: in
 
 
 def run(args) -> int:
+    if args.outage is not None:
+        from experiments.cli import outages
+
+        return outages.run(args, _strategy)
     if args.simulate:
         return simulate(args)
     schedule, plan = _plan(args)  # every value checked before any work

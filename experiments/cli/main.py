@@ -51,7 +51,8 @@ TABLE = [
                                "and time to target given a steps-to-target ratio"),
     ("faults", faults, "a scripted failure on thread ranks or Ray actors for each strategy and recovery mode: "
                        "steps lost, detection and recovery seconds, the survivors' result checked; or failures "
-                       "drawn from a rate on SimGrid against the model (--simulate)"),
+                       "drawn from a rate on SimGrid against the model (--simulate); or a link down for t seconds "
+                       "(--outage) on emulated links, the kernel-shaped network or SimGrid"),
     ("strategies", strategies, "list the registered strategies and their parameters"),
     ("schema", schema, "the columns of the runs and steps tables: name, type, meaning"),
     ("profile", profile, "measure a compute profile: forward, per-parameter gradient readiness, optimizer (one rank "

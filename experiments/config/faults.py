@@ -1,6 +1,7 @@
 """The sweep's failure and recovery settings: parsed, checked against the run and its strategy, normalized.
 
     failures = { schedule = [{ rank = 2, step = 5 }] }        # rank 2 dies during step 5 (0-based)
+    failures = { schedule = [{ link = 2, step = 5, seconds = 1.5 }] }  # rank 2's NIC down 1.5 s from step 5
     failures = { mtbf = "7.9h", seed = 1 }                      # every worker: exponential, mean 7.9 h, seeded
     recovery = { mode = "checkpoint_restart", checkpoint_every = 10 }
     recovery = { mode = "elastic", rejoin_steps = 5 }           # also ps_shrink, reweight, none
@@ -8,7 +9,8 @@
 
 Both go in [defaults] or a [grid] list. The whole point is checked before any work (strategies/faults.py says
 which mode fits which strategy) and every problem is named with its value and what is accepted. The RunSpec holds
-the normalized forms: failures {"schedule": [[step, rank], ...]} or {"mtbf_s": s, "seed": k}; recovery
+the normalized forms: failures {"schedule": [[step, rank], ...]} (rank failures; "outages": [[step, rank, seconds],
+...] for links down, each key only where the schedule lists some) or {"mtbf_s": s, "seed": k}; recovery
 {"mode": ..., "checkpoint_every": c, "rejoin_steps": r}.
 """
 
@@ -109,10 +111,14 @@ def _schedule(rows, workers: int, steps: int, servers: int, errors: list[str]) -
         errors.append(f"failures.schedule = {rows!r}: expected a non-empty list like [{{ rank = 2, step = 5 }}]")
         return {}
     listed = []
+    outage_rows = [row for row in rows if isinstance(row, dict) and "link" in row]
     for row in rows:
+        if isinstance(row, dict) and "link" in row:
+            continue  # a link outage: _outages
         if not isinstance(row, dict) or set(row) != {"rank", "step"} or not all(
                 is_int(row[k]) for k in row):
-            errors.append(f"failures.schedule row {row!r}: expected {{ rank = <integer>, step = <integer> }}")
+            errors.append(f"failures.schedule row {row!r}: expected {{ rank = <integer>, step = <integer> }} (a rank "
+                          f"that fails) or {EXAMPLE_OUTAGE} (a link down)")
             return {}
         listed.append(faults.Failure(row["step"], row["rank"]))
     try:
@@ -120,7 +126,33 @@ def _schedule(rows, workers: int, steps: int, servers: int, errors: list[str]) -
     except faults.FaultSettingError as e:
         errors.append(f"failures.schedule: {e}")
         return {}
-    return {"schedule": [[f.step, f.rank] for f in schedule]}
+    out = {"schedule": [[f.step, f.rank] for f in schedule]} if schedule else {}
+    if outage_rows:
+        outages = _outages(outage_rows, workers, steps, servers, errors)
+        if outages is None:
+            return {}
+        out["outages"] = outages
+    return out
+
+
+EXAMPLE_OUTAGE = "{ link = <rank>, step = <integer>, seconds = <number> }"
+
+
+def _outages(rows: list[dict], workers: int, steps: int, servers: int, errors: list[str]) -> list | None:
+    """Schedule rows `{ link = r, step = s, seconds = t }` (rank r's NIC carries nothing for t s from the start of
+    step s), normalized to [[step, rank, seconds], ...]; None after a line in `errors`."""
+    listed = []
+    for row in rows:
+        if set(row) != {"link", "step", "seconds"} or not is_int(row["link"]) or not is_int(row["step"]):
+            errors.append(f"failures.schedule row {row!r}: expected {EXAMPLE_OUTAGE}")
+            return None
+        listed.append(faults.LinkOutage(row["step"], row["link"], row["seconds"]))
+    try:
+        outages = faults.check_outages(listed, workers, steps, servers)
+    except faults.FaultSettingError as e:
+        errors.append(f"failures.schedule: {e}")
+        return None
+    return [[o.step, o.rank, o.seconds] for o in outages]
 
 
 def _recovery(value, errors: list[str]):

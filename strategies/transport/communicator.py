@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.transport.concurrency import THREADS
-from strategies.transport.link import LinkClock, Network, sleep_until
+from strategies.transport.link import LinkClock, LinkDown, Network, sleep_until
 from strategies.transport.recorder import Direction, MessageRecorder
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -80,6 +80,7 @@ class Communicator(ABC):
     transport = "abstract"
     concurrency = THREADS  # loops side by side and their clock (strategies/transport/concurrency.py)
     recorder: MessageRecorder | None = None  # set per rank: every message recorded (strategies/transport/recorder.py)
+    link_down: LinkDown | None = None  # set per rank: its NIC down for a while, its messages held (link.py)
 
     def __init__(self, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT_S,
                  network: Network | None = None):
@@ -137,6 +138,8 @@ class Communicator(ABC):
         if nbytes == 0:
             return DONE
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if self.link_down is not None:
+            self.link_down.hold()
         record = (self.recorder.start(self.rank, dst, Direction.SEND, nbytes, self.concurrency.clock)
                   if self.recorder is not None else None)
         stamp = self._clock.transmit(nbytes, dst) if self._clock else None
@@ -168,6 +171,8 @@ class Communicator(ABC):
 
         def finish():
             stamp = self._guard(lambda: raw(self.timeout), "recv from", src)
+            if self.link_down is not None:
+                self.link_down.hold()
             peer = self._peer(src)
             peer.bytes_recv += nbytes
             peer.msgs_recv += 1

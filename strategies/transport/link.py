@@ -286,3 +286,24 @@ def sleep_until(deadline: float) -> None:
             return
         if left > 2e-4:
             time.sleep(left - 1.5e-4)
+
+
+class LinkDown:
+    """A rank's NIC down for `seconds` from now: the communicator holds each of the rank's sends and receives that
+    falls in the window until it ends (strategies/transport/communicator.py), so no message leaves or arrives
+    meanwhile. `cancelled()`: the rank's group has given up on it (its run aborted), so the hold ends early."""
+
+    def __init__(self, seconds: float, cancelled=None):
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"link down for {seconds!r} s: expected seconds > 0")
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.cancelled = cancelled or (lambda: False)
+        self.held_s = 0.0  # seconds the rank's messages were held, in all
+
+    def hold(self) -> None:
+        """Wait until the link is up again (now, if it is)."""
+        began = time.monotonic()
+        while (now := time.monotonic()) < self.end and not self.cancelled():
+            time.sleep(min(0.01, self.end - now))
+        self.held_s += time.monotonic() - began

@@ -1,0 +1,122 @@
+"""`syncbench faults --outage RANK@STEP:SECONDS`: what a link down for t seconds costs each strategy, measured
+against the same run without it, on emulated links, the kernel-shaped network or SimGrid, beside the model's price.
+
+- emulated (default): thread ranks, each NIC emulated at --bandwidth (strategies/transport/link.py), the outage
+  held by the transport (strategies/fault_outages.py); no compute;
+- kernel: a process per rank in its own network namespace behind a tbf-shaped veth, TCP between them, the veth
+  taken down and brought up (experiments/cluster/outages.py; root); no compute;
+- simgrid: the star platform at --bandwidth, --compute seconds a step, the NIC at 1 byte/s for t simulated seconds
+  (experiments/simulate/outages.py).
+
+Each row: the time to step S (the last worker's) without and with the outage, the delay of the rank whose link
+went down and of the others (mean and largest), and the model's price (strategies/fault_cost.py, outage_price:
+which ranks stall and by how much; "failure" past the timeout).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import strategies
+from strategies.fault_cost import outage_price
+from strategies.faults import FAILURE, LinkOutage, check_outages, outage_outcome
+from strategies.transport.link import Link, Network, parse_bandwidth
+
+SUBSTRATES = ("emulated", "kernel", "simgrid")
+DEFAULT_STRATEGIES = ("ring", "halving_doubling", "parameter_server", "parameter_server:staleness=async",
+                      "decentralized")
+
+
+def parse_outage(text: str) -> LinkOutage:
+    """'2@5:1.5' -> LinkOutage(step=5, rank=2, seconds=1.5); ValueError naming the text."""
+    try:
+        rank, rest = text.split("@")
+        step, seconds = rest.split(":")
+        return LinkOutage(int(step), int(rank), float(seconds))
+    except ValueError:
+        raise ValueError(f"--outage {text!r}: expected RANK@STEP:SECONDS, like 2@5:1.5 (rank 2's link down 1.5 s "
+                         f"from the start of step 5)") from None
+
+
+def run(args, strategy_of) -> int:
+    outage = parse_outage(args.outage)
+    if args.on not in SUBSTRATES:
+        raise ValueError(f"--on {args.on!r}: accepted are {', '.join(SUBSTRATES)}")
+    bandwidth = parse_bandwidth(args.bandwidth)
+    if args.on == "kernel":
+        from experiments.cluster.host import support_problem
+
+        if (problem := support_problem()) is not None:
+            raise ValueError(f"--on kernel: cannot build the kernel-shaped network here: {problem}")
+    items = args.strategy or list(DEFAULT_STRATEGIES)
+    plan = []
+    for item in items:  # every strategy and the outage checked before any work
+        name, params = strategy_of(item)
+        if args.on != "emulated" and params.get("staleness") == "async":
+            params = {"mode": "summation", **params}  # its servers sum; the update is not simulated or timed
+        config = strategies.make(name, **params)
+        check_outages([outage], args.workers, args.steps, config.num_servers(args.workers))
+        plan.append((item, name, params, config))
+    if not 1 <= args.repeat <= 20:
+        raise ValueError(f"--repeat {args.repeat}: accepted are 1 to 20 runs")
+    timeout = args.timeout if args.on != "kernel" else max(args.timeout, 60.0)
+    if outage_outcome(outage.seconds, timeout) == FAILURE:
+        raise ValueError(f"--outage {args.outage}: {outage.seconds:g} s is not shorter than the timeout "
+                         f"({timeout:g} s): a failure, not a stall; this table measures stalls")
+    compute = args.compute if args.on == "simgrid" else 0.0
+    print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, rank {outage.rank}'s link down "
+          f"{outage.seconds:g} s from the start of step {outage.step}; {args.on}, {args.bandwidth} NICs, compute "
+          f"{compute:g} s a step")
+    header = (f"{'strategy':<34} {'none s':>8} {'outage s':>8} {'rank ' + str(outage.rank):>7} {'others':>7} "
+              f"{'max':>7}  {'model: stalled':<16} {'stall s':>7} {'wall s':>7}")
+    print(header)
+    print("-" * len(header), flush=True)
+    for item, name, params, config in plan:
+        began = time.perf_counter()
+        base, out = _medians(args, name, params, outage, bandwidth, timeout)
+        price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
+        delay = {r: out[r] - base[r] for r in base}
+        others = [d for r, d in delay.items() if r != outage.rank]
+        stalled = "all" if len(price.stalled) == args.workers else ",".join(map(str, price.stalled))
+        print(f"{item:<34} {max(base.values()):>8.3f} {max(out.values()):>8.3f} "
+              f"{delay.get(outage.rank, float('nan')):>7.3f} {np.mean(others):>7.3f} {max(others):>7.3f}  "
+              f"{stalled:<16} {price.stall_s:>7.3f} {time.perf_counter() - began:>7.1f}", flush=True)
+    print(f"# none s / outage s: the last worker's time to step S; rank r / others / max: each worker's seconds later "
+          f"at step S than without the outage; each a median of {args.repeat} runs (alternating); model: the ranks "
+          f"that stall and by how much (strategies/fault_cost.py)")
+    return 0
+
+
+def _medians(args, name, params, outage, bandwidth, timeout) -> tuple[dict[int, float], dict[int, float]]:
+    """Each worker's time to step S without and with the outage, the median of --repeat runs of each, taken in
+    turn (a load that changes meanwhile touches both)."""
+    runs = [(_ends(args, name, params, None, bandwidth, timeout), _ends(args, name, params, outage, bandwidth,
+                                                                         timeout)) for _ in range(args.repeat)]
+    return tuple({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
+
+
+def _ends(args, name, params, outage, bandwidth, timeout) -> dict[int, list[float]]:
+    """Each worker's step ends (seconds from the start) on the chosen substrate."""
+    if args.on == "kernel":
+        from experiments.cluster.outages import kernel_outage_run
+
+        return kernel_outage_run(name, params, args.workers, args.steps, args.numel, outage, bandwidth, timeout)
+    if args.on == "simgrid":
+        from experiments.simulate.outages import OutageSim, simulate_outage
+        from experiments.simulate.platform import Platform
+
+        platform = Platform(network_model="alpha_beta", bandwidth=bandwidth)
+        return simulate_outage(OutageSim(name, args.workers, args.steps, outage, args.compute, args.numel, platform,
+                                         params))
+    from strategies.fault_outages import run_with_outages
+
+    run = run_with_outages(name, args.workers, args.steps, [outage] if outage else [],
+                           np.zeros(args.numel, dtype=np.float32), _gradient, 0.25, timeout=timeout,
+                           network=Network(Link(bandwidth)), **params)
+    return {slot: [t for _, t in sorted(ends)] for slot, ends in run.ends.items()}
+
+
+def _gradient(slot: int, step: int, x: np.ndarray) -> np.ndarray:
+    return np.full(x.shape, float(slot + step), dtype=x.dtype)

@@ -1,0 +1,158 @@
+"""A node's link down for t seconds on the kernel-shaped network: what the outage costs a strategy over real TCP.
+
+    ends = kernel_outage_run("ring", {}, workers=4, steps=8, numel=250_000, outage=LinkOutage(5, 2, 1.0),
+                             bandwidth=parse_bandwidth("100Mbit"))
+
+Builds the cluster's network only (a namespace per rank, each behind a tbf-shaped veth on one bridge, as
+`syncbench cluster up` does; no Ray), starts one process per rank inside its namespace
+(experiments/cluster/outage_rank.py: gloo's rendezvous, the sockets transport over TCP), and when the outage's rank
+reaches step s takes its veth's bridge end down (`ip link set <veth> down`: nothing in or out), brings it up t
+seconds later, and lets TCP find out: its retransmission timer backs off (200 ms, 400 ms, 800 ms, ...) while the
+link is down, so the stall can outlast the outage. Returns each worker rank's step ends (seconds from the first
+step's start, one clock for every namespace).
+
+Cleanup is guaranteed: whatever fails (a rank, a timeout, Ctrl-C), the link is brought up, every rank process is
+killed and the namespaces, veths and bridge this call made are removed; a crash of this process itself leaves a
+state file that `syncbench cluster down --name NAME` reads to remove them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import strategies
+from experiments.cluster import netns
+from experiments.cluster.host import support_problem
+from experiments.cluster.network import _make_network
+from experiments.cluster.shell import ClusterError
+from experiments.cluster.state import Cluster, _write_state
+from strategies.faults import LinkOutage, check_outages
+from strategies.transport.link import Link
+
+REPO = Path(__file__).resolve().parents[2]
+PORT = 29_517  # rank 0's rendezvous port, inside its own namespace
+
+
+@contextmanager
+def shaped_network(name: str, ranks: int, bandwidth: float):
+    """The namespaces, veths and bridge of cluster `name` with `ranks` shaped nodes, removed on the way out
+    whatever happened (their processes killed first)."""
+    problem = support_problem()
+    if problem:
+        raise ClusterError(f"cannot build the kernel-shaped network here: {problem}")
+    if netns.Cluster.load(name) is not None:
+        raise ClusterError(f"cluster {name!r} is already up: choose another name, or `syncbench cluster down --name "
+                           f"{name}` first")
+    cluster = netns.plan(name, [Link(bandwidth)] * ranks)
+    made: list[tuple[str, str]] = []
+    try:
+        _write_state(name, json.dumps(asdict(cluster), indent=1) + "\n", new=True)  # first: `down` knows it
+        made.append(("state", name))
+        _make_network(cluster, made)
+        yield cluster
+    finally:
+        netns._undo(cluster, made)
+
+
+def kernel_outage_run(strategy: str, params: dict, workers: int, steps: int, numel: int, outage: LinkOutage | None,
+                      bandwidth: float, timeout: float = 60.0, name: str = "sbout") -> dict[int, list[float]]:
+    """Each worker rank's step ends (seconds from the start) of `steps` synchronizations of `numel` float32 with
+    rank outage.rank's link down for outage.seconds from the start of step outage.step (None: no outage)."""
+    config = strategies.make(strategy, **params)
+    world = config.world_size(workers)
+    if outage is not None:
+        check_outages([outage], workers, steps, world - workers)
+        if outage.seconds >= timeout:
+            raise ValueError(f"link outage seconds = {outage.seconds:g} with timeout = {timeout:g} s: on the kernel "
+                             f"cluster this measures stalls; accepted are outages shorter than the timeout (longer "
+                             f"ones fail the run: tests/experiments/test_cluster_netns.py)")
+    p2p = "gloo" if config.asynchronous else "sockets-tcp"
+    with shaped_network(name, world, bandwidth) as cluster:
+        procs = [_start_rank(cluster, rank, world, strategy, params, workers, steps, numel, timeout, p2p,
+                             outage.step if outage is not None and outage.rank == rank else None)
+                 for rank in range(world)]
+        try:
+            return _collect(cluster, procs, outage, workers, timeout + 60)
+        finally:
+            if outage is not None:
+                netns.set_link(cluster, cluster.nodes[outage.rank].name, up_=True)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+
+
+def _start_rank(cluster: Cluster, rank, world, strategy, params, workers, steps, numel, timeout, p2p, down):
+    node = cluster.nodes[rank]
+    spec = {"rank": rank, "world": world, "master": f"{cluster.nodes[0].ip}:{PORT}", "address": node.ip,
+            "strategy": strategy, "params": params, "workers": workers, "steps": steps, "numel": numel,
+            "timeout": timeout, "p2p": p2p, "down": down}
+    log = tempfile.TemporaryFile("w+")  # gloo's chatter must never fill a pipe nobody reads
+    proc = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-m",
+                             "experiments.cluster.outage_rank", json.dumps(spec)], cwd=REPO, text=True,
+                            env={**os.environ, "GLOO_SOCKET_IFNAME": node.veth_node}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log)
+    proc.log = log
+    return proc
+
+
+def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, limit: float) -> dict:
+    """Serve the outage when its rank asks, then every rank's result; ClusterError naming a rank that failed."""
+    results: dict[int, dict] = {}
+    errors: dict[int, str] = {}
+
+    def read(rank: int, proc) -> None:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            message = json.loads(line)
+            if "down" in message:
+                _outage(cluster, outage, proc)
+            else:
+                results[rank] = message
+        proc.log.seek(0)
+        errors[rank] = proc.log.read()[-2000:]
+
+    readers = [threading.Thread(target=read, args=(rank, proc), daemon=True) for rank, proc in enumerate(procs)]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + limit
+    for t in readers:
+        t.join(max(deadline - time.monotonic(), 0))
+    failed = [rank for rank, proc in enumerate(procs) if rank not in results or _exit(proc) != 0]
+    if failed:
+        raise ClusterError(f"rank(s) {failed} of the outage run failed: "
+                           + "; ".join(f"rank {r}: {errors.get(r, '(still running)').strip()[-600:]}" for r in failed))
+    start = min(results[rank]["start"] for rank in range(workers))
+    return {rank: [t - start for t in results[rank]["ends"]] for rank in range(workers)}
+
+
+def _exit(proc) -> int | None:
+    try:
+        return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _outage(cluster: Cluster, outage: LinkOutage, proc) -> None:
+    """Take the rank's link down, let it go on, and bring the link up `outage.seconds` later (on a timer: this
+    reader keeps reading)."""
+    node = cluster.nodes[outage.rank].name
+    netns.set_link(cluster, node, up_=False)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    timer = threading.Timer(outage.seconds, netns.set_link, args=(cluster, node, True))
+    timer.daemon = True
+    timer.start()
+    timer.join()  # the rank's later lines wait (it prints only at its end)
+
+

@@ -1,0 +1,44 @@
+"""A node's link down for t seconds on the kernel-shaped network (root, iproute2): every rank of a ring over real TCP
+stalls at least the outage, and nothing is left behind, even when the run inside fails."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from experiments.cluster import netns
+from experiments.cluster.outages import kernel_outage_run, shaped_network
+from strategies.faults import LinkOutage
+from strategies.transport.link import parse_bandwidth
+
+PROBLEM = netns.support_problem()
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(PROBLEM is not None, reason=f"no namespaces here: {PROBLEM}")]
+NAME = "sbtout"
+
+
+def left_behind() -> list[str]:
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line for line in (namespaces + links).splitlines() if f"sbc-{NAME}-" in line or f"sb-{NAME}" in line]
+
+
+def test_a_ring_over_tcp_stalls_by_at_least_the_outage_and_everything_is_removed():
+    """One run (its ranks' start-up is most of the cost): the outage's step against the others' median."""
+    out = kernel_outage_run("ring", {}, 4, 6, 100_000, LinkOutage(step=3, rank=1, seconds=0.5),
+                            parse_bandwidth("100Mbit"), timeout=30, name=NAME)
+    for rank, ends in out.items():
+        steps = np.diff([0.0, *ends])
+        usual = float(np.median(np.delete(steps, 3)))
+        assert steps[3] - usual > 0.45, (rank, steps)  # TCP's retransmission backoff may add to it, never less
+    assert left_behind() == []
+
+
+def test_the_network_is_removed_when_the_run_inside_fails():
+    with pytest.raises(RuntimeError, match="planted"), shaped_network(NAME, 2, parse_bandwidth("10Mbit")) as c:
+        assert len(left_behind()) >= 2 and c.nodes[1].namespace == f"sbc-{NAME}-n1"
+        raise RuntimeError("planted")
+    assert left_behind() == []
+    assert netns.Cluster.load(NAME) is None  # its state file is gone too
