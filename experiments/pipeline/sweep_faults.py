@@ -78,6 +78,9 @@ def problems(spec) -> list[str]:
     if any(rank >= spec.workers for _, rank in spec.failures.get("schedule", [])):
         found.append(f"{what}: a server rank fails in failures.schedule; in a sweep only workers fail (server "
                      f"replicas run with `syncbench faults`)")
+    if spec.failures.get("outages"):
+        found.append(f"{what}: a link outage in failures.schedule ({{ link, step, seconds }}); a sweep's training "
+                     f"loses ranks, it does not yet take a link down; outages run with `syncbench faults --outage`")
     return found
 
 
