@@ -41,7 +41,7 @@ def test_outages_alone(tmp_path):
                            '{ link = 0, step = 1, seconds = 0.25 }] }\n').runs
     assert run.failures == {"outages": [[1, 0, 0.25], [3, 1, 2.0]]}
     problems = ThreadSubstrate().problems(Run(run.run_id, run))
-    assert any("a link outage in failures.schedule" in p and "syncbench faults --outage" in p for p in problems), problems
+    assert any("a link outage in failures.schedule" in p and "faults --outage" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("row, fragment", [
