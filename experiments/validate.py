@@ -32,7 +32,6 @@ import pandas as pd
 import strategies
 from experiments.config.sweep import RunSpec
 from experiments.validate_docs import BEGIN, END, check_docs, write_docs  # noqa: F401 - validate.* names
-from experiments.validate_runs import add_measured
 
 PROFILE = Path(__file__).resolve().parent / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
 TOLERANCE = 0.05  # model / alpha_beta within 5%: agreement
@@ -476,7 +475,8 @@ def _finish(grid: list[Cell], args, docs: Path | None = None) -> int:
     start = time.perf_counter()
     frame = validate(grid, args.jobs)
     table = format_table(frame, time.perf_counter() - start)
-    frame, table = add_measured(grid, frame, table, args)  # --substrates emulated,kernel: the n <= 8 cells measured
+    if getattr(args, "measure", None):  # --substrates emulated,kernel: the n <= 8 cells measured (validate_runs)
+        frame, table = args.measure(grid, frame, table)
     write(frame, table, Path(args.out))
     if docs is not None:
         write_docs(docs, f"syncbench validate --docs --jobs {args.jobs}", table)

@@ -428,7 +428,7 @@ def check_arguments(args) -> tuple[str, ...]:
 def add_measured(grid, frame: pd.DataFrame, table: str, args) -> tuple[pd.DataFrame, str]:
     """The matrix's frame with a `substrate` column (simgrid) and, where --substrates asks, the measured rows after
     it; the table with theirs after it."""
-    substrates = check_arguments(args) if hasattr(args, "substrates") else ("simgrid",)
+    substrates = check_arguments(args)
     frame = frame.assign(substrate="simgrid")
     if substrates == ("simgrid",):
         return frame, table

@@ -14,8 +14,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import functools
+
     from experiments.validate import run as validate_run
-    from experiments.validate_runs import check_arguments
+    from experiments.validate_runs import add_measured, check_arguments
 
     check_arguments(args)  # the measured substrates' options, before any work
+    args.measure = functools.partial(add_measured, args=args)  # after the matrix: its measured rows
     return validate_run(args)
