@@ -8,7 +8,7 @@ run_steps: the strategy's role, its servers, compression and local SGD), on rank
   rank booked per message; the queues carry the bytes, the receiver waits until the link says they arrived);
 - kernel: Ray actors in the namespaces of `syncbench cluster up`, their TCP shaped by `tc tbf` (not run here unless
   the cluster's links are the cell's; see kernel_refusal).
-Each measurement is the median over `repeats` timed syncs (one untimed sync first), with their min and max, and the
+Each measurement is the median over `repeats` syncs (each a run of its own), with their min and max, and the
 same syncs with no link emulation at all (the floor: what copies, sums and compression cost this machine's cores,
 which the model does not price). With `payload_scale` s > 1 the payload is 1/s of the cell's and every link's
 bandwidth 1/s of the cell's: the bandwidth term (bytes / bandwidth) and the latency term are the cell's, the
@@ -121,9 +121,12 @@ def rank_main(ctx, spec, numels: tuple[int, ...], shapes: tuple | None) -> dict:
     """One rank of a measured cell (thread rank or Ray actor): a server's loop, or the workers' step loop."""
     config = spec.strategy_config()
     buckets = make_buckets(numels, spec.bucket_mb)
-    if ctx.comm.rank >= spec.workers:
+    server = ctx.comm.rank >= spec.workers
+    compute = None if server else FlatCompute(ctx.comm.rank, spec, numels, shapes)
+    ctx.comm.barrier()  # every rank built: the sync starts together on every rank, as the simulated one does
+    if server:
         return server_loop(config)(ctx.comm, spec, config, buckets, PassThroughUpdate(sum(numels)))
-    return run_steps(ctx.comm, spec, config, FlatCompute(ctx.comm.rank, spec, numels, shapes), buckets)
+    return run_steps(ctx.comm, spec, config, compute, buckets)
 
 
 # -- the run as made: payload and links scaled --------------------------------------------------------------
@@ -145,9 +148,9 @@ def scaled(cell, scale: float):
     return made, tuple(max(1, round(n / scale)) for n in numels), None
 
 
-def run_spec(cell, scale: float, repeats: int):
-    """The cell's RunSpec as measured: one untimed period of H steps, then `repeats` timed ones; nodes' intra link
-    scaled with the NIC."""
+def run_spec(cell, scale: float):
+    """The cell's RunSpec as measured: one period of H steps (one sync; with local SGD H - 1 steps without), nodes'
+    intra link and the strategy's message sizes in MiB scaled with the payload."""
     import strategies
 
     made, _, _ = scaled(cell, scale)
@@ -161,8 +164,7 @@ def run_spec(cell, scale: float, repeats: int):
     for knob in MB_KNOBS:  # a message size in MiB cuts the scaled payload into as many messages as the cell's
         if knob in defaults and scale != 1:
             params[knob] = params.get(knob, defaults[knob]) / scale
-    return dataclasses.replace(spec, link=link, strategy_params=params, warmup_steps=period,
-                               steps=period * (1 + repeats))
+    return dataclasses.replace(spec, link=link, strategy_params=params, warmup_steps=0, steps=period)
 
 
 def model_s(cell, scale: float) -> float:
@@ -172,7 +174,7 @@ def model_s(cell, scale: float) -> float:
     from experiments.validate import _platform
 
     made, numels, _ = scaled(cell, scale)
-    spec = run_spec(cell, scale, 1)
+    spec = run_spec(cell, scale)
     timeline = Timeline(0.0, 0.0, 0.0, numels, (0.0,) * len(numels), "one flat bucket, no compute")
     platform = _platform(made)
     if cell.ranks_per_node > 1:
@@ -206,7 +208,7 @@ def emulated_refusal(cell, scale: float = 1.0) -> str:
     why = _common_refusal(cell, "emulated")
     if why:
         return why
-    spec = run_spec(cell, scale, 1)
+    spec = run_spec(cell, scale)
     if scale != 1 and spec.compression in ("powersgd", "topk"):
         return (f"compression = {spec.compression!r} with --payload-scale {scale:g}: what it sends does not scale "
                 f"with the payload (PowerSGD's rank x (rows + columns) per matrix, top-k's indices); run it at "
@@ -250,38 +252,33 @@ def kernel_refusal(cell) -> str:
 # -- one measured cell ---------------------------------------------------------------------------------------
 
 
-def _periods(steps: list[dict], period: int) -> list[float]:
-    """Each timed period's communication per step: per step the slowest worker's (as the summary takes it), then
-    the period's mean (local SGD's H steps carry one sync)."""
-    frame = pd.DataFrame(steps)
-    workers = frame[(frame["role"] == "worker") & frame["timed"]].copy()
-    workers["total_s"] = workers["compute_s"] + workers["comm_s"]
-    slowest = workers.loc[workers.groupby("step")["total_s"].idxmax()].sort_values("step")
-    return [float(chunk["comm_s"].mean()) for _, chunk in slowest.groupby(slowest["step"] // period)]
-
-
 def _threads(cell, scale: float, repeats: int, emulate: bool) -> tuple[list[float], float, float]:
-    """(seconds per timed period, wall seconds, this process's CPU seconds) of the cell on thread ranks, with its
-    links emulated or none; a failed run (bytes against the analytic traffic, ranks' parameters) raises."""
+    """(communication per step of each repeat, wall seconds, this process's CPU seconds) of the cell on thread
+    ranks, with its links emulated or none. A repeat is a run of its own: one sync on ranks that start together,
+    as SimGrid's (back to back without a barrier, the ranks' skew carries over and the next sync's first messages
+    overlap the last one's tail: the flat reduce+broadcast at 3 ranks measured 0.75x its isolated sync). A failed run
+    (bytes against the analytic traffic, the ranks' parameters) raises."""
     from experiments.pipeline.summary import summarize
     from strategies.transport.threads import run_threads
 
-    spec = run_spec(cell, scale, repeats)
+    spec = run_spec(cell, scale)
     _, numels, shapes = scaled(cell, scale)
     expected = model_s(cell, scale)
     timeout = 120.0 + 10 * spec.steps * (expected if math.isfinite(expected) else 10.0)
     spec = dataclasses.replace(spec, timeout=timeout)
-    start, cpu = time.perf_counter(), time.process_time()
-    results = run_threads(spec.world_size(), lambda comm: rank_main(SimpleNamespace(comm=comm), spec, numels, shapes),
-                          timeout=timeout, network=spec.network() if emulate else None,
-                          ranks_per_node=spec.ranks_per_node, run_timeout=timeout)
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    meta = {"started_at": "", "duration_s": wall, "transport": "threads", "gpu": "", "cores": os.cpu_count() or 1,
-            "host": "", "substrate": "threads"}
-    row, steps = summarize(spec, results, "", meta)
-    if row["status"] != "ok":
-        raise RuntimeError(row["error"])
-    return _periods(steps, int(spec.sync_every)), wall, cpu
+    samples, start, cpu = [], time.perf_counter(), time.process_time()
+    for _ in range(repeats):
+        results = run_threads(spec.world_size(), lambda comm: rank_main(SimpleNamespace(comm=comm), spec, numels,
+                                                                        shapes),
+                              timeout=timeout, network=spec.network() if emulate else None,
+                              ranks_per_node=spec.ranks_per_node, run_timeout=timeout)
+        meta = {"started_at": "", "duration_s": 0.0, "transport": "threads", "gpu": "", "cores": os.cpu_count() or 1,
+                "host": "", "substrate": "threads"}
+        row, _ = summarize(spec, results, "", meta)
+        if row["status"] != "ok":
+            raise RuntimeError(row["error"])
+        samples.append(float(row["comm_s"]))  # the slowest worker's, per step (local SGD: the period's mean)
+    return samples, time.perf_counter() - start, time.process_time() - cpu
 
 
 def measure_emulated(cell, repeats: int = 3, scale: float = 1.0) -> dict:
