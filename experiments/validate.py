@@ -475,6 +475,8 @@ def _finish(grid: list[Cell], args, docs: Path | None = None) -> int:
     start = time.perf_counter()
     frame = validate(grid, args.jobs)
     table = format_table(frame, time.perf_counter() - start)
+    if getattr(args, "measure", None):  # --substrates emulated,kernel: the n <= 8 cells measured (validate_runs)
+        frame, table = args.measure(grid, frame, table)
     write(frame, table, Path(args.out))
     if docs is not None:
         write_docs(docs, f"syncbench validate --docs --jobs {args.jobs}", table)
