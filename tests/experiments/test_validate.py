@@ -137,12 +137,12 @@ def test_the_simulators_sharing_never_puts_a_link_over_its_capacity():
 @needs_simgrid
 @pytest.mark.parametrize("workers,k,bandwidth,latency,before", [(5, 4, "10Gbit", "5us", 1.23),
                                                                  (4, 3, "100Gbit", "0us", 1.98),
-                                                                 (16, 4, "100Gbit", "0us", 1.15)])
+                                                                 (16, 4, "100Gbit", "0us", 1.13)])
 def test_hierarchical_replayed_agrees_where_its_stage_model_did_not(workers, k, bandwidth, latency, before):
     """hierarchical's price is its programs replayed (hierarchical_replay.replay_program): a short rank serving its
     groups one after another while the next groups' first messages come in (5 ranks in nodes of 4: 1.23x with the
     stage model), the NIC's messages crossing the ranks' ports where the NIC is as fast as they are (nodes of 3 at
-    100 Gbit/s: 1.98x; nodes of 4, 16 ranks: 1.15x)."""
+    100 Gbit/s: 1.98x; nodes of 4, 16 ranks: 1.15x, 1.13x since SimGrid solves its sharing in full)."""
     row = run_cell(Cell(BY_LABEL["hierarchical ring"], workers, bandwidth, latency, k))
     assert row["status"] == "agree", row
     assert row["sim_over_model"] == pytest.approx(1.0, abs=0.02), row
