@@ -24,7 +24,7 @@ def replay_node_seconds(config, workers: int, numel: int, itemsize: int, nic_ban
 
 
 # the replay's size limit: beyond it the price is the stage model (cost_nodes.hierarchical_node_seconds)
-REPLAY_MESSAGES = 3_000
+REPLAY_MESSAGES = 12_000
 
 
 @functools.lru_cache(maxsize=256)

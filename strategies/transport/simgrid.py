@@ -174,8 +174,11 @@ class _Connection:
                     self.head.wait()
                 if not self.queue:
                     break
-                item = self.queue.popleft()
+                # taken off the queue only once it is the head: put_async lets the other actors run, and a sender
+                # that saw an empty queue and a finished head would put its next message beside this one
+                item = self.queue[0]
                 item.comm = self.head = item.box.put_async(item.message, item.nbytes)
+                self.queue.popleft()
                 if item.sent is not None:  # its sender waits for it: it waits for the transfer itself now
                     item.sent.release()
             self.running = False
