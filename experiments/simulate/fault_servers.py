@@ -49,11 +49,7 @@ class ServerFaultSim(FaultSim):
             if not self.replicas:
                 raise FaultSettingError("replicas = 0 with ps_shrink: a server's failure would end the run; accepted "
                                         "are replicas >= 1 (chain replication) or mode checkpoint_restart")
-            check_replicas_fit(config, self.workers, self.replicas)
-            if config.mode != "update":
-                raise FaultSettingError(f"parameter_server mode = {config.mode!r} with replicas: a server holds the "
-                                        f"parameters it replicates only in mode 'update' (summation servers keep "
-                                        f"no state)")
+            check_replicas_fit(config, self.workers, self.replicas)  # (summation servers: check_fits refused)
         elif self.replicas:
             raise FaultSettingError(f"replicas = {self.replicas!r} with mode {self.mode!r}: replicas cover a server's "
                                     f"failure under ps_shrink; checkpoint_restart restarts every rank (replicas = 0)")
