@@ -78,6 +78,13 @@ def add_arguments(p) -> None:
                         "on SimGrid) and compose every seed's failures and recoveries over those step times, "
                         "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
                         "simulation where both run)")
+    p.add_argument("--servers-fail", action="store_true",
+                   help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
+                        "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
+                        "restarting every rank")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="with --servers-fail: each shard's chain replicas under ps_shrink, 1 to servers - 1 "
+                        "(default 1)")
     p.add_argument("--checkpoint-every", type=int, default=4,
                    help="checkpoint_restart: steps between checkpoints (default 4); with --simulate, 0: Daly's "
                         "optimum for the simulated step")
@@ -351,6 +358,7 @@ def simulate(args) -> int:
     from dataclasses import replace
 
     from experiments.config.faults import parse_mtbf
+    from experiments.simulate.fault_servers import ServerFaultSim
     from experiments.simulate.faults import MODES as SIMULATED
     from experiments.simulate.faults import FaultSim, StepTable, compare
     from strategies.fault_cost import FaultCosts, daly_interval
@@ -374,9 +382,12 @@ def simulate(args) -> int:
         for mode in modes:
             try:
                 every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+                kind, extra = FaultSim, {}
+                if args.servers_fail:
+                    kind, extra = ServerFaultSim, {"replicas": args.replicas if mode != CHECKPOINT_RESTART else 0}
                 plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
-                             FaultSim(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
-                                      compute_s=args.compute, numel=args.numel, params=params)))
+                             kind(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
+                                  compute_s=args.compute, numel=args.numel, params=params, **extra)))
             except FaultSettingError:
                 continue  # a mode that does not fit: not a row
     if not plan:
@@ -385,6 +396,9 @@ def simulate(args) -> int:
            "every step simulated")
     print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds "
           f"({how}); costs {args.costs} s; compute {args.compute:g} s a step; {args.numel:,} float32 gradients")
+    if args.servers_fail:
+        print(f"# servers fail too: ps_shrink with {args.replicas} chain replica(s) a shard (promotion: reform), "
+              f"checkpoint_restart restarting every rank")
     header = (f"{'strategy':<20} {'mode':<18} {'every':>5} {'failures/run':>12} {'simulated s':>12} {'+-':>6} "
               f"{'model s':>9} {'sim/model':>9} {'overhead':>8} {'CPU s':>7} {'wall s':>7}")
     print(header)
@@ -393,11 +407,11 @@ def simulate(args) -> int:
     for item, daly, sim in plan:
         table = None
         if args.compose:  # one table per strategy: its modes share the steps
-            table = tables.setdefault(item, StepTable(sim))
+            table = tables.setdefault((item, getattr(sim, "replicas", 0)), StepTable(sim))  # replicas: longer
             cpu0, wall0 = table.cpu_s, table.wall_s
         if daly:
             step_s = table(sim.workers) if table else _one_step(sim)
-            every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.workers) / step_s))
+            every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.failing_slots()) / step_s))
             sim = replace(sim, checkpoint_every=every)
         started = time.perf_counter()
         got = compare(sim, range(args.simulate), composed=args.compose, steps=table)
