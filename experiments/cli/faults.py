@@ -82,7 +82,7 @@ def add_arguments(p) -> None:
                    help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
                         "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
                         "restarting every rank")
-    p.add_argument("--replicas", type=int, default=1,
+    p.add_argument("--replicas", type=int, default=None,
                    help="with --servers-fail: each shard's chain replicas under ps_shrink, 1 to servers - 1 "
                         "(default 1)")
     p.add_argument("--checkpoint-every", type=int, default=4,
@@ -375,6 +375,9 @@ def simulate(args) -> int:
     if args.checkpoint_every < 0 or args.numel < 1 or not args.compute > 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}, --numel {args.numel}, --compute "
                          f"{args.compute}: accepted are >= 0 steps (0: Daly's optimum), >= 1 gradients, > 0 seconds")
+    if args.replicas is not None and (not args.servers_fail or args.replicas < 1):
+        raise ValueError(f"--replicas {args.replicas}: accepted with --servers-fail, 1 to servers - 1")
+    replicas = args.replicas or 1
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
     plan = []
     for item in args.strategy or ("ring", "parameter_server"):
@@ -384,11 +387,13 @@ def simulate(args) -> int:
                 every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
                 kind, extra = FaultSim, {}
                 if args.servers_fail:
-                    kind, extra = ServerFaultSim, {"replicas": args.replicas if mode != CHECKPOINT_RESTART else 0}
+                    kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
                 plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
                              kind(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
                                   compute_s=args.compute, numel=args.numel, params=params, **extra)))
-            except FaultSettingError:
+            except FaultSettingError as e:
+                if kind is ServerFaultSim and mode == PS_SHRINK and "replicas" in str(e):
+                    raise  # the servers' replicas do not fit the parameter server: said, not a missing row
                 continue  # a mode that does not fit: not a row
     if not plan:
         raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
@@ -397,7 +402,7 @@ def simulate(args) -> int:
     print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds "
           f"({how}); costs {args.costs} s; compute {args.compute:g} s a step; {args.numel:,} float32 gradients")
     if args.servers_fail:
-        print(f"# servers fail too: ps_shrink with {args.replicas} chain replica(s) a shard (promotion: reform), "
+        print(f"# servers fail too: ps_shrink with {replicas} chain replica(s) a shard (promotion: reform), "
               f"checkpoint_restart restarting every rank")
     header = (f"{'strategy':<20} {'mode':<18} {'every':>5} {'failures/run':>12} {'simulated s':>12} {'+-':>6} "
               f"{'model s':>9} {'sim/model':>9} {'overhead':>8} {'CPU s':>7} {'wall s':>7}")
