@@ -78,6 +78,10 @@ def add_arguments(p) -> None:
                         "on SimGrid) and compose every seed's failures and recoveries over those step times, "
                         "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
                         "simulation where both run)")
+    p.add_argument("--replay-shrunk", action="store_true",
+                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated, the steps at "
+                        "fewer workers replayed by the ring's exact event recursion, used only once it gives the "
+                        "simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
     p.add_argument("--servers-fail", action="store_true",
                    help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
                         "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
@@ -360,7 +364,7 @@ def simulate(args) -> int:
     from experiments.config.faults import parse_mtbf
     from experiments.simulate.fault_servers import ServerFaultSim
     from experiments.simulate.faults import MODES as SIMULATED
-    from experiments.simulate.faults import FaultSim, StepTable, compare
+    from experiments.simulate.faults import FaultSim, compare
     from strategies.fault_cost import FaultCosts, daly_interval
 
     if args.mtbf is None or args.fail:
@@ -378,6 +382,8 @@ def simulate(args) -> int:
     if args.replicas is not None and (not args.servers_fail or args.replicas < 1):
         raise ValueError(f"--replicas {args.replicas}: accepted with --servers-fail, 1 to servers - 1")
     replicas = args.replicas or 1
+    if args.replay_shrunk and not args.compose:
+        raise ValueError("--replay-shrunk: accepted with --compose (it replaces the composed steps' simulations)")
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
     plan = []
     for item in args.strategy or ("ring", "parameter_server"):
@@ -412,7 +418,8 @@ def simulate(args) -> int:
     for item, daly, sim in plan:
         table = None
         if args.compose:  # one table per strategy: its modes share the steps
-            table = tables.setdefault((item, getattr(sim, "replicas", 0)), StepTable(sim))  # replicas: longer
+            key = (item, getattr(sim, "replicas", 0))  # replicas make a longer step
+            table = tables[key] if key in tables else tables.setdefault(key, _table(sim, args.replay_shrunk))
             cpu0, wall0 = table.cpu_s, table.wall_s
         if daly:
             step_s = table(sim.workers) if table else _one_step(sim)
@@ -434,9 +441,24 @@ def simulate(args) -> int:
         if args.compose:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
+            if getattr(table, "replayed", None):
+                print(f"#   replayed, not simulated: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
+                      f"workers (the replay at {sim.workers}: {table.agreement:.2g} from the simulated step)")
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
+
+
+def _table(sim, replay: bool):
+    from experiments.simulate.faults import StepTable
+    from experiments.simulate.ring_replay import ReplayedRingSteps, replay_fits
+
+    if not replay:
+        return StepTable(sim)
+    why = replay_fits(sim)
+    if why:
+        raise ValueError(f"--replay-shrunk with {sim.strategy}: {why}")
+    return ReplayedRingSteps(sim)
 
 
 def _one_step(sim) -> float:
