@@ -362,9 +362,8 @@ def simulate(args) -> int:
     from dataclasses import replace
 
     from experiments.config.faults import parse_mtbf
-    from experiments.simulate.fault_servers import ServerFaultSim
     from experiments.simulate.faults import MODES as SIMULATED
-    from experiments.simulate.faults import FaultSim, compare
+    from experiments.simulate.faults import compare
     from strategies.fault_cost import FaultCosts, daly_interval
 
     if args.mtbf is None or args.fail:
@@ -385,22 +384,7 @@ def simulate(args) -> int:
     if args.replay_shrunk and not args.compose:
         raise ValueError("--replay-shrunk: accepted with --compose (it replaces the composed steps' simulations)")
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
-    plan = []
-    for item in args.strategy or ("ring", "parameter_server"):
-        name, params = _strategy(item)
-        for mode in modes:
-            try:
-                every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
-                kind, extra = FaultSim, {}
-                if args.servers_fail:
-                    kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
-                plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
-                             kind(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
-                                  compute_s=args.compute, numel=args.numel, params=params, **extra)))
-            except FaultSettingError as e:
-                if kind is ServerFaultSim and mode == PS_SHRINK and "replicas" in str(e):
-                    raise  # the servers' replicas do not fit the parameter server: said, not a missing row
-                continue  # a mode that does not fit: not a row
+    plan = _simulated_plan(args, modes, mtbf, costs, replicas)
     if not plan:
         raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
     how = ("each world size's step simulated once, the failures composed over them" if args.compose else
@@ -447,6 +431,30 @@ def simulate(args) -> int:
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
+
+
+def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
+    """(strategy label, Daly's interval wanted, the FaultSim) for each --strategy and mode that fits; a mode that
+    does not fit is not a row, replicas that do not fit the servers are an error."""
+    from experiments.simulate.fault_servers import ServerFaultSim
+    from experiments.simulate.faults import FaultSim
+
+    plan = []
+    for item in args.strategy or ("ring", "parameter_server"):
+        name, params = _strategy(item)
+        for mode in modes:
+            every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+            kind, extra = FaultSim, {}
+            if args.servers_fail:
+                kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
+            try:
+                plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
+                             kind(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
+                                  compute_s=args.compute, numel=args.numel, params=params, **extra)))
+            except FaultSettingError as e:
+                if kind is ServerFaultSim and mode == PS_SHRINK and "replicas" in str(e):
+                    raise  # the servers' replicas do not fit the parameter server: said, not a missing row
+    return plan
 
 
 def _table(sim, replay: bool):
