@@ -23,6 +23,8 @@ Recovery, as the model (strategies/fault_cost.py) prices it:
 - elastic: the survivors re-form (`reform_s`) and go on at n - 1 from the step in flight; the replacement joins
   `rejoin_s` after the failure, at the next step boundary;
 - ps_shrink (a synchronous parameter server): as elastic, nothing to re-form.
+Only workers fail here; experiments/simulate/fault_servers.py fails a parameter server's servers too (FaultSim's
+hooks: failing_slots, process, watched, serve, expected).
 """
 
 from __future__ import annotations
