@@ -82,6 +82,17 @@ def add_arguments(p) -> None:
                         "on SimGrid) and compose every seed's failures and recoveries over those step times, "
                         "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
                         "simulation where both run)")
+    p.add_argument("--replay-shrunk", action="store_true",
+                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated, the steps at "
+                        "fewer workers replayed by the ring's exact event recursion, used only once it gives the "
+                        "simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
+    p.add_argument("--servers-fail", action="store_true",
+                   help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
+                        "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
+                        "restarting every rank")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="with --servers-fail: each shard's chain replicas under ps_shrink, 1 to servers - 1 "
+                        "(default 1)")
     p.add_argument("--checkpoint-every", type=int, default=4,
                    help="checkpoint_restart: steps between checkpoints (default 4); with --simulate, 0: Daly's "
                         "optimum for the simulated step")
@@ -370,7 +381,7 @@ def simulate(args) -> int:
 
     from experiments.config.faults import parse_mtbf
     from experiments.simulate.faults import MODES as SIMULATED
-    from experiments.simulate.faults import FaultSim, StepTable, compare
+    from experiments.simulate.faults import compare
     from strategies.fault_cost import FaultCosts, daly_interval
 
     if args.mtbf is None or args.fail:
@@ -385,24 +396,22 @@ def simulate(args) -> int:
     if args.checkpoint_every < 0 or args.numel < 1 or not args.compute > 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}, --numel {args.numel}, --compute "
                          f"{args.compute}: accepted are >= 0 steps (0: Daly's optimum), >= 1 gradients, > 0 seconds")
+    if args.replicas is not None and (not args.servers_fail or args.replicas < 1):
+        raise ValueError(f"--replicas {args.replicas}: accepted with --servers-fail, 1 to servers - 1")
+    replicas = args.replicas or 1
+    if args.replay_shrunk and not args.compose:
+        raise ValueError("--replay-shrunk: accepted with --compose (it replaces the composed steps' simulations)")
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in SIMULATED]
-    plan = []
-    for item in args.strategy or ("ring", "parameter_server"):
-        name, params = _strategy(item)
-        for mode in modes:
-            try:
-                every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
-                plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
-                             FaultSim(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
-                                      compute_s=args.compute, numel=args.numel, params=params)))
-            except FaultSettingError:
-                continue  # a mode that does not fit: not a row
+    plan = _simulated_plan(args, modes, mtbf, costs, replicas)
     if not plan:
         raise ValueError(f"--simulate: no --strategy fits the simulated modes {', '.join(SIMULATED)}")
     how = ("each world size's step simulated once, the failures composed over them" if args.compose else
            "every step simulated")
     print(f"# SimGrid: {args.workers} workers, {args.steps} steps, MTBF {args.mtbf} per worker, {args.simulate} seeds "
           f"({how}); costs {args.costs} s; compute {args.compute:g} s a step; {args.numel:,} float32 gradients")
+    if args.servers_fail:
+        print(f"# servers fail too: ps_shrink with {replicas} chain replica(s) a shard (promotion: reform), "
+              f"checkpoint_restart restarting every rank")
     header = (f"{'strategy':<20} {'mode':<18} {'every':>5} {'failures/run':>12} {'simulated s':>12} {'+-':>6} "
               f"{'model s':>9} {'sim/model':>9} {'overhead':>8} {'CPU s':>7} {'wall s':>7}")
     print(header)
@@ -411,11 +420,12 @@ def simulate(args) -> int:
     for item, daly, sim in plan:
         table = None
         if args.compose:  # one table per strategy: its modes share the steps
-            table = tables.setdefault(item, StepTable(sim))
+            key = (item, getattr(sim, "replicas", 0))  # replicas make a longer step
+            table = tables[key] if key in tables else tables.setdefault(key, _table(sim, args.replay_shrunk))
             cpu0, wall0 = table.cpu_s, table.wall_s
         if daly:
             step_s = table(sim.workers) if table else _one_step(sim)
-            every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.workers) / step_s))
+            every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.failing_slots()) / step_s))
             sim = replace(sim, checkpoint_every=every)
         started = time.perf_counter()
         got = compare(sim, range(args.simulate), composed=args.compose, steps=table)
@@ -433,9 +443,48 @@ def simulate(args) -> int:
         if args.compose:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
+            if getattr(table, "replayed", None):
+                print(f"#   replayed, not simulated: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
+                      f"workers (the replay at {sim.workers}: {table.agreement:.2g} from the simulated step)")
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
+
+
+def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
+    """(strategy label, Daly's interval wanted, the FaultSim) for each --strategy and mode that fits; a mode that
+    does not fit is not a row, replicas that do not fit the servers are an error."""
+    from experiments.simulate.fault_servers import ServerFaultSim
+    from experiments.simulate.faults import FaultSim
+
+    plan = []
+    for item in args.strategy or ("ring", "parameter_server"):
+        name, params = _strategy(item)
+        for mode in modes:
+            every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+            kind, extra = FaultSim, {}
+            if args.servers_fail:
+                kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
+            try:
+                plan.append((item, args.checkpoint_every == 0 and mode == CHECKPOINT_RESTART,
+                             kind(name, args.workers, args.steps, mode, mtbf, costs, checkpoint_every=every,
+                                  compute_s=args.compute, numel=args.numel, params=params, **extra)))
+            except FaultSettingError as e:
+                if kind is ServerFaultSim and mode == PS_SHRINK and "replicas" in str(e):
+                    raise  # the servers' replicas do not fit the parameter server: said, not a missing row
+    return plan
+
+
+def _table(sim, replay: bool):
+    from experiments.simulate.faults import StepTable
+    from experiments.simulate.ring_replay import ReplayedRingSteps, replay_fits
+
+    if not replay:
+        return StepTable(sim)
+    why = replay_fits(sim)
+    if why:
+        raise ValueError(f"--replay-shrunk with {sim.strategy}: {why}")
+    return ReplayedRingSteps(sim)
 
 
 def _one_step(sim) -> float:

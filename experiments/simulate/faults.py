@@ -23,6 +23,8 @@ Recovery, as the model (strategies/fault_cost.py) prices it:
 - elastic: the survivors re-form (`reform_s`) and go on at n - 1 from the step in flight; the replacement joins
   `rejoin_s` after the failure, at the next step boundary;
 - ps_shrink (a synchronous parameter server): as elastic, nothing to re-form.
+Only workers fail here; experiments/simulate/fault_servers.py fails a parameter server's servers too (FaultSim's
+hooks: failing_slots, process, watched, serve, expected).
 """
 
 from __future__ import annotations
@@ -67,6 +69,29 @@ class FaultSim:
         if self.mode == CHECKPOINT_RESTART and self.checkpoint_every < 1:
             raise FaultSettingError(f"checkpoint_every = {self.checkpoint_every!r}: checkpoint_restart needs >= 1")
 
+    # What a kind of simulation changes (experiments/simulate/fault_servers.py: the servers fail too): the slots
+    # that fail, the failure process, a server rank's part of a step, and the model's price.
+    def failing_slots(self) -> int:
+        """Slots that fail at 1 / mtbf_s each: the workers (servers do not fail here)."""
+        return self.workers
+
+    def process(self, steps) -> _FailureProcess:
+        return _FailureProcess(self, steps)
+
+    def watched(self, alive: list[int]) -> list[int]:
+        """The slots whose failure ends a segment: the live workers."""
+        return alive
+
+    def serve(self, comm, runtime, tag: str) -> None:
+        """A server rank's part of one step (tag: names this segment's mailboxes apart)."""
+        runtime.serve(self.numel, torch.float32, "mean")
+
+    def expected(self, costs: FaultCosts):
+        from strategies.fault_cost import expected_time
+
+        return expected_time(self.mode, self.steps, self.workers, self.mtbf_s, costs,
+                             checkpoint_every=self.checkpoint_every or None)
+
 
 @dataclass
 class FaultSimResult:
@@ -88,7 +113,7 @@ def simulate_failures(sim: FaultSim) -> FaultSimResult:
     ranks = sim.workers + config.num_servers(sim.workers)
     with simgrid_process(2 * ranks + 2, sim.platform.config) as (sg, engine):  # ranks, their NIC actors, the driver
         hosts = sim.platform.build(sg, ranks + 1)  # the last: the driver's
-        run = _FailureProcess(sim, _SimulatedSteps(sim, config, sg, hosts))
+        run = sim.process(_SimulatedSteps(sim, config, sg, hosts))
         sg.Actor.create("driver", hosts[-1], run.drive)
         engine.run()
     return run.result()
@@ -98,7 +123,7 @@ def compose_failures(sim: FaultSim, step_s) -> FaultSimResult:
     """The same failure process as simulate_failures, over steps of step_s(m) seconds at m live workers (each
     measured once by step_seconds, the strategy's real code on SimGrid) instead of simulating every step: what
     the full run does at every step boundary, with the step's simulated length looked up."""
-    run = _FailureProcess(sim, _ComposedSteps(sim, step_s))
+    run = sim.process(_ComposedSteps(sim, step_s))
     run.drive()
     return run.result()
 
@@ -122,7 +147,7 @@ def step_seconds(sim: FaultSim, workers: int, steps: int = 1) -> list[float]:
         for _ in range(steps):
             comm.allgather_object(None)  # the step boundary's verdict: zero simulated time
             if runtime.is_server:
-                runtime.serve(sim.numel, torch.float32, "mean")
+                sim.serve(comm, runtime, "step")
                 continue
             began = sg.Engine.clock
             comm.compute(sim.compute_s * sim.workers / workers)  # the survivors share the global batch
@@ -177,6 +202,7 @@ class _SimulatedSteps:
         self.segments += 1
         cluster = self._cluster(world, f"s{self.segments}")
         done = {"completed": [], "stop": None}
+        watched = sim.watched(alive)
 
         def rank_main(position):
             comm = factory.build("simgrid", SimGridCommunicator(cluster, position))
@@ -185,7 +211,7 @@ class _SimulatedSteps:
             step = start
             while True:
                 now = sg.Engine.clock
-                dead = [s for s in alive if next_fail[s] <= now] if position == 0 else None
+                dead = [s for s in watched if next_fail[s] <= now] if position == 0 else None
                 rejoin = position == 0 and rejoin_at <= now
                 verdict = comm.allgather_object((dead, rejoin))[0]  # zero simulated time: every rank sees rank 0's
                 if verdict[0] or verdict[1] or step >= sim.steps:
@@ -193,7 +219,7 @@ class _SimulatedSteps:
                         done["stop"] = (step, verdict[0], now)
                     return
                 if runtime.is_server:
-                    runtime.serve(sim.numel, torch.float32, "mean")
+                    sim.serve(comm, runtime, f"s{self.segments}")
                 else:
                     began = sg.Engine.clock
                     comm.compute(sim.compute_s * sim.workers / m)  # the survivors share the global batch
@@ -234,12 +260,13 @@ class _ComposedSteps:
     def segment(self, alive: list[int], start: int, rejoin_at: float, checkpoints: list, next_fail: dict) -> dict:
         sim = self.sim
         seconds = self.step_s(len(alive))
-        first_failure = min(next_fail[s] for s in alive)  # fixed during a segment
+        watched = sim.watched(alive)
+        first_failure = min(next_fail[s] for s in watched)  # fixed during a segment
         completed, step = [], start
         while True:
             now = self.clock
             if first_failure <= now or rejoin_at <= now or step >= sim.steps:
-                dead = [s for s in alive if next_fail[s] <= now]
+                dead = [s for s in watched if next_fail[s] <= now]
                 return {"completed": completed, "stop": (step, dead, now)}
             self.clock = now + seconds
             completed.append((step, now, self.clock))
@@ -371,7 +398,7 @@ class Comparison:
 def _step_setting(sim: FaultSim) -> tuple:
     """What a step's simulated seconds depend on (not the failures, the mode or the seed; the workers at the start
     set the global batch)."""
-    return sim.strategy, sim.params, sim.workers, sim.numel, sim.compute_s, sim.platform
+    return sim.strategy, sim.params, sim.workers, sim.numel, sim.compute_s, sim.platform, getattr(sim, "replicas", 0)
 
 
 class StepTable:
@@ -404,7 +431,6 @@ def compare(sim: FaultSim, seeds, composed: bool = False, steps: StepTable | Non
     from dataclasses import replace
 
     from experiments.simulate.substrate import run_child
-    from strategies.fault_cost import expected_time
 
     if composed:
         steps = steps or StepTable(sim)
@@ -432,8 +458,7 @@ def compare(sim: FaultSim, seeds, composed: bool = False, steps: StepTable | Non
         costs = FaultCosts(step_s=step_s, step_s_shrunk=shrunk, detect_s=sim.costs.detect_s,
                            restart_s=sim.costs.restart_s, checkpoint_s=sim.costs.checkpoint_s,
                            reform_s=sim.costs.reform_s, rejoin_s=sim.costs.rejoin_s)
-        model = expected_time(sim.mode, sim.steps, sim.workers, sim.mtbf_s, costs,
-                              checkpoint_every=sim.checkpoint_every or None)
+        model = sim.expected(costs)
         models.append(model.seconds)
         model_frees.append(model.failure_free_s if sim.mode != CHECKPOINT_RESTART else
                            model.failure_free_s * (1 + sim.costs.checkpoint_s / (sim.checkpoint_every * step_s)))

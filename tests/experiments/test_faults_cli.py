@@ -42,6 +42,9 @@ def test_every_row_matches_the_survivors_reference(capsys):
     (["--simulate", "2", "--mtbf", "20s", "--costs", "boot=3"], "'boot' is not one of detect, restart"),
     (["--simulate", "2", "--mtbf", "20s", "--strategy", "decentralized", "--modes", "elastic"],
      "no --strategy fits the simulated modes"),
+    (["--simulate", "2", "--mtbf", "20s", "--replicas", "1"], "--replicas 1: accepted with --servers-fail"),
+    (["--simulate", "2", "--mtbf", "20s", "--servers-fail", "--replicas", "3", "--strategy",
+      "parameter_server:servers=2"], "recovery.replicas = 3 with servers = 2"),
     # on Ray actors: refused before Ray starts
     (["--substrate", "ray", "--workers", "9"], "--workers 9 with --substrate ray: accepted are 2 to 8"),
     (["--substrate", "ray", "--p2p", "pigeon"], "--p2p 'pigeon': accepted are gloo, sockets"),
@@ -103,3 +106,18 @@ def test_simulate_prints_the_simulated_time_beside_the_model(capsys):
     assert rows["elastic"][4] == row[4]
     assert int(rows["checkpoint_restart"][2]) >= 1  # Daly's interval in whole simulated steps
     assert any(line.startswith("#   simulated seconds a step at each world size: 3: ") for line in out)
+
+
+def test_simulate_with_servers_failing_prices_the_replicas(capsys):
+    from strategies.transport.simgrid import simgrid_available
+
+    if simgrid_available():
+        pytest.skip(simgrid_available())
+    # the servers fail too: ps_shrink covered by a chain replica, checkpoint_restart by the restart; ring has no
+    # server to fail (no row)
+    assert main(["faults", "--simulate", "2", "--workers", "3", "--steps", "20", "--mtbf", "10s", "--strategy",
+                 "parameter_server:servers=2", "--strategy", "ring", "--compose", "--servers-fail"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("# servers fail too: ps_shrink with 1 chain replica(s)")
+    rows = {line.split()[1]: line.split() for line in out if line.startswith("parameter_server")}
+    assert set(rows) == {"checkpoint_restart", "ps_shrink"} and not any(line.startswith("ring") for line in out)
