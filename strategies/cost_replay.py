@@ -56,106 +56,126 @@ def replay(programs: list[list[Step]], messages: list[Message], capacity: list[f
     An event (a message's latency over, its bytes all moved) re-solves the sharing only where it changed: the
     messages linked to the ones that joined or left through shared links (a max-min solution is each such
     component's own); every other message keeps its rate and its finish time in the heap."""
-    links_of = [tuple(link for link in msg.links if capacity[link] != math.inf) for msg in messages]
-    arrived = [-1.0] * len(messages)
-    waiting_on: dict[int, list[int]] = {}  # message -> ranks blocked on it
-    position = [0] * len(programs)
-    pairs: dict[tuple[int, int], deque] = {}
-    busy: set[tuple[int, int]] = set()
-    left: dict[int, float] = {}   # message on the wire -> its bytes left at stamp[m], moving at rate[m]
-    stamp: dict[int, float] = {}
-    rate: dict[int, float] = {}
-    finishes: list[tuple[float, int, int]] = []  # (when its bytes will all have moved, version, message)
-    version = [0] * len(messages)
-    latent: list[tuple[float, int]] = []  # (when its bytes start to move, message): in its latency
-    on_link: dict[int, set[int]] = {}  # link -> the messages moving on it (a link with none is removed)
-    changed: list[int] = []  # links whose messages joined or left since the last solve
-    now = 0.0
+    return _Replay(programs, messages, capacity, precision).run()
 
-    def start(m: int):
-        msg = messages[m]
-        busy.add((msg.src, msg.dst))
+
+class _Replay:
+    """One replay's state: where each rank's program is, the pairs' queues, the messages in their latency and on
+    the wire (bytes left at their stamp, their rate, their finish time in a heap), the links' messages."""
+
+    def __init__(self, programs, messages, capacity, precision):
+        self.programs, self.messages, self.capacity, self.precision = programs, messages, capacity, precision
+        self.links_of = [tuple(link for link in msg.links if capacity[link] != math.inf) for msg in messages]
+        self.arrived = [-1.0] * len(messages)
+        self.waiting_on: dict[int, list[int]] = {}  # message -> ranks blocked on it
+        self.position = [0] * len(programs)
+        self.pairs: dict[tuple[int, int], deque] = {}
+        self.busy: set[tuple[int, int]] = set()
+        self.left: dict[int, float] = {}   # message on the wire -> its bytes left at stamp[m], moving at rate[m]
+        self.stamp: dict[int, float] = {}
+        self.rate: dict[int, float] = {}
+        self.finishes: list[tuple[float, int, int]] = []  # (when its bytes will all have moved, version, message)
+        self.version = [0] * len(messages)
+        self.latent: list[tuple[float, int]] = []  # (when its bytes start to move, message): in its latency
+        self.on_link: dict[int, set[int]] = {}  # link -> the messages moving on it (a link with none is removed)
+        self.changed: list[int] = []  # links whose messages joined or left since the last solve
+        self.now = 0.0
+
+    def start(self, m: int):
+        msg = self.messages[m]
+        self.busy.add((msg.src, msg.dst))
         if msg.latency > 0:
-            heapq.heappush(latent, (now + msg.latency, m))
+            heapq.heappush(self.latent, (self.now + msg.latency, m))
         else:
-            flow(m)
+            self.flow(m)
 
-    def flow(m: int):
-        left[m], stamp[m], rate[m] = float(messages[m].nbytes), now, 0.0
-        if not links_of[m]:  # on no finite link: it arrives at once
-            rate[m] = math.inf
-            heapq.heappush(finishes, (now, version[m], m))
-        for link in links_of[m]:
-            on_link.setdefault(link, set()).add(m)
-            changed.append(link)
+    def flow(self, m: int):
+        self.left[m], self.stamp[m], self.rate[m] = float(self.messages[m].nbytes), self.now, 0.0
+        if not self.links_of[m]:  # on no finite link: it arrives at once
+            self.rate[m] = math.inf
+            heapq.heappush(self.finishes, (self.now, self.version[m], m))
+        for link in self.links_of[m]:
+            self.on_link.setdefault(link, set()).add(m)
+            self.changed.append(link)
 
-    def post(m: int):
-        msg = messages[m]
-        if (msg.src, msg.dst) in busy:
-            pairs.setdefault((msg.src, msg.dst), deque()).append(m)
+    def post(self, m: int):
+        msg = self.messages[m]
+        if (msg.src, msg.dst) in self.busy:
+            self.pairs.setdefault((msg.src, msg.dst), deque()).append(m)
         else:
-            start(m)
+            self.start(m)
 
-    def advance(rank: int):
-        program = programs[rank]
-        while position[rank] < len(program):
-            step = program[position[rank]]
+    def advance(self, rank: int):
+        program = self.programs[rank]
+        while self.position[rank] < len(program):
+            step = program[self.position[rank]]
             for m in step.waits:
-                if arrived[m] < 0:
-                    waiting_on.setdefault(m, []).append(rank)
+                if self.arrived[m] < 0:
+                    self.waiting_on.setdefault(m, []).append(rank)
                     return
             for m in step.sends:
-                post(m)
-            position[rank] += 1
+                self.post(m)
+            self.position[rank] += 1
 
-    for rank in range(len(programs)):
-        advance(rank)
-    while True:
-        if changed:
-            _solve(changed, on_link, links_of, capacity, left, stamp, rate, version, finishes, now)
-            changed.clear()
-        while finishes and finishes[0][1] != version[finishes[0][2]]:
-            heapq.heappop(finishes)  # a finish time its message's new rate has replaced
-        if not finishes and not latent:
-            break
-        if latent and (not finishes or latent[0][0] < finishes[0][0]):  # a latency ends: its bytes join the sharing
-            now = latent[0][0]
-            while latent and latent[0][0] <= now:
-                flow(heapq.heappop(latent)[1])
-            continue
-        now = finishes[0][0]
-        done = []
-        while finishes:  # every message whose bytes have all moved by now (within a rounding of its size)
+    def run(self) -> float:
+        for rank in range(len(self.programs)):
+            self.advance(rank)
+        finishes, latent = self.finishes, self.latent
+        while True:
+            if self.changed:
+                _solve(self.changed, self.on_link, self.links_of, self.capacity, self.left, self.stamp, self.rate,
+                       self.version, finishes, self.now)
+                self.changed.clear()
+            while finishes and finishes[0][1] != self.version[finishes[0][2]]:
+                heapq.heappop(finishes)  # a finish time its message's new rate has replaced
+            if not finishes and not latent:
+                break
+            if latent and (not finishes or latent[0][0] < finishes[0][0]):  # a latency ends: its bytes join
+                self.now = latent[0][0]
+                while latent and latent[0][0] <= self.now:
+                    self.flow(heapq.heappop(latent)[1])
+                continue
+            self.now = finishes[0][0]
+            self.arrive(self.moved())
+        if any(self.position[rank] < len(self.programs[rank]) for rank in range(len(self.programs))):
+            raise RuntimeError("replay: a rank waits for a message that is never sent (the programs do not match)")
+        return self.now
+
+    def moved(self) -> list[int]:
+        """Every message whose bytes have all moved by now (within a rounding of its size), off the heap."""
+        finishes, done = self.finishes, []
+        while finishes:
             when, seen, m = finishes[0]
-            if seen != version[m]:
+            if seen != self.version[m]:
                 heapq.heappop(finishes)
                 continue
-            if when > now and rate[m] * (when - now) > precision * messages[m].nbytes + 1e-6:
+            if when > self.now and self.rate[m] * (when - self.now) > self.precision * self.messages[m].nbytes + 1e-6:
                 break
             heapq.heappop(finishes)
-            version[m] += 1
+            self.version[m] += 1
             done.append(m)
+        return done
+
+    def arrive(self, done: list[int]) -> None:
+        """These messages have arrived: off their links; the pair's next message leaves; ranks blocked go on."""
         for m in done:
-            del left[m], stamp[m], rate[m]
-            for link in links_of[m]:
-                moving = on_link[link]
+            del self.left[m], self.stamp[m], self.rate[m]
+            for link in self.links_of[m]:
+                moving = self.on_link[link]
                 moving.discard(m)
                 if not moving:
-                    del on_link[link]
+                    del self.on_link[link]
                 else:
-                    changed.append(link)
-            arrived[m] = now
-        for m in done:  # the pair's next message leaves; ranks blocked on this one go on
-            pair = (messages[m].src, messages[m].dst)
-            busy.discard(pair)
-            queue = pairs.get(pair)
+                    self.changed.append(link)
+            self.arrived[m] = self.now
+        for m in done:
+            pair = (self.messages[m].src, self.messages[m].dst)
+            self.busy.discard(pair)
+            queue = self.pairs.get(pair)
             if queue:
-                start(queue.popleft())
-            for rank in waiting_on.pop(m, ()):
-                advance(rank)
-    if any(position[rank] < len(programs[rank]) for rank in range(len(programs))):
-        raise RuntimeError("replay: a rank waits for a message that is never sent (the programs do not match)")
-    return now
+                self.start(queue.popleft())
+            for rank in self.waiting_on.pop(m, ()):
+                self.advance(rank)
 
 
 def _solve(changed: list[int], on_link: dict[int, set[int]], links_of: list[tuple[int, ...]], capacity: list[float],

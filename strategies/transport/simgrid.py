@@ -22,10 +22,9 @@ Host-to-host transfers (`Comm.sendto_async`) with the payload in a Python queue 
 mailboxes: 15% faster on a ring, but 14x slower on all_to_all at 256 ranks (SimGrid 3.32 spends the time
 walking a list inside the engine once hundreds of them are in flight), so mailboxes stay.
 
-No wall-clock timeout applies: a peer that never sends leaves the simulation with nothing to do, SimGrid
-reports the deadlock and `run_simgrid` raises a CommError naming the ranks that never finished.
-SimGrid's engine is one per process: `run_simgrid` may be called once per process (the simulate pipeline
-runs each simulation in a fresh one).
+No wall-clock timeout applies: a peer that never sends leaves the simulation with nothing to do, SimGrid reports
+the deadlock and `run_simgrid` raises a CommError naming the ranks that never finished. SimGrid's engine is one per
+process: `run_simgrid` may be called once per process (the simulate pipeline runs each simulation in a fresh one).
 """
 
 from __future__ import annotations
@@ -174,8 +173,7 @@ class _Connection:
                     self.head.wait()
                 if not self.queue:
                     break
-                # taken off the queue only once it is the head: put_async lets the other actors run, and a sender
-                # that saw an empty queue and a finished head would put its next message beside this one
+                # off the queue once it is the head (put_async lets others run: a sender would put beside it)
                 item = self.queue[0]
                 item.comm = self.head = item.box.put_async(item.message, item.nbytes)
                 self.queue.popleft()
