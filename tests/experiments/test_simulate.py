@@ -380,8 +380,9 @@ def test_a_killed_parent_leaves_no_simulation_running(tmp_path):
     import sys
 
     pid_file = tmp_path / "child.pid"
+    # the forking module alone (the substrate re-exports it): importing the substrate's torch took most of the time
     script = (f"import os, time\n"
-              f"from experiments.simulate.substrate import run_in_child\n"
+              f"from experiments.simulate.child import run_in_child\n"
               f"def call():\n"
               f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
               f"    time.sleep(120)\n"
