@@ -254,6 +254,7 @@ def test_ctrl_c_is_named_not_an_empty_pair_of_parentheses(capsys, monkeypatch):
     assert "interrupted (SIGINT, Ctrl-C)" in err and "()" not in err
 
 
+@pytest.mark.slow  # a whole sweep on thread ranks and its report through the CLI: in make test
 def test_skip_invalid_runs_the_valid_points_and_lists_the_others_with_their_reason(tmp_path, capsys):
     import html
 
@@ -292,6 +293,7 @@ def test_a_per_rank_link_applies_to_the_runs_that_have_that_rank(tmp_path):
         sweep_mod.load(tmp_path / "t.toml")
 
 
+@pytest.mark.slow  # a whole sweep on thread ranks and its report through the CLI: in make test
 def test_the_report_condition_names_the_runs_that_had_a_per_rank_link(tmp_path, capsys):
     """The runs table records which ranks had a link of their own (link_ranks) and the report's condition names
     them: the 2-worker run's says rank 1 is on its own link, the 1-worker baseline's only the default link."""
