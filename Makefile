@@ -37,10 +37,11 @@ bench: $(VENV_STAMP)
 # whole file, @pytest.mark.slow for one test). In it: strategies against their references on thread ranks (the
 # generic matrix and errors), the hand-worked traffic tables, strategy details, compression, the barrier-free
 # parameter server, sweep parsing, the results schema and store, run metrics, time to target, the model and the
-# report's numbers. SimGrid simulations (`simgrid`) and wall-clock tests (`timing`, load-sensitive) are left to make
-# test; the bugs of tests/mutations.py that only timing tests once caught (pool-counters-carry-over,
-# async-push-not-scaled-by-n, ssp-bound-one-step-loose) are caught in the fast tier by tests that script the order
-# of events instead of a clock.
+# report's numbers, and the reduced validation matrix (`simgrid_fast`: the model against SimGrid alpha_beta, every
+# strategy, about 15 s; skipped with the reason without SimGrid). Other SimGrid simulations (`simgrid`) and
+# wall-clock tests (`timing`, load-sensitive) are left to make test; the bugs of tests/mutations.py that only timing
+# tests once caught (pool-counters-carry-over, async-push-not-scaled-by-n, ssp-bound-one-step-loose) are caught in
+# the fast tier by tests that script the order of events instead of a clock.
 FAST_MARKERS := not ray and not netns and not gpu and not slow and not simgrid and not timing
 test-fast: $(VENV_STAMP)
 	.venv/bin/ruff check .

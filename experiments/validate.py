@@ -31,6 +31,7 @@ import pandas as pd
 
 import strategies
 from experiments.config.sweep import RunSpec
+from experiments.simulate.child import FORK_LOCK
 from experiments.validate_docs import BEGIN, END, check_docs, write_docs  # noqa: F401 - validate.* names
 
 PROFILE = Path(__file__).resolve().parent / "config" / "profiles" / "resnet50-b8-s224-cpu.json"
@@ -220,19 +221,20 @@ def model_cell(cell: Cell) -> tuple[float, str]:
 
 def simulate_cell(cell: Cell) -> dict:
     """Simulate the cell in a fresh process: {'sim_s', 'error', 'wall_s', 'bytes_ok'}."""
-    from experiments.simulate.substrate import (
-        SimGridSubstrate,
-        SimSpec,
-        run_in_child_timed,
-        simulate,
-        summarize_simulated,
-    )
-
-    spec = cell.spec()
-    sim = SimSpec(_platform(cell), _timeline(cell.overlap), overlap=cell.overlap)
-    (run,) = SimGridSubstrate([(spec, sim)]).runs()
+    with FORK_LOCK:  # no fork while this thread imports or prices (--jobs: experiments/simulate/child.py)
+        from experiments.simulate.substrate import (
+            SimGridSubstrate,
+            SimSpec,
+            run_in_child_timed,
+            simulate,
+            summarize_simulated,
+        )
+        spec = cell.spec()
+        sim = SimSpec(_platform(cell), _timeline(cell.overlap), overlap=cell.overlap)
+        (run,) = SimGridSubstrate([(spec, sim)]).runs()
     results, error, wall, cpu = run_in_child_timed(functools.partial(simulate, run.spec, run.settings))
-    row, _ = summarize_simulated(run.spec, run.settings, results, error, wall, "now", run.run_id)
+    with FORK_LOCK:
+        row, _ = summarize_simulated(run.spec, run.settings, results, error, wall, "now", run.run_id)
     ok = row["status"] == "ok"
     return {"sim_s": float(row["comm_s"]) if ok else math.nan, "error": "" if ok else str(row["error"])[:300],
             "wall_s": wall, "cpu_s": cpu}
@@ -242,8 +244,9 @@ def run_cell(cell: Cell) -> dict:
     row = {"strategy": cell.variant.label, "workers": cell.workers, "bandwidth": cell.bandwidth,
            "latency": cell.latency, "ranks_per_node": cell.ranks_per_node, "overlap": cell.overlap,
            "network_model": cell.network_model}
-    model_s, model_why = model_cell(cell)
-    why = refusal(cell)
+    with FORK_LOCK:
+        model_s, model_why = model_cell(cell)
+        why = refusal(cell)
     sim = {"sim_s": math.nan, "error": "", "wall_s": 0.0, "cpu_s": 0.0}
     if not why:
         sim = simulate_cell(cell)
@@ -327,9 +330,10 @@ def validate(grid: list[Cell], jobs: int = 1, log=None) -> pd.DataFrame:
             i = futures[future]
             rows[i] = future.result()
             r = rows[i]
-            print(f"[validate {done}/{len(grid)}] {r['strategy']} n={r['workers']} k={r['ranks_per_node']} "
-                  f"{r['bandwidth']} {r['latency']} overlap={r['overlap']} {r['network_model']}: "
-                  f"{r['status'][:120]} ({r['sim_over_model']:.3f})", file=log, flush=True)
+            with FORK_LOCK:
+                print(f"[validate {done}/{len(grid)}] {r['strategy']} n={r['workers']} k={r['ranks_per_node']} "
+                      f"{r['bandwidth']} {r['latency']} overlap={r['overlap']} {r['network_model']}: "
+                      f"{r['status'][:120]} ({r['sim_over_model']:.3f})", file=log, flush=True)
     frame = pd.DataFrame(rows)
     frame["tcp_over_alpha_beta"] = math.nan
     if (frame["network_model"] == "tcp").any():  # tcp against alpha_beta, cell by cell

@@ -43,7 +43,8 @@ SLOW_MODULES = {
 }
 # Files whose tests run SimGrid simulations (marked `simgrid`; a single simulating test elsewhere carries
 # @pytest.mark.simgrid itself). make test-fast leaves out every test marked ray, netns, gpu, slow, simgrid or
-# timing.
+# timing; a simulating test cheap enough for it (the reduced validation matrix) carries `simgrid_fast` instead and
+# is skipped, with the reason, where SimGrid is not installed.
 SIMGRID_MODULES = {"experiments/test_simulate.py", "experiments/test_simulate_scale.py",
                    "experiments/test_ps_substrates.py"}
 TESTS_DIR = Path(__file__).resolve().parent
@@ -65,6 +66,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if module in SIMGRID_MODULES:
             item.add_marker(pytest.mark.simgrid)
+    fast_simulations = [item for item in items if item.get_closest_marker("simgrid_fast")]
+    if fast_simulations:  # in make test-fast: where SimGrid is missing, skipped with the reason, never failed
+        from strategies.transport.simgrid import simgrid_available
+
+        missing = simgrid_available()
+        if missing:
+            for item in fast_simulations:
+                item.add_marker(pytest.mark.skip(reason=f"SimGrid is not usable here: {missing}"))
     shuffle = os.environ.get("SYNCBENCH_TEST_SHUFFLE")
     if shuffle:  # the tests in a random order (the seed's), to find tests that depend on the ones before them
         import random

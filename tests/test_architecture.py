@@ -138,7 +138,26 @@ def test_the_fast_tier_is_chosen_by_marker():
     assert {m.removeprefix("not ").strip() for m in fast.split(" and ")} == \
         {"ray", "netns", "gpu", "slow", "simgrid", "timing"}, fast
     registered = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
-    assert {"ray", "netns", "gpu", "slow", "simgrid", "timing"} <= {m.split(":")[0] for m in registered}
+    assert {"ray", "netns", "gpu", "slow", "simgrid", "simgrid_fast", "timing"} <= \
+        {m.split(":")[0] for m in registered}
+
+
+def test_the_reduced_validation_matrix_is_in_the_fast_tier():
+    """make test-fast's marker expression keeps the tests marked simgrid_fast (the reduced validation matrix) and
+    leaves out those marked simgrid; the matrix's tests carry simgrid_fast, not simgrid."""
+    import re
+
+    from _pytest.mark.expression import Expression
+
+    fast = Expression.compile(re.search(r"^FAST_MARKERS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1))
+    assert fast.evaluate(lambda marker: marker == "simgrid_fast")
+    assert not fast.evaluate(lambda marker: marker in {"simgrid", "simgrid_fast"})
+    from tests.experiments import test_validate
+
+    for test in (test_validate.test_model_agrees_with_simgrid_alpha_beta,
+                 test_validate.test_the_reduced_matrix_lists_what_simgrid_cannot_run_with_the_reason):
+        markers = {mark.name for mark in test.pytestmark}
+        assert "simgrid_fast" in markers and "simgrid" not in markers, (test.__name__, markers)
 
 
 # -- imports -----------------------------------------------------------------------------------------------------

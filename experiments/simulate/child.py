@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,12 @@ class ChildRun:
     peak_bytes: int
 
 
+# Held while a process forks a simulation, and by threads of the same process while they import, price or print
+# (experiments/validate.py's --jobs): a fork copies only the forking thread, so a lock another thread held at that
+# moment (the import lock, an output buffer's) stays held forever in the child, which then hangs at 0% CPU.
+FORK_LOCK = threading.RLock()
+
+
 def run_child(call: Callable[[], object]) -> ChildRun:
     """call() in a forked process, its peak memory watched from here.
 
@@ -61,7 +68,8 @@ def run_child(call: Callable[[], object]) -> ChildRun:
             child.close()
 
     proc = ctx.Process(target=main, daemon=True)
-    proc.start()
+    with FORK_LOCK:
+        proc.start()
     child.close()
     peak = 0
     try:

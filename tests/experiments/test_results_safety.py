@@ -48,6 +48,15 @@ def _results(out: Path) -> None:
         store.append(_run("b"), _steps("b"))
 
 
+@pytest.fixture
+def plain_page(monkeypatch):
+    """The report's page rendered as one fixed line: for tests of where report.html goes and how a failed write is
+    told, not of what the page says (rendering two runs' figures took 2-3 s of the fast tier per test)."""
+    import reports.page
+
+    monkeypatch.setattr(reports.page, "render", lambda results: "<html>the report</html>")
+
+
 def _plant(out: Path, how: str, victim: Path) -> Path:
     """One way a results directory can point outside itself; the link's path."""
     if how == "runs folder":
@@ -120,17 +129,18 @@ def test_a_link_planted_at_a_temporary_name_while_writing_is_replaced_not_follow
     assert list(Store(out).runs()["run_id"]) == ["a"]
 
 
-def test_out_itself_may_be_a_link_to_a_directory(tmp_path):
+def test_out_itself_may_be_a_link_to_a_directory(tmp_path, plain_page):
     """--out is the user's choice: a link there is where they want results; only what is inside is checked."""
     real = tmp_path / "real"
     real.mkdir()
     os.symlink(real, tmp_path / "out")
     _results(tmp_path / "out")
     assert main(["report", str(tmp_path / "out")]) == 0
-    assert (real / "report.html").is_file() and (real / "runs").is_dir()
+    assert (real / "report.html").read_text() == "<html>the report</html>" and (real / "runs").is_dir()
 
 
-def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_temporary(tmp_path, capsys, monkeypatch,
+                                                                              plain_page):
     out = tmp_path / "out"
     _results(out)
 
@@ -153,7 +163,8 @@ def test_store_refuses_a_linked_table_folder_naming_it(tmp_path):
         Store(out)
 
 
-def test_a_finished_sweep_whose_report_cannot_be_written_exits_0_saying_why(tmp_path, capsys, monkeypatch):
+def test_a_finished_sweep_whose_report_cannot_be_written_exits_0_saying_why(tmp_path, capsys, monkeypatch,
+                                                                            plain_page):
     """The runs are stored: a report that cannot be written (full disk) is one line, not a failed command."""
     from experiments.pipeline import runner
 
@@ -243,6 +254,7 @@ def test_ctrl_c_is_named_not_an_empty_pair_of_parentheses(capsys, monkeypatch):
     assert "interrupted (SIGINT, Ctrl-C)" in err and "()" not in err
 
 
+@pytest.mark.slow  # a whole sweep on thread ranks and its report through the CLI: in make test
 def test_skip_invalid_runs_the_valid_points_and_lists_the_others_with_their_reason(tmp_path, capsys):
     import html
 
@@ -281,6 +293,7 @@ def test_a_per_rank_link_applies_to_the_runs_that_have_that_rank(tmp_path):
         sweep_mod.load(tmp_path / "t.toml")
 
 
+@pytest.mark.slow  # a whole sweep on thread ranks and its report through the CLI: in make test
 def test_the_report_condition_names_the_runs_that_had_a_per_rank_link(tmp_path, capsys):
     """The runs table records which ranks had a link of their own (link_ranks) and the report's condition names
     them: the 2-worker run's says rank 1 is on its own link, the 1-worker baseline's only the default link."""

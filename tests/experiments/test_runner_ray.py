@@ -21,11 +21,13 @@ def tiny_sweep(tmp_path, names):
 
 
 # (workers, op, dtype, names): every strategy that has the op when names is None. The float sum and max on 3 and 4
-# workers, the logical and bitwise ops on integer dtypes on awkward world sizes.
+# workers, the logical and bitwise ops on integer dtypes on awkward world sizes (3 and 7). bxor on 3 workers, not 5:
+# the worlds are 3-7 ranks (workers and a parameter server's servers), and 5 workers' 3-server world of 8 started
+# 8 more actors for two settings (a quarter of the test's time; every size is checked on threads).
 VERIFY_CASES = [
     (3, "sum", "float32", None),
     (4, "max", "float32", None),
-    (5, "bxor", "int32", None),
+    (3, "bxor", "int32", None),
     (7, "land", "uint16", ["ring", "naive_ring", "halving_doubling", "all_to_all", "reduce_broadcast", "native"]),
 ]
 

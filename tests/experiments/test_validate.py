@@ -18,48 +18,112 @@ from strategies.transport.simgrid import simgrid_available
 needs_simgrid = pytest.mark.skipif(bool(simgrid_available()), reason=simgrid_available() or "simgrid present")
 
 LINKS = (("1Gbit", "50us"), ("10Gbit", "5us"))
+SLOW_LINK, FAST_LINK = LINKS
 BY_LABEL = {v.label: v for v in VARIANTS}
+
+# The reduced matrix, in make test-fast (marker `simgrid_fast`; about 15 s on 2 cores): every registered strategy the
+# simulator can run at n = 2, 3, 5, 8 and 64; strategies on nodes on nodes that divide the workers and nodes that do
+# not; each other variant at one n, the cheap ones at 64 too. The two links scale every flat time by exactly 10
+# (50 us x 1 Gbit/s = 5 us x 10 Gbit/s), so one rank per NIC takes both at n = 5 only and one each elsewhere; on
+# nodes (100 Gbit/s, 2 us inside, not scaled) both at 5 in nodes of 4. Chosen by cost: a cell takes 0.1 s but
+# hierarchical's 0.5 s at n = 5 and 8, and 0.2-1.1 s at n = 64 (ring, all_to_all and the PS with k = n the
+# dearest). native, ddp, compression: listed as not run, with the reason.
+ONE_PER_NIC = ("ring", "naive_ring", "all_to_all", "halving_doubling", "reduce_broadcast tree", "ps dedicated k=1",
+               "decentralized ring", "double_binary_tree")
+ONE_PER_NIC_LINKS = {2: (SLOW_LINK,), 3: (FAST_LINK,), 5: LINKS, 8: (SLOW_LINK,), 64: (FAST_LINK,)}
+# (n, ranks per node, links): nodes of 3 and 4 that divide n (3/3, 8/4, 64/4) and that do not (2/3: one short
+# node; 5/4, 8/3, 64/3); not hierarchical at 64 in nodes of 3, a known gap beyond its replay (docs/validation.md)
+ON_NODES = {
+    "ring on nodes": ((2, 3, (SLOW_LINK,)), (3, 3, (FAST_LINK,)), (5, 4, LINKS), (8, 4, (FAST_LINK,)),
+                      (8, 3, (SLOW_LINK,)), (64, 3, (FAST_LINK,))),
+    "hierarchical ring": ((2, 3, (SLOW_LINK,)), (3, 3, (FAST_LINK,)), (5, 4, LINKS), (8, 3, (SLOW_LINK,)),
+                          (8, 4, (FAST_LINK,)), (64, 4, (FAST_LINK,))),
+    "double_binary_tree on nodes": ((2, 3, (SLOW_LINK,)), (3, 3, (FAST_LINK,)), (5, 4, LINKS), (8, 4, (SLOW_LINK,)),
+                                    (8, 3, (FAST_LINK,)), (64, 3, (FAST_LINK,)), (64, 4, (FAST_LINK,))),
+    "node_ps colocated": ((2, 3, (SLOW_LINK,)), (3, 3, (FAST_LINK,)), (5, 4, LINKS), (8, 4, (SLOW_LINK,)),
+                          (8, 3, (FAST_LINK,)), (64, 3, (FAST_LINK,)), (64, 4, (FAST_LINK,))),
+}
+# (n, ranks per node): below 64 on the slower link; n = 64 on the faster one where it simulates in under 0.3 s
+VARIANT_CELLS = {
+    "reduce_broadcast flat": ((5, 1), (64, 1)),
+    "ps dedicated k=2 summation": ((5, 1),),
+    "ps dedicated k=n": ((3, 1),),
+    "ps colocated k=n": ((5, 1),),
+    "ps colocated k=1": ((3, 1),),
+    "ps SSP s=2 k=2": ((3, 1),),
+    "decentralized exponential": ((5, 1), (64, 1)),
+    "ring + local SGD H=4": ((5, 1),),
+    "hierarchical halving_doubling": ((5, 4),),
+    "node_ps dedicated k=2": ((8, 4), (64, 4)),
+}
+NOT_SIMULATED = {"native": "counted = False", "ddp": "counted = False", "ring + powersgd r=4": "compression",
+                 "ring + topk 1%": "compression"}
 
 
 def _cells() -> list[tuple[str, int, int, str, str]]:
-    """(variant label, n, ranks per node, bandwidth, latency): every family at small n on both links; n = 64 (a few
-    seconds each to simulate) for halving-doubling and hierarchical on nodes."""
+    """(variant label, n, ranks per node, bandwidth, latency) of the reduced matrix."""
     out = []
-    for label, ns, nodes in (
-            ("ring", (2, 3, 5, 8), (1,)),
-            ("naive_ring", (5,), (1,)),
-            ("all_to_all", (5,), (1,)),
-            ("halving_doubling", (3, 5, 7, 8, 64), (1,)),
-            ("reduce_broadcast tree", (3, 5, 8), (1,)),
-            ("reduce_broadcast flat", (5,), (1,)),
-            ("ps dedicated k=1", (3, 8), (1,)),
-            ("ps dedicated k=2 summation", (5,), (1,)),
-            ("ps colocated k=n", (5,), (1,)),
-            ("ps SSP s=2 k=2", (3,), (1,)),
-            ("decentralized exponential", (5,), (1,)),
-            ("double_binary_tree", (3, 4, 5, 8), (1,)),
-            ("ring + local SGD H=4", (5,), (1,)),
-            ("ring on nodes", (5,), (3, 4)),
-            ("hierarchical ring", (8, 64), (4,)),
-            ("hierarchical ring", (8,), (3,)),
-            ("double_binary_tree on nodes", (8,), (3, 4)),
-            ("node_ps colocated", (8,), (4,)),
-            ("node_ps colocated", (5, 16), (3,)),
-            ("node_ps dedicated k=2", (8,), (4,))):
-        for n in ns:
-            for k in nodes:
-                for bandwidth, latency in LINKS if n < 64 else LINKS[1:]:
-                    out.append((label, n, k, bandwidth, latency))
+    for label in ONE_PER_NIC:
+        out += [(label, n, 1, b, lat) for n, links in ONE_PER_NIC_LINKS.items() for b, lat in links]
+    for label, cells in ON_NODES.items():
+        out += [(label, n, k, b, lat) for n, k, links in cells for b, lat in links]
+    for label, cells in VARIANT_CELLS.items():
+        out += [(label, n, k, *(SLOW_LINK if n < 64 else FAST_LINK)) for n, k in cells]
     return out
 
 
-@pytest.mark.simgrid
+@pytest.fixture(scope="module")
+def reduced_matrix() -> dict:
+    """Every cell's row, two simulations at a time (`syncbench validate --jobs 2`: on 2 cores half the wall time of
+    one at a time); asked for by one cell, it runs them all."""
+    import io
+
+    from experiments.validate import validate
+
+    cells = _cells()
+    frame = validate([Cell(BY_LABEL[label], n, b, lat, k) for label, n, k, b, lat in cells], jobs=2,
+                     log=io.StringIO())
+    return dict(zip(cells, frame.to_dict("records")))
+
+
+@pytest.mark.simgrid_fast
 @needs_simgrid
 @pytest.mark.parametrize("label,workers,k,bandwidth,latency", _cells())
-def test_model_agrees_with_simgrid_alpha_beta(label, workers, k, bandwidth, latency):
-    row = run_cell(Cell(BY_LABEL[label], workers, bandwidth, latency, k))
+def test_model_agrees_with_simgrid_alpha_beta(reduced_matrix, label, workers, k, bandwidth, latency):
+    row = reduced_matrix[label, workers, k, bandwidth, latency]
+    assert (row["strategy"], row["workers"], row["ranks_per_node"], row["bandwidth"]) == (label, workers, k, bandwidth)
     assert row["status"] == "agree", row
     assert row["sim_over_model"] == pytest.approx(1.0, abs=0.05), row
+
+
+@pytest.mark.simgrid_fast
+@needs_simgrid
+@pytest.mark.parametrize("label", NOT_SIMULATED)
+def test_the_reduced_matrix_lists_what_simgrid_cannot_run_with_the_reason(label):
+    """Strategies that move their bytes inside gloo (native, ddp) and compression (values a simulated rank does not
+    hold) are in the matrix as not run, with the reason, and no ratio: never an agreement."""
+    row = run_cell(Cell(BY_LABEL[label], 5, *FAST_LINK))
+    assert row["status"].startswith("not run: simulator:") and NOT_SIMULATED[label] in row["status"], row
+    assert math.isnan(row["sim_s"]) and math.isnan(row["sim_over_model"]), row
+
+
+def test_the_reduced_matrix_covers_every_strategy_n_both_links_and_nodes_dividing_or_not():
+    """Every built-in strategy is in the reduced matrix, simulated or listed as not run; every n of {2, 3, 5, 8, 64}
+    and both links for the strategies on one rank per NIC; nodes that divide the workers and nodes that do not."""
+    cells = _cells()
+    covered = {BY_LABEL[label].strategy for label, *_ in cells} | {BY_LABEL[label].strategy for label in NOT_SIMULATED}
+    built_in = {name for name in strategies.names() if strategies.get(name).__module__.startswith("strategies.")}
+    assert built_in <= covered, built_in - covered
+    for label in ONE_PER_NIC:
+        assert {n for lab, n, *_ in cells if lab == label} == {2, 3, 5, 8, 64}, label
+        assert {b for lab, _, _, b, _ in cells if lab == label} == {b for b, _ in LINKS}, label
+    assert {n for _, n, *_ in cells} >= {2, 3, 5, 8, 64}
+    nodes = [(n, k) for _, n, k, _, _ in cells if k > 1]
+    assert any(n % k == 0 for n, k in nodes) and any(n % k for n, k in nodes), nodes
+    for label in ON_NODES:
+        split = {n % k == 0 for lab, n, k, _, _ in cells if lab == label}
+        assert split == {True, False}, label
+    assert len({b for *_, b, _ in cells}) == 2
 
 
 # Once 1.07x (2 nodes of 4 at 100 Gbit/s) and 0.60x (pipelined, 4 ranks in nodes of 2 at 10 Gbit/s: SimGrid under
