@@ -82,3 +82,20 @@ def test_a_short_nodes_pushes_slow_the_hosts_ring_at_the_ports_speed():
     config = strategies.make("node_parameter_server", ranks_per_node=3)
     assert config.node_pushes(4, 25_557_032) == {(1, 0): 102_228_128}
     assert cost.node_seconds(config, 4, 25_557_032, 3, 12.5e9, 12.5e9, 0.0, 2e-6) == pytest.approx(hand, rel=1e-9)
+
+
+def test_a_hosts_replies_wait_for_the_last_owners_first_partitions():
+    """The same at 16 workers (five nodes of 3, rank 15 alone), every chunk hosted in node 0: rank 15 pushes from
+    t = 0, the four full nodes from their rings' end (5.456 ms); node 0 answers a partition only once all five
+    owners' pushes of it are in, so its 511 MB of replies (40.89 ms on its NIC) start once the full nodes' first
+    partition round is in (5.456 ms + 56.8 MB at 12.5 GB/s, the fill's mirror: 9.999 ms), not at its ring's end
+    (8.182 ms, slowed by rank 15's pushes; 1.032x SimGrid's 56.4 ms without this); then node 0's all-gather;
+    45 pushes into a host rank x 2 us: 56.44 ms."""
+    ring_round = 2e-6 + 8_519_011 * 4 / 12.5e9
+    config = strategies.make("node_parameter_server", ranks_per_node=3)
+    assert config.node_pushes(16, 25_557_032) == {(j, 0): 102_228_128 for j in range(1, 6)}
+    fill = config.reply_fill(16, 25_557_032)
+    assert fill == 5 * 3 * 946_556 * 4
+    hand = 2 * ring_round + fill / 12.5e9 + 5 * 102_228_128 / 12.5e9 + 2 * ring_round + 45 * 2e-6
+    assert hand == pytest.approx(0.056437, abs=1e-6)
+    assert cost.node_seconds(config, 16, 25_557_032, 3, 12.5e9, 12.5e9, 0.0, 2e-6) == pytest.approx(hand, rel=1e-9)
