@@ -90,7 +90,8 @@ def test_a_hosts_replies_wait_for_the_last_owners_first_partitions():
     owners' pushes of it are in, so its 511 MB of replies (40.89 ms on its NIC) start once the full nodes' first
     partition round is in (5.456 ms + 56.8 MB at 12.5 GB/s, the fill's mirror: 9.999 ms), not at its ring's end
     (8.182 ms, slowed by rank 15's pushes; 1.032x SimGrid's 56.4 ms without this); then node 0's all-gather;
-    45 pushes into a host rank x 2 us: 56.44 ms."""
+    45 pushes into a host rank x 2 us: 56.44 ms. SimGrid's message log: node 0's ring ends at 8.18 ms, its first
+    replies leave at 10.00 ms, the last push is in at 40.91 ms, the last reply at 50.91 ms, all done at 56.37 ms."""
     ring_round = 2e-6 + 8_519_011 * 4 / 12.5e9
     config = strategies.make("node_parameter_server", ranks_per_node=3)
     assert config.node_pushes(16, 25_557_032) == {(j, 0): 102_228_128 for j in range(1, 6)}
