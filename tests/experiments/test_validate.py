@@ -536,17 +536,18 @@ def test_barrier_free_servers_update_every_push_and_answer_it_on_its_own():
 @needs_simgrid
 def test_a_short_nodes_pushes_start_while_the_full_nodes_reduce():
     """node_parameter_server, colocated, 4 workers in nodes of 3 at 10 Gbit/s, 5 us (100 Gbit/s, 2 us inside):
-    rank 3, alone in node 1, has no reduce-scatter and pushes its node's 102.2 MB into node 0 at once, while node
-    0's ranks (the hosts) still reduce (2 rounds of a 34.08 MB slice: 5.456 ms). The model once put every push
-    after the slowest node's reduce-scatter (0.945x). Now: the pushes start after the share of that wait the host
-    ranks' ports cannot spare (5.456 ms x 10/100 Gbit/s = 0.546 ms), take 102.2 MB / 1.25 GB/s = 81.78 ms; the
-    last partition of each chunk is answered after them (3 x 3.79 MB: 9.087 ms); node 0's all-gather (5.456 ms);
-    27 rounds between nodes x 7 us: 97.06 ms. SimGrid: 96.4 ms (its pushes start at once: the ports, 10x the NIC,
-    take the ring beside them)."""
+    rank 3, alone in node 1, has no reduce-scatter and pushes its node's 102.2 MB into node 0 from t = 0, while
+    node 0's ranks (the hosts) still reduce: the pushes take 1.25/3 GB/s of each host's 12.5 GB/s download, so the
+    ring (2 rounds of a 34.08 MB slice: 5.456 ms alone) ends at 5.644 ms; the pushes take 102.2 MB / 1.25 GB/s =
+    81.78 ms; the last partition of each chunk is answered after them (3 x 3.79 MB: 9.087 ms); node 0's all-gather
+    (5.456 ms); 27 rounds between nodes x 7 us: 96.51 ms (SimGrid 96.4 ms). The model once put every push after
+    the slowest node's reduce-scatter (0.945x), then after the share of it the ports could not spare (0.993x).
+    At 100 Gbit/s the pushes slow the ring by a third (1.088x while the model left it at full speed), and at 16
+    workers node 0's replies wait for the full nodes' first partitions (tests/strategies/test_cost_nodes.py)."""
     from strategies import cost
 
     ring_round = 2e-6 + 8_519_011 * 4 / 12.5e9
-    hand = 0.1 * 2 * ring_round + 102_228_128 / 1.25e9 + 11_358_672 / 1.25e9 + 2 * ring_round + 27 * 7e-6
+    hand = 102_228_128 / 1.25e9 + 11_358_672 / 1.25e9 + 2 * ring_round + 27 * 7e-6
     config = strategies.make("node_parameter_server", ranks_per_node=3)
     assert config.node_pushes(4, 25_557_032) == {(1, 0): 102_228_128}
     assert config.reply_fill(4, 25_557_032) == 11_358_672
@@ -554,3 +555,7 @@ def test_a_short_nodes_pushes_start_while_the_full_nodes_reduce():
     row = run_cell(Cell(BY_LABEL["node_ps colocated"], 4, "10Gbit", "5us", 3))
     assert row["model_s"] == pytest.approx(hand, rel=1e-6), row
     assert row["status"] == "agree" and row["sim_s"] == pytest.approx(0.0964, abs=2e-4), row
+    for workers, sim_s in ((4, 0.0218), (16, 0.0564)):
+        row = run_cell(Cell(BY_LABEL["node_ps colocated"], workers, "100Gbit", "0us", 3))
+        assert row["sim_s"] == pytest.approx(sim_s, abs=1e-4), row
+        assert row["sim_over_model"] == pytest.approx(1.0, abs=0.003), row
