@@ -140,6 +140,7 @@ class RunLog:
     def __init__(self):
         self.deaths: list[tuple[int, int, float]] = []
         self.checkpoints: dict[int, dict[int, np.ndarray]] = {}
+        self.rows: list[dict] = []
 
     def record(self, slot: int, step: int, at: float) -> None:
         self.deaths.append((slot, step, at))
@@ -154,8 +155,16 @@ class RunLog:
     def saved(self, completed: int) -> dict[int, np.ndarray]:
         return self.checkpoints.get(completed, {})
 
+    def keep(self, rows: list[dict]) -> None:
+        """A dying rank's completed steps' rows (a sweep's run), which its process takes with it otherwise."""
+        self.rows += rows
+
+    def kept(self) -> list[dict]:
+        rows, self.rows = self.rows, []
+        return rows
+
     def clear(self) -> None:
-        self.deaths, self.checkpoints = [], {}
+        self.deaths, self.checkpoints, self.rows = [], {}, []
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class _Hooks:
         plan = self.plan
         if plan.dying.get(self.slot) == step or (self.slot in plan.due
                                                  and time.time() - plan.began >= plan.due[self.slot]):
+            ray.get(plan.log.keep.remote(self.report.rows))  # its completed steps are recorded whatever fails
             die(plan.log, self.slot, step)
 
     def end(self, step: int, row: dict) -> None:
@@ -133,12 +134,12 @@ class _Hooks:
 
 class RaySweepSegments(SweepSegments):
     """SweepSegments whose segments run on the actors of `group` (actor k is worker slot k); `log`: the run's
-    ray_faults.RunLog."""
+    ray_faults.RunLog; `schedule`: failures in place of the spec's (as SweepSegments)."""
 
     clock = staticmethod(time.time)
 
-    def __init__(self, spec, group, log):
-        super().__init__(spec)
+    def __init__(self, spec, group, log, schedule=None):
+        super().__init__(spec, schedule)
         self.group, self.log = group, log
         self.formed: list[int] | None = None  # the members of the intact process group
         self.dead: set[int] = set()  # actors killed, not yet replaced
@@ -183,8 +184,9 @@ class RaySweepSegments(SweepSegments):
             if self.checkpoints_at(step + 1):
                 saved = ray.get(self.log.saved.remote(step + 1))
             self._completed(step, saved)
+        rows = [row for r in reports.values() for row in r.rows] + ray.get(self.log.kept.remote())  # the dead's
+        self.rows += [row for row in rows if row["step"] < completed]
         for r in reports.values():
-            self.rows += [row for row in r.rows if row["step"] < completed]
             if r.state is not None:
                 self.params[r.slot] = r.state
             if r.final is not None:

@@ -33,14 +33,15 @@ def group(ray_session):
     group.shutdown()
 
 
-def on_ray(group, spec):
-    """The run on the actors: (the run's result, the segments), its log actor killed after."""
+def on_ray(group, spec, schedule=None):
+    """The run on the actors (`schedule`: in place of the spec's): (its result, the segments), its log killed
+    after."""
     from experiments.pipeline.ray_faults import RunLog
     from experiments.pipeline.ray_sweep_faults import RaySweepSegments
 
     log = RunLog.options(num_cpus=0).remote()
     try:
-        segments = RaySweepSegments(spec, group, log)
+        segments = RaySweepSegments(spec, group, log, schedule)
         return segments.run(), segments
     finally:
         ray.kill(log)
@@ -73,9 +74,13 @@ def test_checkpoint_restart_on_actors_resumes_bit_identically(group):
     assert (run.completed_steps, run.steps_run) == (4, 5)
     assert [(f.step, f.rank, f.steps_lost) for f in run.failures] == [(3, 2, 1)]
     assert len(run.starts_s) == 1  # the dead slot's actor replaced, its start-up measured
-    clean = SweepSegments(spec, schedule=[]).run()  # the same run on thread ranks, nothing failing
+    clean, _ = on_ray(group, spec, schedule=[])  # the same run on the actors, nothing failing
+    assert clean.steps_run == 4 and not clean.failures
+    threads = SweepSegments(spec, schedule=[]).run()  # and on thread ranks (one process: its own thread count)
     for slot in range(3):
         assert torch.equal(torch.as_tensor(run.params[slot]), torch.as_tensor(clean.params[slot]))
+        torch.testing.assert_close(torch.as_tensor(run.params[slot]), torch.as_tensor(threads.params[slot]),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_the_run_row_on_ray_and_no_actor_left_behind(group):
