@@ -115,3 +115,21 @@ def test_ray_refuses_what_its_actors_cannot_recover_yet():
     assert substrate.problems(Run(mtbf.run_id, mtbf)) == []
     ring = spec_of("ring", [(2, 1)], mode="elastic")
     assert substrate.problems(Run(ring.run_id, ring)) == []
+
+
+def test_an_mtbf_death_on_an_actor_joins_the_schedule_and_draws_the_replacement_s_time():
+    import numpy as np
+
+    from experiments.pipeline.ray_sweep_faults import RaySweepSegments
+    from strategies.faults import Failure
+
+    spec = RunSpec(strategy="ring", failures={"mtbf_s": 10.0, "seed": 3}, recovery={"mode": "elastic"}, **BASE)
+    run = RaySweepSegments(spec, group=None, log=None)
+    draws = {slot: np.random.default_rng([3, slot, 39]) for slot in range(3)}
+    assert run.due == pytest.approx({slot: rng.exponential(10.0) for slot, rng in draws.items()})
+    run.began = 100.0
+    run.note_deaths([(1, 3, 104.0)])  # the log's (slot, step, time) of a death the schedule did not name
+    assert run.pending == [Failure(3, 1)]
+    assert run.due[1] == pytest.approx(4.0 + draws[1].exponential(10.0))
+    run.note_deaths([(1, 3, 104.0)])  # a death already in the schedule: nothing drawn again
+    assert run.pending == [Failure(3, 1)]
