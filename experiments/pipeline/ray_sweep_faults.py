@@ -90,6 +90,7 @@ def _member(ctx, plan: _Plan) -> _Report:
     try:
         compute, buckets = build(comm, slot, plan.spec, config)
         state = plan.load[slot] if slot in plan.load else ctx.state[STATE]
+        ctx.state[STATE] = state  # what it holds until it completes a step (a death in this segment's first step)
         if isinstance(state, SlotState):
             restore(compute, state)
         if plan.joining and plan.donor is not None:  # a replacement fetches the state from a peer
