@@ -141,6 +141,7 @@ class RunLog:
         self.deaths: list[tuple[int, int, float]] = []
         self.checkpoints: dict[int, dict[int, np.ndarray]] = {}
         self.rows: list[dict] = []
+        self.latest: dict = {}  # slot -> (steps completed, state): a sweep's latest checkpoint
 
     def record(self, slot: int, step: int, at: float) -> None:
         self.deaths.append((slot, step, at))
@@ -155,6 +156,13 @@ class RunLog:
     def saved(self, completed: int) -> dict[int, np.ndarray]:
         return self.checkpoints.get(completed, {})
 
+    def save_latest(self, slot: int, completed: int, state) -> None:
+        """A sweep's checkpoint (a model's state): only each slot's latest is kept, so a long run holds one."""
+        self.latest[slot] = (completed, state)
+
+    def latest_saved(self) -> dict:
+        return dict(self.latest)
+
     def keep(self, rows: list[dict]) -> None:
         """A dying rank's completed steps' rows (a sweep's run), which its process takes with it otherwise."""
         self.rows += rows
@@ -164,7 +172,7 @@ class RunLog:
         return rows
 
     def clear(self) -> None:
-        self.deaths, self.checkpoints, self.rows = [], {}, []
+        self.deaths, self.checkpoints, self.rows, self.latest = [], {}, [], {}
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class _Hooks:
         comm.barrier()  # every rank has the step's result: none keeps it before all do
         self.ctx.state[STATE] = state = capture(self.compute)
         if plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:  # written before going on
-            ray.get(plan.log.save.remote(self.slot, step + 1, state))
+            ray.get(plan.log.save_latest.remote(self.slot, step + 1, state))
         self.report.rows.append(row)
         self.report.state, self.report.done = state, step + 1
         comm.barrier()  # every rank kept it: a death after this cannot catch a peer still in the one before
@@ -180,11 +180,16 @@ class RaySweepSegments(SweepSegments):
         reports, died, lost = collect(refs, min(left, spec.timeout * (end - start + 2)))
         detected = time.time()
         completed = completed_steps(reports, died, start, end, ready)
+        # the latest checkpoint every rank wrote to the run's log (it keeps one): an earlier one of this segment is
+        # taken from it too and superseded by it in this loop, before any recovery could read it
+        latest = ray.get(self.log.latest_saved.remote())
+        saved = {slot: state for slot, (at, state) in latest.items()} if latest else None
+        last = max((step + 1 for step in range(start, completed) if self.checkpoints_at(step + 1)), default=None)
+        if last is not None and {at for at, _ in latest.values()} != {last}:  # every rank writes before going on
+            raise RuntimeError(f"the checkpoint after step {last - 1} is missing from the run's log: it holds "
+                               f"{ {slot: at for slot, (at, _) in latest.items()} } (slot: steps completed)")
         for step in range(start, completed):
-            saved = None  # the checkpoint every rank wrote to the run's log once the step was complete
-            if self.checkpoints_at(step + 1):
-                saved = ray.get(self.log.saved.remote(step + 1))
-            self._completed(step, saved)
+            self._completed(step, saved if self.checkpoints_at(step + 1) else None)
         rows = [row for r in reports.values() for row in r.rows] + ray.get(self.log.kept.remote())  # the dead's
         self.rows += [row for row in rows if row["step"] < completed]
         for r in reports.values():
