@@ -113,7 +113,7 @@ class RayFaultHost:
                 except RayActorError:
                     self.group.replace(index)
         if self.log is None:
-            self.log = _RunLog.options(num_cpus=0).remote()
+            self.log = RunLog.options(num_cpus=0).remote()
         ray.get(self.log.clear.remote())  # nothing left from a run before
         return self.group, self.log
 
@@ -133,13 +133,15 @@ class RayFaultHost:
 
 
 @ray.remote
-class _RunLog:
+class RunLog:
     """The run's durable side, apart from its ranks: where a failing rank leaves (slot, step, time) just before it
     kills itself, and where every rank writes its checkpoint when it takes it (a checkpoint must outlive its rank)."""
 
     def __init__(self):
         self.deaths: list[tuple[int, int, float]] = []
         self.checkpoints: dict[int, dict[int, np.ndarray]] = {}
+        self.rows: list[dict] = []
+        self.latest: dict = {}  # slot -> (steps completed, state): a sweep's latest checkpoint
 
     def record(self, slot: int, step: int, at: float) -> None:
         self.deaths.append((slot, step, at))
@@ -154,8 +156,23 @@ class _RunLog:
     def saved(self, completed: int) -> dict[int, np.ndarray]:
         return self.checkpoints.get(completed, {})
 
+    def save_latest(self, slot: int, completed: int, state) -> None:
+        """A sweep's checkpoint (a model's state): only each slot's latest is kept, so a long run holds one."""
+        self.latest[slot] = (completed, state)
+
+    def latest_saved(self) -> dict:
+        return dict(self.latest)
+
+    def keep(self, rows: list[dict]) -> None:
+        """A dying rank's completed steps' rows (a sweep's run), which its process takes with it otherwise."""
+        self.rows += rows
+
+    def kept(self) -> list[dict]:
+        rows, self.rows = self.rows, []
+        return rows
+
     def clear(self) -> None:
-        self.deaths, self.checkpoints = [], {}
+        self.deaths, self.checkpoints, self.rows, self.latest = [], {}, [], {}
 
 
 @dataclass(frozen=True)
@@ -213,7 +230,7 @@ def _member(ctx, plan: _Plan) -> _Report:
         report.ready = time.time()
         for step in range(plan.start, plan.end):
             if plan.dying.get(slot) == step:
-                _die(plan.log, slot, step)
+                die(plan.log, slot, step)
             if server:
                 runtime.serve(plan.like.size, torch.tensor(plan.like).dtype, "mean")
             else:
@@ -228,19 +245,19 @@ def _member(ctx, plan: _Plan) -> _Report:
     except Exception as e:  # noqa: BLE001 - a peer's death: reported with what this rank completed
         report.noticed = time.time()
         report.error = f"{type(e).__name__}: {e}"
-        _hang_up(comm)
+        hang_up(comm)
     if not server:
         report.x = state["fault_x"].numpy().copy()
     return report
 
 
-def _die(log, slot: int, step: int) -> None:
+def die(log, slot: int, step: int) -> None:
     """The scripted death: the time to the log, then SIGKILL to this process (no cleanup, no goodbye)."""
     ray.get(log.record.remote(slot, step, time.time()))
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _hang_up(comm) -> None:
+def hang_up(comm) -> None:
     """Close this rank's connections and leave its process group: every rank waiting on it fails at once, so a
     death reaches the whole group in milliseconds, not after a timeout."""
     try:
@@ -263,6 +280,9 @@ class RaySegments(Segments):
         self.dead: set[int] = set()  # actors killed, not yet replaced
         self.load_all = True  # every worker loads the driver's parameters (the start, a checkpoint)
 
+    def note_deaths(self, deaths: list[tuple[int, int, float]]) -> None:
+        """The deaths the run's log holds after a segment: here every one is scripted."""
+
     def _recover(self, step, dead, died_at, detected_at):
         death = super()._recover(step, dead, died_at, detected_at)
         if self.recovery.mode == CHECKPOINT_RESTART:
@@ -272,14 +292,7 @@ class RaySegments(Segments):
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         m = len(self.alive)
         members = list(self.alive) + [self.workers + j for j in range(self.config.num_servers(m))]
-        for index in sorted(self.dead & set(members)):  # a replacement's start-up, measured
-            began = time.time()
-            self.group.replace(index)
-            self.out.starts_s.append(time.time() - began)
-            self.dead.discard(index)
-        if self.formed != members:
-            self.group.reform(members)
-            self.formed = members
+        form(self, members)
         dying: dict[int, int] = {}
         for f in sorted(self.pending):
             if start <= f.step < end:
@@ -293,18 +306,9 @@ class RaySegments(Segments):
         refs = {actor_ref: index for index, actor_ref in (
             (i, self.group.actors[i].run.remote(_member, (plan,), self.network, self.timeout, self.p2p))
             for i in members)}
-        reports, died, lost = _collect(refs, self.timeout * (end - start + 2))
+        reports, died, lost = collect(refs, self.timeout * (end - start + 2))
         detected = time.time()
-        if not reports and not died:
-            raise RunEnded(f"segment of steps {start}..{end - 1}: no member answered within the deadline", start)
-        starts = [r.ready for r in reports.values() if r.ready is not None]
-        if starts:
-            ready.append(min(starts))
-        done = {r.done for r in reports.values()}
-        if len(done) > 1:  # two barriers per step make this impossible: a bug, named
-            raise RuntimeError(f"the survivors disagree on the steps they completed: {sorted(done)} "
-                               f"({ {r.slot: r.done for r in reports.values()} })")
-        completed = done.pop() if done else start
+        completed = completed_steps(reports, died, start, end, ready)
         for step in range(start, completed):
             saved = None  # the checkpoint every rank wrote to the run's log once step was complete
             if self.checkpoints_at(step + 1):
@@ -313,27 +317,62 @@ class RaySegments(Segments):
         for r in reports.values():
             if r.x is not None:
                 self.params[r.slot] = torch.tensor(r.x)
-        if not died and not lost and not any(r.error for r in reports.values()):
-            return
-        self.formed = None  # the process group is broken: every survivor left it
-        self.dead |= set(died)
-        deaths = ray.get(self.log.take.remote())
-        scripted = {slot for slot, _, _ in deaths}
-        if set(died) != scripted or lost or not deaths:
-            errors = "; ".join(f"rank {r.slot}: {r.error}" for r in reports.values() if r.error)
-            raise RunEnded(f"a failure no schedule named: actors died {sorted(died)} (scripted deaths "
-                           f"{sorted(scripted)}), no answer from {sorted(lost)}; {errors or 'no rank error'}",
-                           completed)
-        step = min(s for _, s, _ in deaths)
-        if completed != step:
-            raise RuntimeError(f"rank(s) {sorted(scripted)} died in step {step} but the survivors completed "
-                               f"{completed} steps")
-        self._died_at = min(t for _, _, t in deaths)
-        self._detected_at = detected
-        raise RankFailed(min(scripted), step)
+        attribute(self, reports, died, lost, completed, detected)
 
 
-def _collect(refs: dict, deadline_s: float) -> tuple[dict, list[int], list[int]]:
+def form(segments, members: list[int]) -> None:
+    """The segment's process group of `members` (actor indices): the actors a failure killed replaced (each start-up
+    measured), the group re-formed where its membership changed or a failure broke it."""
+    for index in sorted(segments.dead & set(members)):
+        began = time.time()
+        segments.group.replace(index)
+        segments.out.starts_s.append(time.time() - began)
+        segments.dead.discard(index)
+    if segments.formed != members:
+        segments.group.reform(members)
+        segments.formed = members
+
+
+def completed_steps(reports: dict, died: list[int], start: int, end: int, ready: list[float]) -> int:
+    """The steps every survivor completed (they agree: two barriers per step); when the group was formed into
+    `ready`."""
+    if not reports and not died:
+        raise RunEnded(f"segment of steps {start}..{end - 1}: no member answered within the deadline", start)
+    starts = [r.ready for r in reports.values() if r.ready is not None]
+    if starts:
+        ready.append(min(starts))
+    done = {r.done for r in reports.values()}
+    if len(done) > 1:  # two barriers per step make this impossible: a bug, named
+        raise RuntimeError(f"the survivors disagree on the steps they completed: {sorted(done)} "
+                           f"({ {r.slot: r.done for r in reports.values()} })")
+    return done.pop() if done else start
+
+
+def attribute(segments, reports: dict, died: list[int], lost: list[int], completed: int, detected: float) -> None:
+    """After a segment: nothing when it ran to its end; RankFailed naming the scripted death (its time and the
+    detection's set on `segments`); RunEnded for a failure no schedule named."""
+    if not died and not lost and not any(r.error for r in reports.values()):
+        return
+    segments.formed = None  # the process group is broken: every survivor left it
+    segments.dead |= set(died)
+    deaths = ray.get(segments.log.take.remote())
+    segments.note_deaths(deaths)  # an mtbf's deaths join the schedule (a sweep's run; a scripted one: nothing)
+    scripted = {slot for slot, _, _ in deaths}
+    if set(died) != scripted or lost or not deaths:
+        errors = "; ".join(f"rank {r.slot}: {r.error}" for r in reports.values() if r.error)
+        raise RunEnded(f"a failure no schedule named: actors died {sorted(died)} (scripted deaths "
+                       f"{sorted(scripted)}), no answer from {sorted(lost)}; {errors or 'no rank error'}",
+                       completed)
+    step = min(s for _, s, _ in deaths)
+    if completed != step:
+        raise RuntimeError(f"rank(s) {sorted(scripted)} died in step {step} but the survivors completed "
+                           f"{completed} steps")
+    segments._died_at = min(t for _, _, t in deaths)
+    segments._detected_at = detected
+    raise RankFailed(min(scripted), step)
+
+
+def collect(refs: dict, deadline_s: float) -> tuple[dict, list[int], list[int]]:
     """Every member's result, the actors that died, the members that did not answer by the deadline."""
     results, died = {}, []
     pending = dict(refs)
@@ -362,7 +401,7 @@ def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout, g
     group.reform(list(range(group.world_size)))
     refs = {actor.run.remote(_barrier_free_rank, (config, workers, lives, steps, x0, gradient, lr, log), network,
                              timeout, "gloo"): index for index, actor in enumerate(group.actors)}
-    results, died, lost = _collect(refs, timeout * (steps + 2))
+    results, died, lost = collect(refs, timeout * (steps + 2))
     deaths = ray.get(log.take.remote())
     if set(died) != {slot for slot, _, _ in deaths} or lost:
         raise RunEnded(f"a failure no schedule named: actors died {sorted(died)}, no answer from {sorted(lost)}", 0)
@@ -379,7 +418,7 @@ def _barrier_free(config, workers, steps, schedule, x0, gradient, lr, timeout, g
 def _barrier_free_rank(ctx, config, workers, lives, steps, x0, gradient, lr, log):
     if ctx.comm.rank < workers:
         return barrier_free_member(ctx.comm, config, workers, lives, steps, x0, gradient, lr, None,
-                                   die=lambda slot, step: _die(log, slot, step))
+                                   die=lambda slot, step: die(log, slot, step))
     params, touched = x0.clone().reshape(-1), torch.zeros(x0.numel(), dtype=torch.bool)
     pushed = barrier_free_member(ctx.comm, config, workers, lives, steps, x0, gradient, lr, params, touched)
     return pushed, params.numpy(), touched.numpy()

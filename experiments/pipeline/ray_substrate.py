@@ -32,8 +32,7 @@ from experiments.pipeline.train import train
 
 class RaySubstrate(Substrate):
     name = "ray"
-    failures_refusal = ("a killed actor fails its sweep run: its training does not yet re-form the survivors' actors "
-                        "from the step in flight")
+    failures = True  # the failing rank's actor dies, the survivors recover (experiments/pipeline/ray_sweep_faults.py)
     model_wrappers = True  # ranks are torch.distributed members: DDP runs
     nodes = True  # on the kernel-shaped cluster only: k ranks per namespace share its shaped NIC (problems())
 
@@ -43,8 +42,11 @@ class RaySubstrate(Substrate):
         self.address, self.train_fn, self.oversubscribe = address, train_fn, oversubscribe
 
     def problems(self, run: Run) -> list[str]:
-        found = super().problems(run)
+        from experiments.pipeline.ray_sweep_faults import problems as ray_fault_problems
+        from experiments.pipeline.sweep_faults import problems as fault_problems
+
         spec = run.spec
+        found = super().problems(run) + fault_problems(spec) + ray_fault_problems(spec)
         config = spec.strategy_config()
         network = spec.network()
         if spec.ranks_per_node > 1 and not placement.is_kernel(network):
@@ -122,6 +124,12 @@ class _Groups:
             install_profile(group, spec, self.measured_profiles, self.store)
         except GroupError as e:  # the run measures it itself, and fails saying why if it cannot
             print(f"           -> profile measurement failed: {str(e)[:300]}", file=self.log, flush=True)
+        if spec.failures:  # the run loses actors and recovers: segments of the training (ray_sweep_faults.py)
+            from experiments.pipeline.ray_sweep_faults import execute
+
+            meta = {"started_at": now_utc(), "transport": spec.p2p, "gpu": group.gpu_name or "",
+                    "cores": group.cores, "host": group.host or platform.node()}
+            return execute(spec, meta, group)
         return _run_one(group, spec, self.train_fn, self.log)
 
     def shutdown(self) -> None:

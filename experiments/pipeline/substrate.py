@@ -81,8 +81,9 @@ class Substrate(ABC):
         if (spec.failures or spec.recovery) and not self.failures:
             found.append(f"{what}: failures = {spec.failures!r} cannot be applied on the {self.name} substrate "
                          f"({self.failures_refusal}); a sweep's training loses a rank and goes on with `syncbench run "
-                         f"--substrate threads`; `syncbench faults` runs failures on Ray actors (--substrate ray), on "
-                         f"SimGrid (--simulate) and in the model (strategies/fault_cost.py)")
+                         f"--substrate threads` (or ray, on strategies without servers); `syncbench faults` runs "
+                         f"failures on Ray actors (--substrate ray), on SimGrid (--simulate) and in the model "
+                         f"(strategies/fault_cost.py)")
         if spec.straggler and not self.stragglers:
             found.append(f"{what}: straggler = {spec.straggler!r} cannot be applied on the {self.name} substrate")
         if self.wall_clock and spec.compute == "profile" and spec.profile:

@@ -145,6 +145,38 @@ def server_restore(update: ShardUpdate, snapshot: dict) -> None:
         update.shards[key] = (param, optimizer)
 
 
+def build(comm, slot: int, spec, config):
+    """Worker slot `slot`'s model, compute and buckets as train() builds them (the same seeds, so a slot's fresh
+    model is its failure-free one); `spec` is the run's, its data shard slot of the run's n workers."""
+    ctx = SimpleNamespace(rank=slot, world_size=comm.world_size, comm=comm, device=spec.device, state={})
+    with _INIT_LOCK:
+        torch.manual_seed(spec.seed + slot)
+        model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
+                            seed=spec.seed).to(torch.device(spec.device))
+    flat = FlatModel(model)
+    buckets = make_buckets([p.numel() for p in flat.trainable], spec.bucket_mb)
+    compute = MeasuredCompute(ctx, spec, config, model, flat, None, torch.device(spec.device))  # shard slot of n
+    return compute, buckets
+
+
+def fetch(comm, compute, members: list[int], slot: int, joining, donor: int, has_momentum: bool) -> None:
+    """The donor sends its parameters, buffers and momentum to each replacement (the replacement keeps its own
+    data shard, from its start); `members`: the slot at each rank of the group."""
+    mine = capture(compute)
+    momentum = [mine.momentum if mine.momentum is not None else torch.empty_like(mine.params)] \
+        if has_momentum else []
+    tensors = [mine.params, *mine.buffers, *momentum]
+    if slot == donor:
+        for j in joining:
+            for t in tensors:
+                comm.send(t, members.index(j))
+    elif slot in joining:
+        for t in tensors:
+            comm.recv(t, members.index(donor))
+        n = len(mine.buffers)
+        restore(compute, SlotState(tensors[0], tensors[1:1 + n], tensors[-1] if has_momentum else None, {}))
+
+
 class _Fresh:
     """A slot's state before its first step: the seeded model as built, nothing to load."""
 
@@ -218,13 +250,18 @@ class SweepSegments(fault_runs.Segments):
                     server_restore(update, self.server_checkpoint[i])
         return death
 
-    # -- a segment: steps start..end-1 of the real training on thread ranks ---------------------------------------
-
-    def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
-        left = self.spec.timeout - (self.clock() - self.began)  # the timeout bounds the whole run, recoveries too
+    def time_left(self, start: int) -> float:
+        """Seconds left of the run's timeout, which bounds the whole run, recoveries too; RunEnded when none."""
+        left = self.spec.timeout - (self.clock() - self.began)
         if left <= 0:
             raise RunEnded(f"the run passed its timeout = {self.spec.timeout:g} s (the bound on a whole run, every "
                            f"step and recovery included) at step {start}", start)
+        return left
+
+    # -- a segment: steps start..end-1 of the real training on thread ranks ---------------------------------------
+
+    def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
+        left = self.time_left(start)
         alive = list(self.alive)
         m = len(alive)
         self.dying = {}
@@ -259,27 +296,17 @@ class SweepSegments(fault_runs.Segments):
                 row["wall_s"] = math.nan  # a server's clock restarts each segment: its rows keep bytes and times
                 self.server_rows.append(row)
 
-    def _build(self, comm, slot: int, config):
-        spec = self.spec
-        ctx = SimpleNamespace(rank=slot, world_size=comm.world_size, comm=comm, device=spec.device, state={})
-        with _INIT_LOCK:  # as train() builds it: the same seeds, so a slot's fresh model is its failure-free one
-            torch.manual_seed(spec.seed + slot)
-            model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
-                                seed=spec.seed).to(torch.device(spec.device))
-        flat = FlatModel(model)
-        buckets = make_buckets([p.numel() for p in flat.trainable], spec.bucket_mb)
-        compute = MeasuredCompute(ctx, spec, config, model, flat, None, torch.device(spec.device))  # shard slot of n
-        return compute, buckets
-
     def _worker(self, comm, spec, config, alive, start, joining, donor, ready, finished) -> dict:
         position = comm.rank
         slot = alive[position]
-        compute, buckets = self._build(comm, slot, config)
+        compute, buckets = build(comm, slot, self.spec, config)
         state = self.params.get(slot, FRESH)
         if isinstance(state, SlotState):
             restore(compute, state)
         if joining and donor is not None:  # a replacement fetches the state from a peer
-            self._fetch(comm, compute, alive, slot, joining, donor)
+            source = self.params.get(donor)
+            fetch(comm, compute, alive, slot, joining, donor,
+                  isinstance(source, SlotState) and source.momentum is not None)
         comm.allgather_object(None)  # the group is formed: every rank built, the replacements hold the state
         if position == 0:
             ready.append(time.perf_counter())
@@ -287,25 +314,6 @@ class SweepSegments(fault_runs.Segments):
         result = run_steps(comm, spec, config, compute, buckets, hooks=hooks)
         self.finals[slot] = result["final"]
         return result
-
-    def _fetch(self, comm, compute, alive, slot, joining, donor) -> None:
-        """The donor sends its parameters, buffers and momentum to each replacement (the replacement keeps its own
-        data shard, from its start)."""
-        source = self.params.get(donor)
-        has_momentum = isinstance(source, SlotState) and source.momentum is not None
-        mine = capture(compute)
-        momentum = [mine.momentum if mine.momentum is not None else torch.empty_like(mine.params)] \
-            if has_momentum else []
-        tensors = [mine.params, *mine.buffers, *momentum]
-        if slot == donor:
-            for j in joining:
-                for t in tensors:
-                    comm.send(t, alive.index(j))
-        elif slot in joining:
-            for t in tensors:
-                comm.recv(t, alive.index(donor))
-            n = len(mine.buffers)
-            restore(compute, SlotState(tensors[0], tensors[1:1 + n], tensors[-1] if has_momentum else None, {}))
 
     def _server(self, comm, spec, config, index: int, start: int) -> dict:
         update = self.servers.get(index)
@@ -357,9 +365,10 @@ class _Hooks:
 # -- the run's rows -----------------------------------------------------------------------------------------------
 
 
-def execute(spec, meta: dict) -> tuple[dict, list[dict], list]:
-    """Run `spec` with its failures on thread ranks: (run row, step rows, events: none recorded)."""
-    segments = SweepSegments(spec)
+def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[dict, list[dict], list]:
+    """Run `spec` with its failures on thread ranks, or on the segments given (Ray actors:
+    experiments/pipeline/ray_sweep_faults.py): (run row, step rows, events: none recorded)."""
+    segments = segments or SweepSegments(spec)
     error = ""
     try:
         out = segments.run()
