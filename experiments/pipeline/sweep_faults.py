@@ -318,8 +318,9 @@ class SweepSegments(fault_runs.Segments):
     def _server(self, comm, spec, config, index: int, start: int) -> dict:
         update = self.servers.get(index)
         if update is None:  # its shards are taken from the seeded initial parameters at their first update
-            model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
-                                seed=spec.seed).to(torch.device(spec.device))
+            with _INIT_LOCK:  # build_model restores the global stream after it: not while a worker seeds its own
+                model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
+                                    seed=spec.seed).to(torch.device(spec.device))
             update = self.servers[index] = ShardUpdate(spec, FlatModel(model))
         buckets = make_buckets([p.numel() for p in update.flat.trainable], spec.bucket_mb)
         comm.allgather_object(None)  # the group is formed (the workers' side: _worker)
