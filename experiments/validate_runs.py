@@ -391,8 +391,9 @@ def format_runs(runs: pd.DataFrame, scale: float, wall_s: float) -> str:
 def add_arguments(p) -> None:
     p.add_argument("--substrates", default="simgrid",
                    help="simgrid (default: the model and SimGrid), plus emulated (thread ranks over python-emulated "
-                        "links) and/or kernel (the namespace cluster's tbf-shaped links), comma-separated: the cells "
-                        "with n <= 8 and no overlap measured beside the model and SimGrid")
+                        "links) and/or kernel (a process per rank in its namespace over tbf-shaped veths, real TCP; "
+                        "root; bandwidth only: cells with a latency are not run, use --links 1Gbit/0us), "
+                        "comma-separated: the cells with n <= 8 and no overlap measured beside the model and SimGrid")
     p.add_argument("--repeats", type=int, default=3, help="timed synchronizations per measured cell (default 3)")
     p.add_argument("--payload-scale", type=float, default=10.0,
                    help="measured cells move 1/S of the cell's payload over links of 1/S its bandwidth (default 10: "
