@@ -6,8 +6,8 @@ local SGD one period of H steps) through the same step loop the simulator runs (
 run_steps: the strategy's role, its servers, compression and local SGD), on ranks that compute nothing:
 - emulated: thread ranks of this process over syncbench's own link emulation (strategies/transport/link.py: a NIC per
   rank booked per message; the queues carry the bytes, the receiver waits until the link says they arrived);
-- kernel: Ray actors in the namespaces of `syncbench cluster up`, their TCP shaped by `tc tbf` (not run here unless
-  the cluster's links are the cell's; see kernel_refusal).
+- kernel: a process per rank, each in its own network namespace behind a veth shaped both ways by `tc tbf`, over
+  real TCP (experiments/validate_kernel.py; root only; bandwidth only: a cell with a latency is refused).
 Each measurement is the median over `repeats` syncs (each a run of its own), with their min and max, and the
 same syncs with no link emulation at all (the floor: what copies, sums and compression cost this machine's cores,
 which the model does not price). With `payload_scale` s > 1 the payload is 1/s of the cell's and every link's
@@ -16,7 +16,8 @@ machine's copy and sum work is 1/s of it; the model is priced for the run as mad
 
 A cell a substrate cannot run is "not run" with the reason, never an agreement: more than 8 workers, overlap (it
 replays a profile's backward), a strategy whose bytes move inside a backend (python emulation does not slow them),
-a link faster than the emulation reaches on this machine's cores (EMULATION_CEILING), no root or no netem.
+a link faster than the emulation reaches on this machine's cores (EMULATION_CEILING), no root or a latency tbf
+cannot add.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from experiments.pipeline.compute import Compute
 from experiments.pipeline.measured import params_digest
 from experiments.pipeline.servers import server_loop
 from experiments.pipeline.train import run_steps
-from strategies.transport.link import parse_bandwidth, parse_latency
+from strategies.transport.link import parse_bandwidth
 from workloads.buckets import make_buckets
 
 SUBSTRATES = ("simgrid", "emulated", "kernel")
@@ -228,25 +229,11 @@ def emulated_refusal(cell, scale: float = 1.0) -> str:
     return ""
 
 
-def kernel_refusal(cell) -> str:
-    """Why the kernel-shaped cluster cannot measure this cell here ('' if it can). The cluster shapes a NIC per
-    namespace with tbf (bandwidth) and netem (latency): without netem a latency is refused, as `syncbench cluster up`
-    refuses it."""
-    from experiments.cluster.host import netem_available, support_problem
+def kernel_refusal(cell, scale: float = 1.0) -> str:
+    """Why the kernel-shaped network cannot measure this cell here ('' if it can): experiments/validate_kernel.py."""
+    from experiments.validate_kernel import kernel_refusal as refusal
 
-    why = _common_refusal(cell, "kernel-shaped")
-    if why:
-        return why
-    if problem := support_problem():
-        return f"no namespace cluster on this machine: {problem}"
-    if cell.ranks_per_node > 1:
-        return ("nodes: the kernel-shaped cluster leaves a node's ranks on its unshaped loopback, not the cell's "
-                "intra-node link (100 Gbit/s, 2 us)")
-    if parse_latency(cell.latency) > 0 and not netem_available():
-        return (f"latency {cell.latency}: the kernel has no netem qdisc (per-message delay), so the cluster cannot "
-                f"add it; tbf shapes bandwidth only")
-    return ("validate does not yet start the namespace cluster itself: measure this cell with `syncbench cluster up "
-            "--bandwidth ...` and `syncbench bench --emulation kernel`")
+    return refusal(cell, _common_refusal(cell, "kernel-shaped"), scale)
 
 
 # -- one measured cell ---------------------------------------------------------------------------------------
@@ -300,12 +287,17 @@ def measured_row(cell, substrate: str, sim_s: float, repeats: int, scale: float)
            "payload_mb": sum(numels) * 4 / 1e6, "run_bandwidth": made.bandwidth, "sim_s": sim_s,
            "measured_s": math.nan, "measured_min_s": math.nan, "measured_max_s": math.nan, "floor_s": math.nan,
            "repeats": 0, "wall_s": 0.0, "cpu_s": 0.0, "cpu_per_wall": math.nan}
-    why = emulated_refusal(cell, scale) if substrate == "emulated" else kernel_refusal(cell)
+    why = emulated_refusal(cell, scale) if substrate == "emulated" else kernel_refusal(cell, scale)
     row["model_s"] = math.nan if why else model_s(cell, scale)
     if why:
         return row | {"status": f"not run: {substrate}: {why}"}
     try:
-        row.update(measure_emulated(cell, repeats, scale))
+        if substrate == "emulated":
+            row.update(measure_emulated(cell, repeats, scale))
+        else:
+            from experiments.validate_kernel import APPLIED, measure_kernel
+
+            row.update(measure_kernel(cell, repeats, scale), link_applied=f"{made.bandwidth} 0us ({APPLIED})")
     except Exception as e:  # noqa: BLE001 - the cell fails, the matrix goes on
         return row | {"status": f"FAILED: {type(e).__name__}: {str(e)[:300]}"}
     if not math.isfinite(row["model_s"]):
@@ -367,10 +359,12 @@ def format_runs(runs: pd.DataFrame, scale: float, wall_s: float) -> str:
     ran = runs[runs["measured_s"].notna()]
     priced = ran[ran["model_s"].notna()]
     lines = [f"# measured runs: one synchronization per repeat (median of the timed repeats, min-max), on thread "
-             f"ranks over python-emulated links; payload {runs['payload_mb'].iloc[0]:.2f} MB"
+             f"ranks over python-emulated links (emulated) or processes in namespaces over tbf-shaped veths, real TCP "
+             f"(kernel: bandwidth only, no latency added; the first sync untimed); payload "
+             f"{runs['payload_mb'].iloc[0]:.2f} MB"
              + (f" (1/{scale:g} of the cell's) at 1/{scale:g} of every link's bandwidth, latency as the cell's"
                 if scale != 1 else " (the cell's) at the cell's links"),
-             f"# floor: the same syncs with no link emulation (this machine's copies, sums, compression); "
+             f"# floor (emulated): the same syncs with no link emulation (this machine's copies, sums, compression); "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, wall {wall_s:.0f} s",
              f"# cells {len(runs)}, measured {len(ran)}, within {AGREE:.0%} of the model "
@@ -397,8 +391,9 @@ def format_runs(runs: pd.DataFrame, scale: float, wall_s: float) -> str:
 def add_arguments(p) -> None:
     p.add_argument("--substrates", default="simgrid",
                    help="simgrid (default: the model and SimGrid), plus emulated (thread ranks over python-emulated "
-                        "links) and/or kernel (the namespace cluster's tbf-shaped links), comma-separated: the cells "
-                        "with n <= 8 and no overlap measured beside the model and SimGrid")
+                        "links) and/or kernel (a process per rank in its namespace over tbf-shaped veths, real TCP; "
+                        "root; bandwidth only: cells with a latency are not run, use --links 1Gbit/0us), "
+                        "comma-separated: the cells with n <= 8 and no overlap measured beside the model and SimGrid")
     p.add_argument("--repeats", type=int, default=3, help="timed synchronizations per measured cell (default 3)")
     p.add_argument("--payload-scale", type=float, default=10.0,
                    help="measured cells move 1/S of the cell's payload over links of 1/S its bandwidth (default 10: "

@@ -9,6 +9,12 @@ Prints one JSON line at the end: {"start": monotonic seconds once every rank is 
 seconds at the end of each step]} (worker ranks; CLOCK_MONOTONIC
 is one clock for every namespace of the machine). The rank whose link goes down at step s prints {"down": s} and
 waits for a line on stdin (the driver has taken its link down) before the step's synchronization.
+
+With spec "isolated": true (validate's kernel substrate: experiments/validate_kernel.py) every step is one
+synchronization of its own: the ranks meet at a barrier before it (the servers too), each worker's gradient is
+rank + 1 everywhere, and the line adds "starts" (monotonic seconds after each step's barrier) and "error" (the
+largest distance of the synchronized gradient from the workers' mean, (workers + 1) / 2: a sync that lost or
+double-counted a contribution shows here).
 """
 
 from __future__ import annotations
@@ -47,10 +53,11 @@ def main(spec: dict) -> None:
         else:
             comm.allgather_object(None)
             start = time.monotonic()
-            ends = _steps(spec, runtime, grads, down)
+            ends = _steps(spec, runtime, grads, down) if not spec.get("isolated") else None
+        out = {"start": start, "ends": ends} if ends is not None else _isolated(spec, comm, runtime)
         comm.allgather_object(None)  # nobody closes a connection a peer still reads
         comm.close()
-        print(json.dumps({"start": start, "ends": ends}), flush=True)
+        print(json.dumps(out), flush=True)
     finally:
         dist.destroy_process_group()
 
@@ -69,6 +76,27 @@ def _steps(spec: dict, runtime, grads, down) -> list[float]:
         runtime.sync(grads, "mean")
         ends.append(time.monotonic())
     return ends
+
+
+def _isolated(spec: dict, comm, runtime) -> dict:
+    """spec["steps"] synchronizations, each begun together after a barrier: their starts, ends and error."""
+    import torch
+
+    starts, ends, error = [], [], 0.0
+    grads = torch.empty(spec["numel"], dtype=torch.float32)
+    mean = (spec["workers"] + 1) / 2
+    for _ in range(spec["steps"]):
+        if not runtime.is_server:
+            grads.fill_(comm.rank + 1)
+        comm.allgather_object(None)
+        starts.append(time.monotonic())
+        if runtime.is_server:
+            runtime.serve(spec["numel"], torch.float32, "mean")
+        else:
+            runtime.sync(grads, "mean")
+            error = max(error, float((grads - mean).abs().max()))
+        ends.append(time.monotonic())
+    return {"start": starts[0] if starts else time.monotonic(), "starts": starts, "ends": ends, "error": error}
 
 
 if __name__ == "__main__":

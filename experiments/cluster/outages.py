@@ -85,28 +85,46 @@ def kernel_outage_run(strategy: str, params: dict, workers: int, steps: int, num
         finally:
             if outage is not None:
                 netns.set_link(cluster, cluster.nodes[outage.rank].name, up_=True)
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+            stop_ranks(procs)
 
 
 def _start_rank(cluster: Cluster, rank, world, strategy, params, workers, steps, numel, timeout, p2p, down):
+    return start_rank(cluster, rank, {"world": world, "strategy": strategy, "params": params, "workers": workers,
+                                      "steps": steps, "numel": numel, "timeout": timeout, "p2p": p2p, "down": down})
+
+
+def start_rank(cluster: Cluster, rank: int, spec: dict):
+    """Rank `rank`'s process (experiments/cluster/outage_rank.py with `spec`, its rank, rendezvous and address added)
+    inside its node's namespace; its stderr in a file (gloo's chatter must never fill a pipe nobody reads)."""
     node = cluster.nodes[rank]
-    spec = {"rank": rank, "world": world, "master": f"{cluster.nodes[0].ip}:{PORT}", "address": node.ip,
-            "strategy": strategy, "params": params, "workers": workers, "steps": steps, "numel": numel,
-            "timeout": timeout, "p2p": p2p, "down": down}
-    log = tempfile.TemporaryFile("w+")  # gloo's chatter must never fill a pipe nobody reads
+    spec = {**spec, "rank": rank, "master": f"{cluster.nodes[0].ip}:{PORT}", "address": node.ip}
+    log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-m",
                              "experiments.cluster.outage_rank", json.dumps(spec)], cwd=REPO, text=True,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": node.veth_node}, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=log)
+                            env={**os.environ, "GLOO_SOCKET_IFNAME": node.veth_node, "OMP_NUM_THREADS": "1"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
     proc.log = log
     return proc
 
 
+def stop_ranks(procs) -> None:
+    """Every rank process killed (if still running) and reaped."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, limit: float) -> dict:
     """Serve the outage when its rank asks, then every rank's result; ClusterError naming a rank that failed."""
+    results = collect_ranks(procs, limit, lambda proc, message: _outage(cluster, outage, proc))
+    start = min(results[rank]["start"] for rank in range(workers))
+    return {rank: [t - start for t in results[rank]["ends"]] for rank in range(workers)}
+
+
+def collect_ranks(procs, limit: float, on_request=None) -> dict[int, dict]:
+    """Every rank's final JSON line, by rank, within `limit` seconds; a line that is a request ({"down": step})
+    goes to on_request(proc, message). ClusterError naming each rank that failed, with its stderr's tail."""
     results: dict[int, dict] = {}
     errors: dict[int, str] = {}
 
@@ -116,7 +134,7 @@ def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, l
                 continue
             message = json.loads(line)
             if "down" in message:
-                _outage(cluster, outage, proc)
+                on_request(proc, message)
             else:
                 results[rank] = message
         proc.log.seek(0)
@@ -130,10 +148,9 @@ def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, l
         t.join(max(deadline - time.monotonic(), 0))
     failed = [rank for rank, proc in enumerate(procs) if rank not in results or _exit(proc) != 0]
     if failed:
-        raise ClusterError(f"rank(s) {failed} of the outage run failed: "
+        raise ClusterError(f"rank(s) {failed} of the kernel-shaped run failed: "
                            + "; ".join(f"rank {r}: {errors.get(r, '(still running)').strip()[-600:]}" for r in failed))
-    start = min(results[rank]["start"] for rank in range(workers))
-    return {rank: [t - start for t in results[rank]["ends"]] for rank in range(workers)}
+    return results
 
 
 def _exit(proc) -> int | None:

@@ -55,11 +55,19 @@ def test_a_cell_a_measured_substrate_cannot_run_is_not_run_with_the_reason(monke
     row = measured_row(Cell(BY_LABEL["ring"], 4, "1Gbit", "0us"), "kernel", math.nan, 3, 10)
     assert row["status"] == "not run: kernel: no namespace cluster on this machine: network namespaces and tc need root"
     monkeypatch.setattr("experiments.cluster.host.support_problem", lambda: None)
-    monkeypatch.setattr("experiments.cluster.host.netem_available", lambda: False)
-    row = measured_row(Cell(BY_LABEL["ring"], 4, "1Gbit", "50us"), "kernel", math.nan, 3, 10)
-    assert row["status"].startswith("not run: kernel: latency 50us") and "netem" in row["status"]
-    row = measured_row(Cell(BY_LABEL["hierarchical ring"], 4, "1Gbit", "0us", 4), "kernel", math.nan, 3, 10)
-    assert row["status"].startswith("not run: kernel: nodes")
+    monkeypatch.setattr("experiments.validate_kernel.measure_kernel", no_work)
+    cases = [(Cell(BY_LABEL["ring"], 4, "1Gbit", "50us"), "latency 50us: tbf shapes bandwidth only"),
+             (Cell(BY_LABEL["ring"], 4, "1Gbit", "5us"), "no netem qdisc"),  # any latency: tbf cannot add it
+             (Cell(BY_LABEL["hierarchical ring"], 4, "1Gbit", "0us", 4), "nodes"),
+             (Cell(BY_LABEL["ring + local SGD H=4"], 4, "1Gbit", "0us"), "compression and local SGD"),
+             (Cell(BY_LABEL["ring + topk 1%"], 4, "1Gbit", "0us"), "compression and local SGD"),
+             (Cell(BY_LABEL["ps SSP s=2 k=2"], 4, "1Gbit", "0us"), "barrier-free servers"),
+             (Cell(BY_LABEL["native"], 4, "1Gbit", "0us"), "inside the backend's allreduce"),
+             (Cell(BY_LABEL["ring"], 9, "1Gbit", "0us"), "n = 9")]
+    for cell, reason in cases:
+        row = measured_row(cell, "kernel", math.nan, 3, 10)
+        assert row["status"].startswith("not run: kernel: ") and reason in row["status"], (cell, row["status"])
+        assert math.isnan(row["measured_s"]) and math.isnan(row["model_s"])
 
 
 def _args(**given) -> argparse.Namespace:
