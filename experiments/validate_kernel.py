@@ -28,11 +28,10 @@ NAME = "sbval"  # the cluster name of validate's kernel runs (its namespaces are
 APPLIED = "kernel: tbf bandwidth, latency not shaped (the veth's own)"
 
 
-def kernel_refusal(cell, common: str, scale: float = 1.0) -> str:
+def kernel_refusal(cell, common: str, spec_of) -> str:
     """Why the kernel-shaped network cannot measure this cell here ('' if it can); `common` is the measured
-    substrates' shared reason, if any."""
+    substrates' shared reason, if any; `spec_of()` the cell's RunSpec as measured (experiments/validate_runs.py)."""
     from experiments.cluster.host import support_problem
-    from experiments.validate_runs import run_spec
 
     if common:
         return common
@@ -44,7 +43,7 @@ def kernel_refusal(cell, common: str, scale: float = 1.0) -> str:
     if parse_latency(cell.latency) > 0:
         return (f"latency {cell.latency}: tbf shapes bandwidth only and this kernel has no netem qdisc (per-message "
                 f"delay); run the kernel cells at 0us (--links 1Gbit/0us): the veth's own latency is what they have")
-    spec = run_spec(cell, scale)
+    spec = spec_of()
     if spec.compression not in (None, "none") or int(spec.sync_every) > 1:
         return ("compression and local SGD run in the step loop, which the kernel-shaped rank processes do not run "
                 "(they synchronize a flat gradient with the strategy itself)")
@@ -58,14 +57,12 @@ def kernel_refusal(cell, common: str, scale: float = 1.0) -> str:
     return ""
 
 
-def measure_kernel(cell, repeats: int = 3, scale: float = 1.0, timeout: float = 120.0, name: str = NAME) -> dict:
+def measure_kernel(cell, spec, numels, repeats: int = 3, timeout: float = 120.0, name: str = NAME) -> dict:
     """The cell over tbf-shaped veths: its measured row's numbers (floor: none; the veth's copies are the kernel's).
-    A run whose synchronized gradient is not the workers' mean raises."""
+    `spec`, `numels`: the cell's RunSpec and parameter sizes as measured (experiments/validate_runs.py: run_spec,
+    scaled). A run whose synchronized gradient is not the workers' mean raises."""
     from experiments.cluster.outages import collect_ranks, shaped_network, start_rank, stop_ranks
-    from experiments.validate_runs import run_spec, scaled
 
-    spec = run_spec(cell, scale)
-    _, numels, _ = scaled(cell, scale)
     config = spec.strategy_config()
     world = config.world_size(cell.workers)
     rank_spec = {"world": world, "strategy": spec.strategy, "params": dict(spec.strategy_params),

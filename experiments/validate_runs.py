@@ -233,7 +233,7 @@ def kernel_refusal(cell, scale: float = 1.0) -> str:
     """Why the kernel-shaped network cannot measure this cell here ('' if it can): experiments/validate_kernel.py."""
     from experiments.validate_kernel import kernel_refusal as refusal
 
-    return refusal(cell, _common_refusal(cell, "kernel-shaped"), scale)
+    return refusal(cell, _common_refusal(cell, "kernel-shaped"), lambda: run_spec(cell, scale))
 
 
 # -- one measured cell ---------------------------------------------------------------------------------------
@@ -297,7 +297,8 @@ def measured_row(cell, substrate: str, sim_s: float, repeats: int, scale: float)
         else:
             from experiments.validate_kernel import APPLIED, measure_kernel
 
-            row.update(measure_kernel(cell, repeats, scale), link_applied=f"{made.bandwidth} 0us ({APPLIED})")
+            row.update(measure_kernel(cell, run_spec(cell, scale), scaled(cell, scale)[1], repeats),
+                       link_applied=f"{made.bandwidth} 0us ({APPLIED})")
     except Exception as e:  # noqa: BLE001 - the cell fails, the matrix goes on
         return row | {"status": f"FAILED: {type(e).__name__}: {str(e)[:300]}"}
     if not math.isfinite(row["model_s"]):

@@ -10,7 +10,7 @@ import pytest
 from experiments.cluster import netns
 from experiments.validate import VARIANTS, Cell
 from experiments.validate_kernel import measure_kernel
-from experiments.validate_runs import model_s
+from experiments.validate_runs import model_s, run_spec, scaled
 
 PROBLEM = netns.support_problem()
 
@@ -28,7 +28,7 @@ def test_a_ring_of_two_over_tbf_is_near_its_model_and_nothing_is_left_behind():
     """ResNet-50's gradients / 100 (1 MB) over 10 Mbit/s: the model's 0.82 s; TCP's headers (about 5% of the
     rate) and the tbf burst (32 KB, 3% of the payload) move it by less than the band."""
     cell = Cell(next(v for v in VARIANTS if v.label == "ring"), 2, "1Gbit", "0us")
-    out = measure_kernel(cell, repeats=1, scale=100, timeout=30, name=NAME)
+    out = measure_kernel(cell, run_spec(cell, 100), scaled(cell, 100)[1], repeats=1, timeout=30, name=NAME)
     model = model_s(cell, 100)
     assert 0.75 * model < out["measured_s"] < 1.5 * model, (out, model)
     assert out["repeats"] == 1 and out["measured_min_s"] == out["measured_max_s"] == out["measured_s"]
