@@ -133,50 +133,8 @@ class _ServerFailureProcess(_FailureProcess):
             self.draw(slot, 0.0)
 
     def window(self, slot: int) -> float:
-        """Seconds from a slot's failure to the end of its recovery window."""
+        """Seconds from a slot's failure to the end of its recovery window: a server's, detection + promotion."""
         costs = self.costs
         if self.sim.mode == CHECKPOINT_RESTART:
             return costs.detect_s + costs.restart_s
         return costs.detect_s + (costs.reform_s if slot in self.server_slots else 0.0)
-
-    def _recover(self, alive, dead, completed, stop_step, noticed, checkpoints):
-        """As _FailureProcess._recover, each failure with its own window (a server's: detection + promotion); a
-        failure before the last window ends joins the incident and restarts it from its time."""
-        sim, out, costs = self.sim, self.out, self.costs
-        t_fail = min(self.next_fail[s] for s in dead)
-        failed = [s for s in dead if self.next_fail[s] == t_fail]
-        in_flight = next((s for s, _, ended in completed if ended > t_fail), stop_step)
-        step = min(stop_step, in_flight)
-        out.failures += [(t_fail, s) for s in failed]
-        if noticed > t_fail + costs.detect_s:
-            out.overshoots += 1
-        lost = set(failed)
-        incident = [(t_fail, s) for s in failed]
-        latest, end = t_fail, max(t_fail + self.window(s) for s in failed)
-        while True:
-            others = [(self.next_fail[s], s) for s in alive + self.server_slots
-                      if s not in lost and latest < self.next_fail[s] < max(end, noticed)]
-            if not others:
-                break
-            latest, slot = min(others)
-            lost.add(slot)
-            incident.append((latest, slot))
-            out.failures.append((latest, slot))
-            end = max(end, latest + self.window(slot))
-        self.steps.sleep_until(max(end, noticed))
-        if sim.mode == CHECKPOINT_RESTART:
-            back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
-            out.steps_lost += step - back
-            for slot in lost:
-                self.draw(slot, self.steps.now())  # replaced at the restart
-            del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
-            return alive, back, []
-        for slot in lost & set(self.server_slots):
-            self.draw(slot, self.steps.now())  # the standby, promoted into the chains, runs from now
-        workers = lost - set(self.server_slots)
-        alive = [s for s in alive if s not in workers]
-        if not alive:
-            raise RuntimeError(f"no worker left at {self.steps.now():.6g} simulated s")
-        for slot in workers:
-            self.next_fail[slot] = float("inf")  # not running until it rejoins
-        return alive, step, [(t, s) for t, s in incident if s in workers]

@@ -288,6 +288,7 @@ class _FailureProcess:
         self.next_fail: dict[int, float] = {}
         self.out = FaultSimResult(math.nan, math.nan, math.nan, [], 0, 0, 0)
         self.step_times: dict[int, list[float]] = {}
+        self.server_slots: list[int] = []  # slots that fail beside the workers (experiments/simulate/fault_servers.py)
 
     def draw(self, slot: int, now: float) -> None:
         self.next_fail[slot] = now + self.rng.exponential(self.sim.mtbf_s)
@@ -319,9 +320,18 @@ class _FailureProcess:
             rejoins += [(t + self.costs.rejoin_s, s) for t, s in incident]
         out.time_s = self.steps.now()
 
+    def window(self, slot: int) -> float:
+        """Seconds from a slot's failure to the end of its recovery window: detection, then the mode's restart or
+        re-forming (ps_shrink: nothing more)."""
+        costs = self.costs
+        return costs.detect_s + (costs.restart_s if self.sim.mode == CHECKPOINT_RESTART else
+                                 costs.reform_s if self.sim.mode == ELASTIC else 0.0)
+
     def _recover(self, alive, dead, completed, stop_step, noticed, checkpoints):
-        """After a failure: detection, then the mode's recovery (a failure meanwhile restarts the window from it).
-        The live slots, the step to go on from, and the incident's (time, slot) failures (elastic: to rejoin)."""
+        """After a failure: detection, then the mode's recovery; a failure before the incident's last window ends
+        joins it (each failure with its own window). The live slots, the step to go on from, and the incident's
+        (time, slot) failures of workers (elastic: to rejoin). A server slot (`server_slots`) lost outside a
+        restart is replaced by its standby at once."""
         sim, out, costs = self.sim, self.out, self.costs
         t_fail = min(self.next_fail[s] for s in dead)
         failed = [s for s in dead if self.next_fail[s] == t_fail]
@@ -329,36 +339,38 @@ class _FailureProcess:
         in_flight = next((s for s, _, ended in completed if ended > t_fail), stop_step)
         step = min(stop_step, in_flight)
         out.failures += [(t_fail, s) for s in failed]
-        window = costs.detect_s + (costs.restart_s if sim.mode == CHECKPOINT_RESTART else
-                                   costs.reform_s if sim.mode == ELASTIC else 0.0)
-        start = t_fail
         if noticed > t_fail + costs.detect_s:
             out.overshoots += 1
-        lost_members = set(failed)
+        lost = set(failed)
         incident = [(t_fail, s) for s in failed]
+        latest, end = t_fail, max(t_fail + self.window(s) for s in failed)
         while True:
-            others = [(self.next_fail[s], s) for s in alive if s not in lost_members
-                      and start < self.next_fail[s] < max(start + window, noticed)]
+            others = [(self.next_fail[s], s) for s in alive + self.server_slots
+                      if s not in lost and latest < self.next_fail[s] < max(end, noticed)]
             if not others:
                 break
-            start, slot = min(others)
-            lost_members.add(slot)
-            incident.append((start, slot))
-            out.failures.append((start, slot))
-        self.steps.sleep_until(max(start + window, noticed))
+            latest, slot = min(others)
+            lost.add(slot)
+            incident.append((latest, slot))
+            out.failures.append((latest, slot))
+            end = max(end, latest + self.window(slot))
+        self.steps.sleep_until(max(end, noticed))
         if sim.mode == CHECKPOINT_RESTART:
             back, _ = max((c for c in checkpoints if c[1] <= t_fail), key=lambda c: c[0])
             out.steps_lost += step - back
-            for slot in lost_members:
+            for slot in lost:
                 self.draw(slot, self.steps.now())  # replaced at the restart
             del checkpoints[[c[0] for c in checkpoints].index(back) + 1:]
             return alive, back, []
-        alive = [s for s in alive if s not in lost_members]
+        for slot in lost & set(self.server_slots):
+            self.draw(slot, self.steps.now())  # the standby, promoted into the chains, runs from now
+        workers = lost - set(self.server_slots)
+        alive = [s for s in alive if s not in workers]
         if not alive:
             raise RuntimeError(f"no worker left at {self.steps.now():.6g} simulated s")
-        for slot in lost_members:
+        for slot in workers:
             self.next_fail[slot] = math.inf  # not running until it rejoins
-        return alive, step, incident
+        return alive, step, [(t, s) for t, s in incident if s in workers]
 
     def result(self) -> FaultSimResult:
         full = self.step_times.get(self.sim.workers, [])
