@@ -268,26 +268,37 @@ def hang_up(comm) -> None:
         torch.distributed.destroy_process_group()
 
 
-class RaySegments(Segments):
-    """Segments on the actors of `group`: actor i is worker slot i (servers after the workers)."""
+class ActorSegments:
+    """What segments on Ray actors keep beside the harness's recovery, whatever a segment runs (this problem's
+    steps, or a sweep's training: ray_sweep_faults.RaySweepSegments): the wall clock, the group and the run's log,
+    the members of the intact process group, the actors killed and not yet replaced, and whether every worker
+    loads the driver's state at the next segment (the start, a checkpoint restart). Before a Segments class."""
 
     clock = staticmethod(time.time)
 
-    def __init__(self, *args, group: WorkerGroup, log, p2p: str, network):
-        super().__init__(*args)
-        self.group, self.log, self.p2p, self.network = group, log, p2p, network
+    def _on_actors(self, group: WorkerGroup, log) -> None:
+        self.group, self.log = group, log
         self.formed: list[int] | None = None  # the members of the intact process group (formed by the first segment)
         self.dead: set[int] = set()  # actors killed, not yet replaced
-        self.load_all = True  # every worker loads the driver's parameters (the start, a checkpoint)
-
-    def note_deaths(self, deaths: list[tuple[int, int, float]]) -> None:
-        """The deaths the run's log holds after a segment: here every one is scripted."""
+        self.load_all = True  # every worker loads the driver's state (the start, a checkpoint)
 
     def _recover(self, step, dead, died_at, detected_at):
         death = super()._recover(step, dead, died_at, detected_at)
         if self.recovery.mode == CHECKPOINT_RESTART:
             self.load_all = True  # every rank resumes from the checkpoint
         return death
+
+
+class RaySegments(ActorSegments, Segments):
+    """Segments on the actors of `group`: actor i is worker slot i (servers after the workers)."""
+
+    def __init__(self, *args, group: WorkerGroup, log, p2p: str, network):
+        super().__init__(*args)
+        self._on_actors(group, log)
+        self.p2p, self.network = p2p, network
+
+    def note_deaths(self, deaths: list[tuple[int, int, float]]) -> None:
+        """The deaths the run's log holds after a segment: here every one is scripted."""
 
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         m = len(self.alive)

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import ray
 
-from experiments.pipeline.ray_faults import attribute, collect, completed_steps, die, form, hang_up
+from experiments.pipeline.ray_faults import ActorSegments, attribute, collect, completed_steps, die, form, hang_up
 from experiments.pipeline.sweep_faults import FRESH, SlotState, SweepSegments, _Mixed, build, capture, fetch, restore
 from experiments.pipeline.train import run_steps
-from strategies.faults import CHECKPOINT_RESTART, Failure
+from strategies.faults import Failure
 
 STATE = "sweep_fault_state"  # the actor's state key: its slot's SlotState after its last completed step
 
@@ -133,18 +133,13 @@ class _Hooks:
         comm.barrier()  # every rank kept it: a death after this cannot catch a peer still in the one before
 
 
-class RaySweepSegments(SweepSegments):
+class RaySweepSegments(ActorSegments, SweepSegments):
     """SweepSegments whose segments run on the actors of `group` (actor k is worker slot k); `log`: the run's
     ray_faults.RunLog; `schedule`: failures in place of the spec's (as SweepSegments)."""
 
-    clock = staticmethod(time.time)
-
     def __init__(self, spec, group, log, schedule=None):
         super().__init__(spec, schedule)
-        self.group, self.log = group, log
-        self.formed: list[int] | None = None  # the members of the intact process group
-        self.dead: set[int] = set()  # actors killed, not yet replaced
-        self.load_all = True  # every worker loads the driver's state (the start, a checkpoint)
+        self._on_actors(group, log)
 
     def note_deaths(self, deaths: list[tuple[int, int, float]]) -> None:
         """An mtbf's deaths join the schedule, where the recovery finds them; the replacement's clock starts."""
@@ -152,12 +147,6 @@ class RaySweepSegments(SweepSegments):
             if Failure(step, slot) not in self.pending:
                 self.pending.append(Failure(step, slot))
                 self.due[slot] = at - self.began + self.rngs[slot].exponential(self.mtbf)
-
-    def _recover(self, step, dead, died_at, detected_at):
-        death = super()._recover(step, dead, died_at, detected_at)
-        if self.recovery.mode == CHECKPOINT_RESTART:
-            self.load_all = True  # every rank resumes from the checkpoint
-        return death
 
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         left = self.time_left(start)
