@@ -1,5 +1,6 @@
-"""Small helpers shared by the Ray tests."""
+"""Small helpers shared by the tests that start processes: Ray actors, network namespaces."""
 
+import subprocess
 import time
 
 
@@ -53,3 +54,10 @@ workers = [{workers}]
 [strategy_params.parameter_server]
 servers = {servers}
 """
+
+
+def netns_left_behind(name: str) -> list[str]:
+    """The namespaces and links of the kernel-shaped network `name` that are still there (sbc-<name>-*, sb-<name>*)."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line for line in (namespaces + links).splitlines() if f"sbc-{name}-" in line or f"sb-{name}" in line]

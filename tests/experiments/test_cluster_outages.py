@@ -3,8 +3,6 @@ stalls at least the outage, and nothing is left behind, even when the run inside
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from experiments.cluster import netns
 from experiments.cluster.outages import kernel_outage_run, shaped_network
 from strategies.faults import LinkOutage
 from strategies.transport.link import parse_bandwidth
+from tests.helpers import netns_left_behind
 
 PROBLEM = netns.support_problem()
 
@@ -20,9 +19,7 @@ NAME = "sbtout"
 
 
 def left_behind() -> list[str]:
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return [line for line in (namespaces + links).splitlines() if f"sbc-{NAME}-" in line or f"sb-{NAME}" in line]
+    return netns_left_behind(NAME)
 
 
 def test_a_ring_over_tcp_stalls_by_at_least_the_outage_and_everything_is_removed():

@@ -3,14 +3,13 @@ one synchronization within a loose band of the model, and leaves no namespace, v
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from experiments.cluster import netns
 from experiments.validate import VARIANTS, Cell
 from experiments.validate_kernel import measure_kernel
 from experiments.validate_runs import model_s, run_spec, scaled
+from tests.helpers import netns_left_behind
 
 PROBLEM = netns.support_problem()
 
@@ -19,9 +18,7 @@ NAME = "sbtval"
 
 
 def left_behind() -> list[str]:
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return [line for line in (namespaces + links).splitlines() if f"sbc-{NAME}-" in line or f"sb-{NAME}" in line]
+    return netns_left_behind(NAME)
 
 
 def test_a_ring_of_two_over_tbf_is_near_its_model_and_nothing_is_left_behind():
