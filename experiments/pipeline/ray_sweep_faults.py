@@ -45,6 +45,10 @@ def problems(spec) -> list[str]:
     if spec.device != "cpu":
         found.append(f"{what}: device = {spec.device!r}; a slot's state travels through the driver between "
                      f"segments and is not moved back to the GPU; accepted is device = 'cpu', or --substrate threads")
+    if spec.failures.get("outages"):
+        found.append(f"{what}: a link outage in failures.schedule ({{ link, step, seconds }}); actors' links are "
+                     f"not taken down in a sweep yet; accepted is --substrate threads (or `syncbench faults "
+                     f"--outage ... --on kernel` for the kernel-shaped network)")
     return found
 
 

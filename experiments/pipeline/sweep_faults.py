@@ -75,12 +75,6 @@ def problems(spec) -> list[str]:
     if (network is not None and network.overrides) or spec.ranks_per_node > 1:
         found.append(f"{what}: per-rank links and nodes of several ranks follow a rank's position, which changes "
                      f"when the group re-forms; accepted are one link for all and ranks_per_node = 1")
-    if any(rank >= spec.workers for _, rank in spec.failures.get("schedule", [])):
-        found.append(f"{what}: a server rank fails in failures.schedule; in a sweep only workers fail (server "
-                     f"replicas run with `syncbench faults`)")
-    if spec.failures.get("outages"):
-        found.append(f"{what}: a link outage in failures.schedule ({{ link, step, seconds }}); a sweep's training "
-                     f"loses ranks, it does not yet take a link down; outages run with `syncbench faults --outage`")
     return found
 
 
@@ -250,12 +244,15 @@ class SweepSegments(fault_runs.Segments):
                     server_restore(update, self.server_checkpoint[i])
         return death
 
+    bound_extra_s = 0.0  # seconds the whole run's bound allows beyond `timeout` (links down: sweep_outages.py)
+
     def time_left(self, start: int) -> float:
         """Seconds left of the run's timeout, which bounds the whole run, recoveries too; RunEnded when none."""
-        left = self.spec.timeout - (self.clock() - self.began)
+        left = self.spec.timeout + self.bound_extra_s - (self.clock() - self.began)
         if left <= 0:
-            raise RunEnded(f"the run passed its timeout = {self.spec.timeout:g} s (the bound on a whole run, every "
-                           f"step and recovery included) at step {start}", start)
+            extra = f" + {self.bound_extra_s:g} s for its links down" if self.bound_extra_s else ""
+            raise RunEnded(f"the run passed its timeout = {self.spec.timeout:g} s{extra} (the bound on a whole run, "
+                           f"every step and recovery included) at step {start}", start)
         return left
 
     # -- a segment: steps start..end-1 of the real training on thread ranks ---------------------------------------
@@ -369,7 +366,10 @@ class _Hooks:
 def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[dict, list[dict], list]:
     """Run `spec` with its failures on thread ranks, or on the segments given (Ray actors:
     experiments/pipeline/ray_sweep_faults.py): (run row, step rows, events: none recorded)."""
-    segments = segments or SweepSegments(spec)
+    if segments is None:  # links down or servers failing: experiments/pipeline/sweep_outages.py
+        from experiments.pipeline import sweep_outages
+
+        segments = sweep_outages.SweepOutages(spec) if sweep_outages.needed(spec) else SweepSegments(spec)
     error = ""
     try:
         out = segments.run()
@@ -379,7 +379,7 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
     meta = {**meta, "duration_s": segments.clock() - segments.began}
     if not rows:
         row, _ = summarize(spec, None, error or _ended(out), meta)
-        return {**row, **_fault_columns(spec, out, rows, row)}, [], []
+        return {**row, **_fault_columns(spec, out, rows, row, segments)}, [], []
     sizes: dict[int, int] = {}  # step -> the workers that ran it
     for r in rows:
         sizes[r["step"]] = sizes.get(r["step"], 0) + 1
@@ -389,7 +389,7 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
                                                                              for f in finals[1:]]
     row, steps = summarize(spec, results, error, meta,
                            step_traffic=lambda numels: _step_traffic(segments.config, sizes, mixings, numels))
-    row.update(_fault_columns(spec, out, rows, row))
+    row.update(_fault_columns(spec, out, rows, row, segments))
     if mixings and row["status"] == "ok":
         row["spectral_gap"] = mixings[-1].spectral_gap  # the survivors' mixing at the end
     if row["status"] == "ok" and (error or _ended(out)):
@@ -447,10 +447,12 @@ def failure_setting(spec) -> str:
     failures = spec.failures or {}
     if "mtbf_s" in failures:
         return f"MTBF {failures['mtbf_s']:g} s per worker, seed {failures.get('seed', 0)}"
-    return ", ".join(f"rank {rank} at step {step}" for step, rank in failures.get("schedule", []))
+    return ", ".join([f"rank {rank} at step {step}" for step, rank in failures.get("schedule", [])]
+                     + [f"rank {rank}'s link down {seconds:g} s at step {step}"
+                        for step, rank, seconds in failures.get("outages", [])])
 
 
-def _fault_columns(spec, out, rows: list[dict], row: dict) -> dict:
+def _fault_columns(spec, out, rows: list[dict], row: dict, segments=None) -> dict:
     """The failures' columns of the run's row: what happened, what it cost, the time to the last step."""
     failures = out.failures if out is not None else []
     completed = out.completed_steps if out is not None else 0
@@ -460,7 +462,10 @@ def _fault_columns(spec, out, rows: list[dict], row: dict) -> dict:
     samples = sum(r["samples"] for r in rows if r["step"] >= warm)
     detection = [f.detection_s for f in failures if math.isfinite(f.detection_s)]
     recovery = [f.recovery_s for f in failures if math.isfinite(f.recovery_s)]
+    from experiments.pipeline.sweep_outages import outage_columns
+
     columns = {
+        **outage_columns(segments),
         "recovery_mode": (spec.recovery or {"mode": "none"})["mode"], "failure_setting": failure_setting(spec),
         "failure_count": len(failures), "failure_steps": tuple(f.step for f in failures),
         "failure_ranks": tuple(f.rank for f in failures), "completed_steps": completed,

@@ -177,6 +177,11 @@ RUNS: tuple[Column, ...] = (
     Column("run_throughput", FLOAT, "samples per second over the run's timed steps on its wall clock: their "
                                     "samples / the time from the end of warm-up to the last completed step, "
                                     "recoveries and redone steps included (NaN: no timed step completed)"),
+    Column("outage_count", INT, "links that went down in the run (failures.schedule's { link, step, seconds })"),
+    Column("outage_held_s", FLOAT, "seconds the down links held their ranks' messages, over all outages (NaN: "
+                                   "none)"),
+    Column("outage_failures", INT, "outages that outlasted the communicator's timeout and became the rank's "
+                                   "failure"),
 )
 
 STEPS: tuple[Column, ...] = (

@@ -125,6 +125,9 @@ recovery_s double
 recovery_max_s double
 time_to_step_s double
 run_throughput double
+outage_count int64
+outage_held_s double
+outage_failures int64
 """
 
 FROZEN_STEPS = """
