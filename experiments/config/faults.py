@@ -158,6 +158,11 @@ def _outages(rows: list[dict], workers: int, steps: int, servers: int, errors: l
 def _recovery(value, errors: list[str]):
     if value is None:
         return faults.Recovery(faults.NONE)
+    if isinstance(value, dict) and "replicas" in value:
+        errors.append(f"recovery.replicas = {value['replicas']!r}: chain-replicated servers run on the failure "
+                      f"harness (`syncbench faults`), not yet in a sweep's training; a server's failure in a sweep is "
+                      f"covered by recovery = {{ mode = \"checkpoint_restart\", checkpoint_every = <steps> }}")
+        return None
     if not isinstance(value, dict) or set(value) - set(RECOVERY_KEYS) or "mode" not in value:
         errors.append(f"recovery = {value!r}: expected {EXAMPLE_RECOVERY}")
         return None

@@ -40,8 +40,10 @@ def test_outages_alone(tmp_path):
     [run] = load(tmp_path, 'failures = { schedule = [{ link = 1, step = 3, seconds = 2 }, '
                            '{ link = 0, step = 1, seconds = 0.25 }] }\n').runs
     assert run.failures == {"outages": [[1, 0, 0.25], [3, 1, 2.0]]}
-    problems = ThreadSubstrate().problems(Run(run.run_id, run))
-    assert any("a link outage in failures.schedule" in p and "faults --outage" in p for p in problems), problems
+    assert ThreadSubstrate().problems(Run(run.run_id, run)) == []  # applied: experiments/pipeline/sweep_outages.py
+    from experiments.pipeline.ray_sweep_faults import problems
+
+    assert any("a link outage in failures.schedule" in p and "--substrate threads" in p for p in problems(run))
 
 
 @pytest.mark.parametrize("row, fragment", [

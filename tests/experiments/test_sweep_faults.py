@@ -182,8 +182,7 @@ def test_settings_the_thread_substrate_cannot_recover_are_refused_before_work():
     problems = ThreadSubstrate().problems(Run(wrapped.run_id, wrapped))
     assert any("keeps state outside the model" in p for p in problems), problems
     server = spec_of("parameter_server", [(2, 4)], mode="checkpoint_restart", checkpoint_every=2)
-    problems = ThreadSubstrate().problems(Run(server.run_id, server))
-    assert any("a server rank fails" in p for p in problems), problems
+    assert ThreadSubstrate().problems(Run(server.run_id, server)) == []  # a server's failure: sweep_outages.py
 
 
 def test_simgrid_sweeps_refuse_failures_with_their_reason():
