@@ -78,7 +78,7 @@ def test_an_outage_past_the_timeout_is_the_rank_failing_at_its_step(mode):
     run = segments.run()
     [record] = segments.out_outages
     assert (record.step, record.rank, record.outcome) == (3, 2, FAILURE)
-    assert "recv from rank 2 timed out after 2 s" in record.error
+    assert "timed out after 2 s" in record.error  # a wait on rank 2, or on a ring peer waiting on it
     scheduled = SweepSegments(RunSpec(strategy="ring", failures={"schedule": [[3, 2]]}, recovery=recovery,
                                       timeout=60, **BASE))
     reference = scheduled.run()
@@ -147,3 +147,22 @@ def test_settings_are_checked_before_work(tmp_path, lines, fragment):
     with pytest.raises(SweepError) as info:
         sweep_mod.load(path)
     assert fragment in str(info.value), str(info.value)
+
+
+def test_two_servers_several_buckets_one_link_down_and_the_other_server_failing():
+    """3 workers, 2 servers (ranks 3 and 4), buckets and partitions of a few KB: server 0's link down 0.3 s in step
+    2 (a stall), server 1 failing in step 3 with checkpoints every 2 (step 2 lost): the failure-free parameters."""
+    base = {**BASE, "workers": 3, "bucket_mb": 0.01}
+    recovery = {"mode": "checkpoint_restart", "checkpoint_every": 2, "rejoin_steps": None}
+    spec = RunSpec(strategy="parameter_server", strategy_params={"servers": 2, "partition_mb": 0.005},
+                   failures={"schedule": [[3, 4]], "outages": [[2, 3, 0.3]]}, recovery=recovery, timeout=60, **base)
+    segments = SweepOutages(spec)
+    run = segments.run()
+    assert [(f.step, f.rank, f.steps_lost) for f in run.failures] == [(3, 4, 1)]
+    assert (run.completed_steps, run.steps_run) == (5, 6)
+    [record] = segments.out_outages
+    assert (record.step, record.rank, record.outcome) == (2, 3, STALL) and record.held_s > 0
+    clean = SweepSegments(spec, schedule=[])  # the same run, nothing failing
+    clean.run()
+    for mine, theirs in zip(params_of(segments), params_of(clean), strict=True):
+        assert torch.equal(mine, theirs)
