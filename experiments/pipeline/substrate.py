@@ -181,9 +181,11 @@ class ThreadSubstrate(Substrate):
         cuda = spec.device == "cuda"
         if spec.failures:  # the run loses ranks and recovers: segments of the training (sweep_faults.py)
             from experiments.pipeline.sweep_faults import execute
+            from experiments.pipeline.sweep_outages import segments_for
 
-            return execute(spec, {"started_at": now_utc(), "transport": "threads", "gpu": _gpu_name() if cuda else "",
-                                  "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"})
+            meta = {"started_at": now_utc(), "transport": "threads", "gpu": _gpu_name() if cuda else "",
+                    "cores": os.cpu_count() or 1, "host": platform.node(), "substrate": "threads"}
+            return execute(spec, meta, segments_for(spec))
 
         def body(comm):  # every thread rank computes on the run's device (all of them share one GPU)
             ctx = SimpleNamespace(rank=comm.rank, world_size=comm.world_size, comm=comm, device=spec.device, state={})

@@ -44,7 +44,7 @@ from experiments.pipeline.servers import serve_steps
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import _INIT_LOCK, run_steps
 from strategies.fault_records import RankFailed
-from strategies.faults import Failure, Recovery, RunEnded, check_fits, check_schedule
+from strategies.faults import FAILURE, Failure, Recovery, RunEnded, check_fits, check_schedule
 from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads
 from workloads.buckets import make_buckets
@@ -360,16 +360,23 @@ class _Hooks:
         self.finished.wait(timeout)
 
 
+def needs_outage_segments(spec) -> bool:
+    """Whether the run has an outage or a server rank's failure (then sweep_outages.SweepOutages runs it)."""
+    failures = spec.failures or {}
+    return bool(failures.get("outages")) or any(rank >= spec.workers for _, rank in failures.get("schedule", []))
+
+
 # -- the run's rows -----------------------------------------------------------------------------------------------
 
 
 def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[dict, list[dict], list]:
     """Run `spec` with its failures on thread ranks, or on the segments given (Ray actors:
     experiments/pipeline/ray_sweep_faults.py): (run row, step rows, events: none recorded)."""
-    if segments is None:  # links down or servers failing: experiments/pipeline/sweep_outages.py
-        from experiments.pipeline import sweep_outages
-
-        segments = sweep_outages.SweepOutages(spec) if sweep_outages.needed(spec) else SweepSegments(spec)
+    if segments is None:
+        if needs_outage_segments(spec):
+            raise ValueError(f"run {spec.strategy} x {spec.workers} workers: links down or a server failing run on "
+                             f"experiments/pipeline/sweep_outages.py's segments (segments_for(spec))")
+        segments = SweepSegments(spec)
     error = ""
     try:
         out = segments.run()
@@ -462,8 +469,6 @@ def _fault_columns(spec, out, rows: list[dict], row: dict, segments=None) -> dic
     samples = sum(r["samples"] for r in rows if r["step"] >= warm)
     detection = [f.detection_s for f in failures if math.isfinite(f.detection_s)]
     recovery = [f.recovery_s for f in failures if math.isfinite(f.recovery_s)]
-    from experiments.pipeline.sweep_outages import outage_columns
-
     columns = {
         **outage_columns(segments),
         "recovery_mode": (spec.recovery or {"mode": "none"})["mode"], "failure_setting": failure_setting(spec),
@@ -482,3 +487,12 @@ def _fault_columns(spec, out, rows: list[dict], row: dict, segments=None) -> dic
         reached = int(row["steps_to_target"]) - 1
         columns["time_to_target_s"] = max(r["wall_s"] for r in rows if r["step"] == reached)
     return columns
+
+
+def outage_columns(segments) -> dict:
+    """The run row's outage columns: how many outages happened, the seconds their links held messages, how many
+    became failures (none recorded on segments without outages)."""
+    records = getattr(segments, "out_outages", [])
+    return {"outage_count": len(records),
+            "outage_held_s": float(sum(r.held_s for r in records)) if records else math.nan,
+            "outage_failures": sum(1 for r in records if r.outcome == FAILURE)}

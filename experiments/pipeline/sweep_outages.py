@@ -27,18 +27,16 @@ each rank's comm_s of the outage's steps).
 
 from __future__ import annotations
 
-import math
-
-from experiments.pipeline.sweep_faults import SweepSegments
+from experiments.pipeline.sweep_faults import SweepSegments, needs_outage_segments
 from strategies.fault_outages import OutageSegments
 from strategies.fault_records import RankFailed
-from strategies.faults import FAILURE, LinkOutage, check_outages
+from strategies.faults import LinkOutage, check_outages
 
 
-def needed(spec) -> bool:
-    """Whether the run has an outage or a server rank's failure (else SweepSegments runs it)."""
-    failures = spec.failures or {}
-    return bool(failures.get("outages")) or any(rank >= spec.workers for _, rank in failures.get("schedule", []))
+def segments_for(spec) -> SweepSegments:
+    """The segments that run `spec`'s failures on thread ranks: these where it has an outage or a server rank's
+    failure, else sweep_faults.SweepSegments."""
+    return SweepOutages(spec) if needs_outage_segments(spec) else SweepSegments(spec)
 
 
 class SweepOutages(OutageSegments, SweepSegments):
@@ -109,12 +107,3 @@ def _dies_at_first_answer(comm, rank: int, start: int, step: int, run: SweepOuta
         return isend(tensor, dst)
 
     comm.check_deadline, comm.isend = check_deadline, isend_or_die
-
-
-def outage_columns(segments) -> dict:
-    """The run row's outage columns: how many outages happened, the seconds their links held messages, how many
-    became failures."""
-    records = getattr(segments, "out_outages", [])
-    return {"outage_count": len(records),
-            "outage_held_s": float(sum(r.held_s for r in records)) if records else math.nan,
-            "outage_failures": sum(1 for r in records if r.outcome == FAILURE)}

@@ -17,8 +17,8 @@ import torch
 
 from experiments.config import sweep as sweep_mod
 from experiments.config.sweep import RunSpec, SweepError
-from experiments.pipeline.sweep_faults import SweepSegments, execute
-from experiments.pipeline.sweep_outages import SweepOutages, needed
+from experiments.pipeline.sweep_faults import SweepSegments, execute, needs_outage_segments
+from experiments.pipeline.sweep_outages import SweepOutages, segments_for
 from experiments.pipeline.train import train
 from strategies.faults import FAILURE, STALL
 from strategies.transport.threads import run_threads
@@ -51,7 +51,7 @@ def failure_free(strategy: str) -> list[torch.Tensor]:
 def test_an_outage_stalls_its_step_by_its_seconds_and_loses_nothing(strategy, link):
     seconds = 0.4
     spec = RunSpec(strategy=strategy, failures={"outages": [[2, link, seconds]]}, timeout=60, **BASE)
-    assert needed(spec)
+    assert needs_outage_segments(spec)
     segments = SweepOutages(spec)
     row, steps, _ = execute(spec, META, segments)
     assert row["status"] == "ok", row["error"]
@@ -99,7 +99,7 @@ def test_a_server_failure_restarts_every_rank_and_the_servers_from_the_last_chec
     recovery = {"mode": "checkpoint_restart", "checkpoint_every": every, "rejoin_steps": None}
     spec = RunSpec(strategy="parameter_server", failures={"schedule": [[step, 4]]}, recovery=recovery, timeout=60,
                    **BASE)
-    assert needed(spec)
+    assert needs_outage_segments(spec)
     segments = SweepOutages(spec)
     row, _, _ = execute(spec, META, segments)
     assert row["status"] == "ok", row["error"]
@@ -112,7 +112,9 @@ def test_a_server_failure_restarts_every_rank_and_the_servers_from_the_last_chec
 
 def test_a_server_failure_without_recovery_ends_the_run_with_its_cause():
     spec = RunSpec(strategy="parameter_server", failures={"schedule": [[2, 4]]}, timeout=60, **BASE)
-    row, steps, _ = execute(spec, META)
+    with pytest.raises(ValueError, match="a server failing run on"):
+        execute(spec, META)  # SweepSegments alone would not fail the server
+    row, steps, _ = execute(spec, META, segments_for(spec))
     assert row["status"] == "failed" and "rank(s) [4] failed during step 2" in row["error"], row["error"]
     assert row["completed_steps"] == 2
     assert sorted(set(pd.DataFrame(steps).query("role == 'worker'")["step"])) == [0, 1]
