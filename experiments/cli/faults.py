@@ -115,6 +115,9 @@ def add_arguments(p) -> None:
                    help="with --outage: emulated links on thread ranks (default), the kernel-shaped network of "
                         "namespaces over TCP (root), or SimGrid")
     p.add_argument("--bandwidth", default="1Gbit", help="with --outage: every NIC's bandwidth (default 1Gbit)")
+    p.add_argument("--rto", type=float, default=0.2,
+                   help="with --outage --on kernel: the TCP retransmission timeout the price backs off from, in "
+                        "seconds (default 0.2: Linux's 200 ms floor plus a loopback-like RTT; strategies/fault_tcp.py)")
     p.add_argument("--repeat", type=int, default=3,
                    help="with --outage: runs with and without it, each worker's median time taken (default 3; 1 to 20)")
 

@@ -9,8 +9,11 @@ against the same run without it, on emulated links, the kernel-shaped network or
   (experiments/simulate/outages.py).
 
 Each row: the time to step S (the last worker's) without and with the outage, the delay of the rank whose link
-went down and of the others (mean and largest), and the model's price (strategies/fault_cost.py, outage_price:
-which ranks stall and by how much; "failure" past the timeout).
+went down and of the others (mean and largest), the range of the rank's delay over the runs, and the model's price
+(strategies/fault_cost.py, outage_price: which ranks stall and by how much; "failure" past the timeout). On the
+kernel-shaped network the price is TCP's (strategies/fault_tcp.py: the data resumes at the first retransmission
+after the link is back, an RTO of --rto doubling), beside the price without the backoff, and the RTOs the kernel
+itself had on the connections that were retransmitting (`ss`, read 0.1 s into the outage).
 """
 
 from __future__ import annotations
@@ -66,43 +69,65 @@ def run(args, strategy_of) -> int:
         raise ValueError(f"--outage {args.outage}: {outage.seconds:g} s is not shorter than the timeout "
                          f"({timeout:g} s): a failure, not a stall; this table measures stalls")
     compute = args.compute if args.on == "simgrid" else 0.0
+    tcp = args.on == "kernel"
+    if tcp and not (args.rto is not None and 0 < args.rto <= 120):
+        raise ValueError(f"--rto {args.rto!r}: accepted are seconds in (0, 120] (Linux: 0.2 plus the RTT)")
     print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, rank {outage.rank}'s link down "
           f"{outage.seconds:g} s from the start of step {outage.step}; {args.on}, {args.bandwidth} NICs, compute "
-          f"{compute:g} s a step")
-    header = (f"{'strategy':<34} {'none s':>8} {'outage s':>8} {'rank ' + str(outage.rank):>7} {'others':>7} "
-              f"{'max':>7}  {'model: stalled':<16} {'stall s':>7} {'wall s':>7}")
+          f"{compute:g} s a step" + (f"; priced over TCP at an RTO of {args.rto:g} s" if tcp else ""))
+    header = (f"{'strategy':<34} {'none s':>8} {'outage s':>8} {'rank ' + str(outage.rank):>7} {'(min-max)':>13} "
+              f"{'others':>7} {'max':>7}  {'model: stalled':<16} {'stall s':>7}"
+              + (f" {'no backoff':>10}" if tcp else "") + f" {'wall s':>7}")
     print(header)
     print("-" * len(header), flush=True)
+    rtos = []
     for item, name, params, config in plan:
         began = time.perf_counter()
-        base, out = _medians(args, name, params, outage, bandwidth, timeout)
-        price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
+        base, out, spread = _medians(args, name, params, outage, bandwidth, timeout, rtos if tcp else None)
+        plain = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
+        price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute,
+                             rto_s=args.rto) if tcp else plain
         delay = {r: out[r] - base[r] for r in base}
         others = [d for r, d in delay.items() if r != outage.rank]
-        stalled = "all" if len(price.stalled) == args.workers else ",".join(map(str, price.stalled))
+        stalled = ("failure" if price.outcome == FAILURE else
+                   "all" if len(price.stalled) == args.workers else ",".join(map(str, price.stalled)))
+        low, high = spread.get(outage.rank, (float("nan"), float("nan")))
         print(f"{item:<34} {max(base.values()):>8.3f} {max(out.values()):>8.3f} "
-              f"{delay.get(outage.rank, float('nan')):>7.3f} {np.mean(others):>7.3f} {max(others):>7.3f}  "
-              f"{stalled:<16} {price.stall_s:>7.3f} {time.perf_counter() - began:>7.1f}", flush=True)
+              f"{delay.get(outage.rank, float('nan')):>7.3f} {f'({low:.2f}-{high:.2f})':>13} {np.mean(others):>7.3f} "
+              f"{max(others):>7.3f}  {stalled:<16} {price.stall_s:>7.3f}"
+              + (f" {plain.stall_s:>10.3f}" if tcp else "") + f" {time.perf_counter() - began:>7.1f}", flush=True)
     print(f"# none s / outage s: the last worker's time to step S; rank r / others / max: each worker's seconds later "
-          f"at step S than without the outage; each a median of {args.repeat} runs (alternating); model: the ranks "
-          f"that stall and by how much (strategies/fault_cost.py)")
+          f"at step S than without the outage; each a median of {args.repeat} runs (alternating), (min-max) rank r's "
+          f"over the runs against the median without; model: the ranks that stall and by how much "
+          f"(strategies/fault_cost.py" + (", over TCP strategies/fault_tcp.py" if tcp else "") + ")")
+    if rtos:
+        print(f"# the kernel's RTO on the connections retransmitting 0.1 s into the outage: {min(rtos):.3f} to "
+              f"{max(rtos):.3f} s (median {float(np.median(rtos)):.3f}; {len(rtos)} connections)")
     return 0
 
 
-def _medians(args, name, params, outage, bandwidth, timeout) -> tuple[dict[int, float], dict[int, float]]:
+def _medians(args, name, params, outage, bandwidth, timeout, rtos=None) -> tuple[dict, dict, dict]:
     """Each worker's time to step S without and with the outage, the median of --repeat runs of each, taken in
-    turn (a load that changes meanwhile touches both)."""
+    turn (a load that changes meanwhile touches both), and each worker's smallest and largest delay over the runs
+    with the outage (against the median without). `rtos`: gets the kernel's RTOs (kernel runs)."""
     runs = [(_ends(args, name, params, None, bandwidth, timeout), _ends(args, name, params, outage, bandwidth,
-                                                                         timeout)) for _ in range(args.repeat)]
-    return tuple({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
+                                                                         timeout, rtos)) for _ in range(args.repeat)]
+    base, out = ({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
+    delays = {r: [pair[1][r][-1] - base[r] for pair in runs] for r in base}
+    return base, out, {r: (min(d), max(d)) for r, d in delays.items()}
 
 
-def _ends(args, name, params, outage, bandwidth, timeout) -> dict[int, list[float]]:
+def _ends(args, name, params, outage, bandwidth, timeout, rtos=None) -> dict[int, list[float]]:
     """Each worker's step ends (seconds from the start) on the chosen substrate."""
     if args.on == "kernel":
         from experiments.cluster.outages import kernel_outage_run
 
-        return kernel_outage_run(name, params, args.workers, args.steps, args.numel, outage, bandwidth, timeout)
+        probe = [] if outage is not None and rtos is not None else None
+        ends = kernel_outage_run(name, params, args.workers, args.steps, args.numel, outage, bandwidth, timeout,
+                                 probe=probe)
+        if probe:
+            rtos += [c["rto"] for c in probe[0]["tcp"] if c.get("timer") == "on" and c.get("rto")]
+        return ends
     if args.on == "simgrid":
         from experiments.simulate.outages import OutageSim, simulate_outage
         from experiments.simulate.platform import Platform
