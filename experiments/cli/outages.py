@@ -65,13 +65,24 @@ def run(args, strategy_of) -> int:
     if not 1 <= args.repeat <= 20:
         raise ValueError(f"--repeat {args.repeat}: accepted are 1 to 20 runs")
     timeout = args.timeout if args.on != "kernel" else max(args.timeout, 60.0)
+    compute = args.compute if args.on == "simgrid" else 0.0
+    if args.on == "simgrid" and outage.seconds - compute >= timeout:
+        return _simulated_failures(args, outage, plan, bandwidth, timeout)
     if outage_outcome(outage.seconds, timeout) == FAILURE:
         raise ValueError(f"--outage {args.outage}: {outage.seconds:g} s is not shorter than the timeout "
-                         f"({timeout:g} s): a failure, not a stall; this table measures stalls")
-    compute = args.compute if args.on == "simgrid" else 0.0
+                         f"({timeout:g} s): a failure, not a stall; this table measures stalls (past the timeout: "
+                         f"--on simgrid, or `syncbench faults` on thread ranks)")
     tcp = args.on == "kernel"
     if tcp and not (args.rto is not None and 0 < args.rto <= 120):
         raise ValueError(f"--rto {args.rto!r}: accepted are seconds in (0, 120] (Linux: 0.2 plus the RTT)")
+    if tcp:
+        from strategies.fault_tcp import tcp_resume_s
+
+        resume = tcp_resume_s(outage.seconds, args.rto)
+        if resume >= timeout:
+            raise ValueError(f"--outage {args.outage} over TCP at an RTO of {args.rto:g} s: the retransmission that "
+                             f"gets through comes {resume:g} s into the outage, not before the timeout ({timeout:g} "
+                             f"s): a failure, not a stall; this table measures stalls")
     print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, rank {outage.rank}'s link down "
           f"{outage.seconds:g} s from the start of step {outage.step}; {args.on}, {args.bandwidth} NICs, compute "
           f"{compute:g} s a step" + (f"; priced over TCP at an RTO of {args.rto:g} s" if tcp else ""))
@@ -145,3 +156,56 @@ def _ends(args, name, params, outage, bandwidth, timeout, rtos=None) -> dict[int
 
 def _gradient(slot: int, step: int, x: np.ndarray) -> np.ndarray:
     return np.full(x.shape, float(slot + step), dtype=x.dtype)
+
+
+def _simulated_failures(args, outage, plan, bandwidth, timeout) -> int:
+    """--on simgrid past the timeout: the outage's rank fails at the start of its step, each recovery mode of
+    --modes that the simulation runs and fits the strategy a row (experiments/simulate/outages.py,
+    simulate_outage_failure)."""
+    from experiments.cli.faults import _costs
+    from experiments.simulate.faults import FaultSim, StepTable
+    from experiments.simulate.outages import OutageSim, simulate_outage_failure
+    from experiments.simulate.platform import Platform
+    from strategies.fault_cost import FaultCosts
+    from strategies.faults import CHECKPOINT_RESTART, NONE, FaultSettingError
+
+    costs = FaultCosts(step_s=1.0, **_costs(args.costs))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    platform = Platform(network_model="alpha_beta", bandwidth=bandwidth)
+    rows = []
+    for item, name, params, _ in plan:  # every row checked before any simulation
+        sim = OutageSim(name, args.workers, args.steps, outage, args.compute, args.numel, platform, params)
+        for mode in modes:
+            every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+            try:
+                FaultSim(name, args.workers, args.steps, mode if mode != NONE else CHECKPOINT_RESTART, 1.0, costs,
+                         checkpoint_every=every or 1, params=params)
+            except FaultSettingError:
+                continue  # a mode the simulation does not run, or that does not fit the strategy: not a row
+            rows.append((item, sim, mode, every))
+    if not rows:
+        raise ValueError(f"--outage {args.outage} on simgrid past the timeout: no --strategy and --modes fit (the "
+                         f"simulation runs none, checkpoint_restart, elastic, ps_shrink on a synchronous strategy)")
+    print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, {args.compute:g} s of compute a "
+          f"step; rank {outage.rank}'s link down {outage.seconds:g} s from step {outage.step}, past the {timeout:g} s "
+          f"timeout: the rank's failure (SimGrid, {args.bandwidth} NICs; costs {args.costs} s, detection the step's "
+          f"compute + the timeout)")
+    header = (f"{'strategy':<20} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'failed at s':>11} "
+              f"{'detect s':>8} {'time s':>8} {'no outage s':>11}")
+    print(header)
+    print("-" * len(header), flush=True)
+    tables = {}
+    for item, sim, mode, every in rows:
+        table = tables.get(item)
+        if table is None:
+            table = tables[item] = StepTable(FaultSim(sim.strategy, sim.workers, sim.steps, CHECKPOINT_RESTART, 1.0,
+                                                      costs, checkpoint_every=1, compute_s=sim.compute_s,
+                                                      numel=sim.numel, platform=sim.platform, params=sim.params))
+        got = simulate_outage_failure(sim, mode, timeout, costs, checkpoint_every=every, steps=table)
+        free = sim.steps * table(sim.workers) + (((sim.steps - 1) // every) * costs.checkpoint_s if every else 0.0)
+        print(f"{item:<20} {mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {got.steps_lost:>4} "
+              f"{got.failed_at_s:>11.3f} {got.detect_s:>8.3f} {got.time_s:>8.3f} {free:>11.3f}"
+              + (f"  ended: {got.ended}" if got.ended else ""), flush=True)
+    print("# time s: simulated seconds to step S (none: to the run's end); no outage s: the same run without it "
+          "(each world size's step simulated once, the failure composed over them)")
+    return 0
