@@ -11,10 +11,12 @@ seconds later, and lets TCP find out: its retransmission timer backs off (200 ms
 link is down, so the stall can outlast the outage. Returns each worker rank's step ends (seconds from the first
 step's start, one clock for every namespace).
 
-With `probe` (a list), the run also says what TCP's timers were: `ss -tin` in every rank's namespace PROBE_AFTER_S
-after the link went down (before any retransmission: RTO_MIN is 200 ms), each connection's RTO, smoothed RTT and
-its variation, the retransmission timer's remaining time and count (tcp_probe), and the link's down and up times
-on the run's clock: what strategies/fault_tcp.py's price takes as input.
+With `probe` (a list), the run also says what TCP's timers were: `ss -tino` in every rank's namespace PROBE_AFTER_S
+after the link went down (before any retransmission: RTO_MIN is 200 ms) and, for outages over 0.5 s, 0.25 s before
+it comes back (on a timer of its own: the link's return never waits for it), each connection's RTO, smoothed RTT
+and its variation, the retransmission timer's remaining time and count (tcp_probe), and the link's down and up
+times on the run's clock: what strategies/fault_tcp.py's price takes as input, and when each connection would
+resend.
 
 Cleanup is guaranteed: whatever fails (a rank, a timeout, Ctrl-C), the link is brought up, every rank process is
 killed and the namespaces, veths and bridge this call made are removed; a crash of this process itself leaves a
@@ -186,23 +188,27 @@ def _outage(cluster: Cluster, outage: LinkOutage, proc, seen: dict | None = None
     proc.stdin.flush()
 
     def up() -> None:
-        try:
-            if lead:  # the timers just before the link comes back: when each connection would resend
-                seen["before_up"] = _probe_all(cluster, down)
-        finally:  # whatever the probe did, the link comes back on time
-            time.sleep(max(0.0, down + outage.seconds - time.monotonic()))
-            netns.set_link(cluster, node, True)
-            if seen is not None:
-                seen["up"] = time.monotonic()
+        netns.set_link(cluster, node, True)
+        if seen is not None:
+            seen["up"] = time.monotonic()
 
-    lead = 0.25 if seen is not None and outage.seconds > 0.5 else 0.0  # the probe before it, done by the time
-    timer = threading.Timer(max(0.0, down + outage.seconds - lead - time.monotonic()), up)
+    def before_up() -> None:  # the timers just before the link comes back: when each connection would resend
+        seen["before_up"] = _probe_all(cluster, down)
+
+    timer = threading.Timer(max(0.0, down + outage.seconds - time.monotonic()), up)
     timer.daemon = True
     timer.start()
+    # on a timer of its own, so that a slow probe never delays the link's return
+    late = threading.Timer(max(0.0, down + outage.seconds - 0.25 - time.monotonic()), before_up)
+    late.daemon = True
+    if seen is not None and outage.seconds > 0.5:
+        late.start()
     if seen is not None:
         seen["down"] = down
         time.sleep(max(0.0, down + min(PROBE_AFTER_S, outage.seconds / 2) - time.monotonic()))
         seen["tcp"] = _probe_all(cluster, down)
+    if late.is_alive():
+        late.join()
     timer.join()  # the rank's later lines wait (it prints only at its end)
 
 
@@ -214,7 +220,9 @@ def _probe_all(cluster: Cluster, down: float) -> list[dict]:
 
 _SS_FIELDS = {"rto": r"\brto:([\d.]+)", "rtt": r"\brtt:([\d.]+)/", "rttvar": r"\brtt:[\d.]+/([\d.]+)",
               "backoff": r"\bbackoff:(\d+)", "unacked": r"\bunacked:(\d+)"}
-_TIMER = re.compile(r"timer:\((\w+),([\d.]+)(ms|sec|min),(\d+)\)")
+_TIMER = re.compile(r"timer:\((\w+),([^,]*),(\d+)\)")
+# ss's print_ms_timer: "204ms", "1.376ms" (1 s 376 ms), "12sec", "2min", "1min5sec"
+_SS_TIME = re.compile(r"(?:(\d+)min)?(?:(\d+)sec)?(?:(\d+)\.)?(?:(\d+)ms)?$")
 
 
 def tcp_probe(namespace: str) -> list[dict]:
@@ -231,9 +239,16 @@ def tcp_probe(namespace: str) -> list[dict]:
             item[key] = (float(m.group(1)) / (1000 if key in ("rto", "rtt", "rttvar") else 1)) if m else None
         m = _TIMER.search(block)
         if m:
-            scale = {"ms": 1e-3, "sec": 1.0, "min": 60.0}[m.group(3)]
-            item.update(timer=m.group(1), timer_left_s=float(m.group(2)) * scale, retransmits=int(m.group(4)))
+            item.update(timer=m.group(1), timer_left_s=ss_seconds(m.group(2)), retransmits=int(m.group(3)))
         found.append(item)
     return found
 
 
+def ss_seconds(text: str) -> float:
+    """ss's timer text in seconds: "204ms" 0.204, "1.376ms" 1.376 (seconds, a dot, milliseconds), "12sec", "2min",
+    "1min5sec"; NaN for anything else."""
+    m = _SS_TIME.match(text)
+    if not text or not m or not any(m.groups()):
+        return float("nan")
+    minutes, secs, dotted, ms = (int(g) if g else 0 for g in m.groups())
+    return minutes * 60 + secs + dotted + ms / 1000

@@ -59,3 +59,12 @@ def test_over_tcp_a_retransmission_past_the_timeout_is_refused_before_any_work(a
         faults.run(args(*argv))
     assert fragment in str(info.value)
     assert capsys.readouterr().out == ""
+
+
+def test_ss_timer_texts_are_read_as_seconds():
+    from experiments.cluster.outages import ss_seconds
+
+    # iproute2's print_ms_timer: seconds and milliseconds joined by a dot still end in "ms"
+    assert [ss_seconds(t) for t in ("204ms", "1.376ms", "12sec", "2min", "1min5sec")] == [0.204, 1.376, 12.0, 120.0,
+                                                                                         65.0]
+    assert all(ss_seconds(t) != ss_seconds(t) for t in ("", "soon"))  # NaN
