@@ -50,8 +50,8 @@ def test_a_small_table_on_emulated_links(capsys):
                     reason="no kernel-shaped network here")
 @pytest.mark.parametrize("argv, fragment", [
     (("--rto", "0"), "--rto 0.0: accepted are seconds in (0, 120]"),
-    # 20 s outage, RTO 20 s: the retransmissions at 20 (link still down) and 60 s; the timeout is 60 s
-    (("--outage", "1@1:20", "--rto", "20", "--timeout", "60"), "comes 60 s into the outage, not before the timeout"),
+    # 25 s outage, RTO 20 s: the retransmissions at 20 (link still down) and 60 s; the timeout is 60 s
+    (("--outage", "1@1:25", "--rto", "20", "--timeout", "60"), "comes 60 s into the outage, not before the timeout"),
 ])
 def test_over_tcp_a_retransmission_past_the_timeout_is_refused_before_any_work(argv, fragment, capsys):
     argv = ("--outage", "1@1:0.5", "--on", "kernel", *argv) if argv[0] != "--outage" else (*argv, "--on", "kernel")
