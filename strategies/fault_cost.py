@@ -257,10 +257,15 @@ class OutagePrice:
     stall_s: float
 
 
-def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idle_s: float = 0.0) -> OutagePrice:
+def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idle_s: float = 0.0,
+                 rto_s: float | None = None) -> OutagePrice:
     """The model's price of `outage` (a strategies.faults.LinkOutage) for strategy `config` at `workers` workers,
     at step S = `steps`. `idle_s`: the seconds from a step's start before the rank needs its link (its compute):
     the outage's first idle_s cost nothing, so the stall is max(0, t - idle_s).
+    `rto_s` (over TCP: the kernel-shaped network; strategies/fault_tcp.py): the data moves again at the first
+    retransmission after the link is back, not when it is back, so the stall is tcp_stall_s (the backoff's
+    staircase: rto, 3 rto, 7 rto, ... from the transfer's first send), and a resumption at or after the timeout is
+    a failure even for an outage shorter than it.
     - an exact allreduce (every rank needs every rank's part every step) and a synchronous server (its barrier
       waits for every push; a server's own link: every worker's pull): every rank stalls by the outage;
     - a barrier-free server (async): a worker's link stalls that worker only; a server's link stalls every worker
@@ -279,6 +284,12 @@ def outage_price(config, workers: int, outage, steps: int, timeout_s: float, idl
     if outage_outcome(outage.seconds, timeout_s) == FAILURE:
         return OutagePrice(FAILURE, (), math.nan)
     stall = max(0.0, outage.seconds - idle_s)
+    if rto_s is not None:
+        from strategies.fault_tcp import tcp_stall_s
+
+        stall = tcp_stall_s(outage.seconds, rto_s, idle_s)
+        if idle_s + stall >= timeout_s:  # the peers' receives time out before the retransmission gets through
+            return OutagePrice(FAILURE, (), math.nan)
     if getattr(config, "asynchronous", False) and outage.rank < workers:  # either mode, update or summation
         return OutagePrice(STALL, (outage.rank,), stall)
     if config.role == PARAMETERS and not config.exact:

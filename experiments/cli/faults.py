@@ -115,6 +115,9 @@ def add_arguments(p) -> None:
                    help="with --outage: emulated links on thread ranks (default), the kernel-shaped network of "
                         "namespaces over TCP (root), or SimGrid")
     p.add_argument("--bandwidth", default="1Gbit", help="with --outage: every NIC's bandwidth (default 1Gbit)")
+    p.add_argument("--rto", type=float, default=0.2,
+                   help="with --outage --on kernel: the TCP retransmission timeout the price backs off from, in "
+                        "seconds (default 0.2: Linux's 200 ms floor plus a loopback-like RTT; strategies/fault_tcp.py)")
     p.add_argument("--repeat", type=int, default=3,
                    help="with --outage: runs with and without it, each worker's median time taken (default 3; 1 to 20)")
 
@@ -357,29 +360,11 @@ def _value(text: str):
     return text
 
 
-COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "checkpoint_s", "reform": "reform_s",
-              "rejoin": "rejoin_s"}
-
-
-def _costs(text: str) -> dict[str, float]:
-    """--costs 'detect=5,restart=60,...' -> FaultCosts' keyword arguments, each name and number checked."""
-    costs = {}
-    for pair in text.split(","):
-        key, _, value = pair.partition("=")
-        if key.strip() not in COST_NAMES:
-            raise ValueError(f"--costs {text!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
-        try:
-            costs[COST_NAMES[key.strip()]] = float(value)
-        except ValueError:
-            raise ValueError(f"--costs {text!r}: {value!r} is not a number of seconds") from None
-    return costs
-
-
 def simulate(args) -> int:
     """SimGrid: each strategy and mode that fits, `args.simulate` seeds, the mean against the model."""
     from dataclasses import replace
 
-    from experiments.config.faults import parse_mtbf
+    from experiments.config.faults import parse_costs, parse_mtbf
     from experiments.simulate.faults import MODES as SIMULATED
     from experiments.simulate.faults import compare
     from strategies.fault_cost import FaultCosts, daly_interval
@@ -391,7 +376,7 @@ def simulate(args) -> int:
     if not 2 <= args.workers <= 16_384 or not 1 <= args.steps <= 1_000_000:
         raise ValueError(f"--workers {args.workers}, --steps {args.steps}: accepted are 2 to 16,384 workers and 1 to "
                          f"1,000,000 steps")
-    costs = FaultCosts(step_s=1.0, **_costs(args.costs))
+    costs = FaultCosts(step_s=1.0, **parse_costs(args.costs))
     mtbf = parse_mtbf(args.mtbf)
     if args.checkpoint_every < 0 or args.numel < 1 or not args.compute > 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}, --numel {args.numel}, --compute "

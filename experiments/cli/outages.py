@@ -9,8 +9,11 @@ against the same run without it, on emulated links, the kernel-shaped network or
   (experiments/simulate/outages.py).
 
 Each row: the time to step S (the last worker's) without and with the outage, the delay of the rank whose link
-went down and of the others (mean and largest), and the model's price (strategies/fault_cost.py, outage_price:
-which ranks stall and by how much; "failure" past the timeout).
+went down and of the others (mean and largest), the range of the rank's delay over the runs, and the model's price
+(strategies/fault_cost.py, outage_price: which ranks stall and by how much; "failure" past the timeout). On the
+kernel-shaped network the price is TCP's (strategies/fault_tcp.py: the data resumes at the first retransmission
+after the link is back, an RTO of --rto doubling), beside the price without the backoff, and the RTOs the kernel
+itself had on the connections that were retransmitting (`ss`, read 0.1 s into the outage).
 """
 
 from __future__ import annotations
@@ -62,47 +65,80 @@ def run(args, strategy_of) -> int:
     if not 1 <= args.repeat <= 20:
         raise ValueError(f"--repeat {args.repeat}: accepted are 1 to 20 runs")
     timeout = args.timeout if args.on != "kernel" else max(args.timeout, 60.0)
+    compute = args.compute if args.on == "simgrid" else 0.0
+    if args.on == "simgrid" and outage.seconds - compute >= timeout:
+        return _simulated_failures(args, outage, plan, bandwidth, timeout)
     if outage_outcome(outage.seconds, timeout) == FAILURE:
         raise ValueError(f"--outage {args.outage}: {outage.seconds:g} s is not shorter than the timeout "
-                         f"({timeout:g} s): a failure, not a stall; this table measures stalls")
-    compute = args.compute if args.on == "simgrid" else 0.0
+                         f"({timeout:g} s): a failure, not a stall; this table measures stalls (past the timeout: "
+                         f"--on simgrid, or `syncbench faults` on thread ranks)")
+    tcp = args.on == "kernel"
+    if tcp and not (args.rto is not None and 0 < args.rto <= 120):
+        raise ValueError(f"--rto {args.rto!r}: accepted are seconds in (0, 120] (Linux: 0.2 plus the RTT)")
+    if tcp:
+        from strategies.fault_tcp import tcp_resume_s
+
+        resume = tcp_resume_s(outage.seconds, args.rto)
+        if resume >= timeout:
+            raise ValueError(f"--outage {args.outage} over TCP at an RTO of {args.rto:g} s: the retransmission that "
+                             f"gets through comes {resume:g} s into the outage, not before the timeout ({timeout:g} "
+                             f"s): a failure, not a stall; this table measures stalls")
     print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, rank {outage.rank}'s link down "
           f"{outage.seconds:g} s from the start of step {outage.step}; {args.on}, {args.bandwidth} NICs, compute "
-          f"{compute:g} s a step")
-    header = (f"{'strategy':<34} {'none s':>8} {'outage s':>8} {'rank ' + str(outage.rank):>7} {'others':>7} "
-              f"{'max':>7}  {'model: stalled':<16} {'stall s':>7} {'wall s':>7}")
+          f"{compute:g} s a step" + (f"; priced over TCP at an RTO of {args.rto:g} s" if tcp else ""))
+    header = (f"{'strategy':<34} {'none s':>8} {'outage s':>8} {'rank ' + str(outage.rank):>7} {'(min-max)':>13} "
+              f"{'others':>7} {'max':>7}  {'model: stalled':<16} {'stall s':>7}"
+              + (f" {'no backoff':>10}" if tcp else "") + f" {'wall s':>7}")
     print(header)
     print("-" * len(header), flush=True)
+    rtos = []
     for item, name, params, config in plan:
         began = time.perf_counter()
-        base, out = _medians(args, name, params, outage, bandwidth, timeout)
-        price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
+        base, out, spread = _medians(args, name, params, outage, bandwidth, timeout, rtos if tcp else None)
+        plain = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute)
+        price = outage_price(config, args.workers, outage, args.steps, timeout, idle_s=compute,
+                             rto_s=args.rto) if tcp else plain
         delay = {r: out[r] - base[r] for r in base}
         others = [d for r, d in delay.items() if r != outage.rank]
-        stalled = "all" if len(price.stalled) == args.workers else ",".join(map(str, price.stalled))
+        stalled = ("failure" if price.outcome == FAILURE else
+                   "all" if len(price.stalled) == args.workers else ",".join(map(str, price.stalled)))
+        low, high = spread.get(outage.rank, (float("nan"), float("nan")))
         print(f"{item:<34} {max(base.values()):>8.3f} {max(out.values()):>8.3f} "
-              f"{delay.get(outage.rank, float('nan')):>7.3f} {np.mean(others):>7.3f} {max(others):>7.3f}  "
-              f"{stalled:<16} {price.stall_s:>7.3f} {time.perf_counter() - began:>7.1f}", flush=True)
+              f"{delay.get(outage.rank, float('nan')):>7.3f} {f'({low:.2f}-{high:.2f})':>13} {np.mean(others):>7.3f} "
+              f"{max(others):>7.3f}  {stalled:<16} {price.stall_s:>7.3f}"
+              + (f" {plain.stall_s:>10.3f}" if tcp else "") + f" {time.perf_counter() - began:>7.1f}", flush=True)
     print(f"# none s / outage s: the last worker's time to step S; rank r / others / max: each worker's seconds later "
-          f"at step S than without the outage; each a median of {args.repeat} runs (alternating); model: the ranks "
-          f"that stall and by how much (strategies/fault_cost.py)")
+          f"at step S than without the outage; each a median of {args.repeat} runs (alternating), (min-max) rank r's "
+          f"over the runs against the median without; model: the ranks that stall and by how much "
+          f"(strategies/fault_cost.py" + (", over TCP strategies/fault_tcp.py" if tcp else "") + ")")
+    if rtos:
+        print(f"# the kernel's RTO on the connections retransmitting 0.1 s into the outage: {min(rtos):.3f} to "
+              f"{max(rtos):.3f} s (median {float(np.median(rtos)):.3f}; {len(rtos)} connections)")
     return 0
 
 
-def _medians(args, name, params, outage, bandwidth, timeout) -> tuple[dict[int, float], dict[int, float]]:
+def _medians(args, name, params, outage, bandwidth, timeout, rtos=None) -> tuple[dict, dict, dict]:
     """Each worker's time to step S without and with the outage, the median of --repeat runs of each, taken in
-    turn (a load that changes meanwhile touches both)."""
+    turn (a load that changes meanwhile touches both), and each worker's smallest and largest delay over the runs
+    with the outage (against the median without). `rtos`: gets the kernel's RTOs (kernel runs)."""
     runs = [(_ends(args, name, params, None, bandwidth, timeout), _ends(args, name, params, outage, bandwidth,
-                                                                         timeout)) for _ in range(args.repeat)]
-    return tuple({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
+                                                                         timeout, rtos)) for _ in range(args.repeat)]
+    base, out = ({r: float(np.median([pair[i][r][-1] for pair in runs])) for r in runs[0][i]} for i in (0, 1))
+    delays = {r: [pair[1][r][-1] - base[r] for pair in runs] for r in base}
+    return base, out, {r: (min(d), max(d)) for r, d in delays.items()}
 
 
-def _ends(args, name, params, outage, bandwidth, timeout) -> dict[int, list[float]]:
+def _ends(args, name, params, outage, bandwidth, timeout, rtos=None) -> dict[int, list[float]]:
     """Each worker's step ends (seconds from the start) on the chosen substrate."""
     if args.on == "kernel":
         from experiments.cluster.outages import kernel_outage_run
 
-        return kernel_outage_run(name, params, args.workers, args.steps, args.numel, outage, bandwidth, timeout)
+        probe = [] if outage is not None and rtos is not None else None
+        ends = kernel_outage_run(name, params, args.workers, args.steps, args.numel, outage, bandwidth, timeout,
+                                 probe=probe)
+        if probe:
+            rtos += [c["rto"] for c in probe[0]["tcp"] if c.get("timer") == "on" and c.get("rto")]
+        return ends
     if args.on == "simgrid":
         from experiments.simulate.outages import OutageSim, simulate_outage
         from experiments.simulate.platform import Platform
@@ -120,3 +156,56 @@ def _ends(args, name, params, outage, bandwidth, timeout) -> dict[int, list[floa
 
 def _gradient(slot: int, step: int, x: np.ndarray) -> np.ndarray:
     return np.full(x.shape, float(slot + step), dtype=x.dtype)
+
+
+def _simulated_failures(args, outage, plan, bandwidth, timeout) -> int:
+    """--on simgrid past the timeout: the outage's rank fails at the start of its step, each recovery mode of
+    --modes that the simulation runs and fits the strategy a row (experiments/simulate/outages.py,
+    simulate_outage_failure)."""
+    from experiments.config.faults import parse_costs
+    from experiments.simulate.faults import FaultSim, StepTable
+    from experiments.simulate.outages import OutageSim, simulate_outage_failure
+    from experiments.simulate.platform import Platform
+    from strategies.fault_cost import FaultCosts
+    from strategies.faults import CHECKPOINT_RESTART, NONE, FaultSettingError
+
+    costs = FaultCosts(step_s=1.0, **parse_costs(args.costs))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    platform = Platform(network_model="alpha_beta", bandwidth=bandwidth)
+    rows = []
+    for item, name, params, _ in plan:  # every row checked before any simulation
+        sim = OutageSim(name, args.workers, args.steps, outage, args.compute, args.numel, platform, params)
+        for mode in modes:
+            every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
+            try:
+                FaultSim(name, args.workers, args.steps, mode if mode != NONE else CHECKPOINT_RESTART, 1.0, costs,
+                         checkpoint_every=every or 1, params=params)
+            except FaultSettingError:
+                continue  # a mode the simulation does not run, or that does not fit the strategy: not a row
+            rows.append((item, sim, mode, every))
+    if not rows:
+        raise ValueError(f"--outage {args.outage} on simgrid past the timeout: no --strategy and --modes fit (the "
+                         f"simulation runs none, checkpoint_restart, elastic, ps_shrink on a synchronous strategy)")
+    print(f"# {args.workers} workers, {args.steps} steps of {args.numel:,} float32, {args.compute:g} s of compute a "
+          f"step; rank {outage.rank}'s link down {outage.seconds:g} s from step {outage.step}, past the {timeout:g} s "
+          f"timeout: the rank's failure (SimGrid, {args.bandwidth} NICs; costs {args.costs} s, detection the step's "
+          f"compute + the timeout)")
+    header = (f"{'strategy':<20} {'mode':<18} {'completed':>9} {'run':>4} {'lost':>4} {'failed at s':>11} "
+              f"{'detect s':>8} {'time s':>8} {'no outage s':>11}")
+    print(header)
+    print("-" * len(header), flush=True)
+    tables = {}
+    for item, sim, mode, every in rows:
+        table = tables.get(item)
+        if table is None:
+            table = tables[item] = StepTable(FaultSim(sim.strategy, sim.workers, sim.steps, CHECKPOINT_RESTART, 1.0,
+                                                      costs, checkpoint_every=1, compute_s=sim.compute_s,
+                                                      numel=sim.numel, platform=sim.platform, params=sim.params))
+        got = simulate_outage_failure(sim, mode, timeout, costs, checkpoint_every=every, steps=table)
+        free = sim.steps * table(sim.workers) + (((sim.steps - 1) // every) * costs.checkpoint_s if every else 0.0)
+        print(f"{item:<20} {mode:<18} {got.completed_steps:>9} {got.steps_run:>4} {got.steps_lost:>4} "
+              f"{got.failed_at_s:>11.3f} {got.detect_s:>8.3f} {got.time_s:>8.3f} {free:>11.3f}"
+              + (f"  ended: {got.ended}" if got.ended else ""), flush=True)
+    print("# time s: simulated seconds to step S (none: to the run's end); no outage s: the same run without it "
+          "(each world size's step simulated once, the failure composed over them)")
+    return 0

@@ -11,6 +11,13 @@ seconds later, and lets TCP find out: its retransmission timer backs off (200 ms
 link is down, so the stall can outlast the outage. Returns each worker rank's step ends (seconds from the first
 step's start, one clock for every namespace).
 
+With `probe` (a list), the run also says what TCP's timers were: `ss -tino` in every rank's namespace PROBE_AFTER_S
+after the link went down (before any retransmission: RTO_MIN is 200 ms) and, for outages over 0.5 s, 0.25 s before
+it comes back (on a timer of its own: the link's return never waits for it), each connection's RTO, smoothed RTT
+and its variation, the retransmission timer's remaining time and count (tcp_probe), and the link's down and up
+times on the run's clock: what strategies/fault_tcp.py's price takes as input, and when each connection would
+resend.
+
 Cleanup is guaranteed: whatever fails (a rank, a timeout, Ctrl-C), the link is brought up, every rank process is
 killed and the namespaces, veths and bridge this call made are removed; a crash of this process itself leaves a
 state file that `syncbench cluster down --name NAME` reads to remove them.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,6 +48,7 @@ from strategies.transport.link import Link
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 29_517  # rank 0's rendezvous port, inside its own namespace
+PROBE_AFTER_S = 0.1  # when the TCP probe reads the timers, after the link went down (before RTO_MIN's 200 ms)
 
 
 @contextmanager
@@ -64,9 +73,12 @@ def shaped_network(name: str, ranks: int, bandwidth: float):
 
 
 def kernel_outage_run(strategy: str, params: dict, workers: int, steps: int, numel: int, outage: LinkOutage | None,
-                      bandwidth: float, timeout: float = 60.0, name: str = "sbout") -> dict[int, list[float]]:
+                      bandwidth: float, timeout: float = 60.0, name: str = "sbout",
+                      probe: list | None = None) -> dict[int, list[float]]:
     """Each worker rank's step ends (seconds from the start) of `steps` synchronizations of `numel` float32 with
-    rank outage.rank's link down for outage.seconds from the start of step outage.step (None: no outage)."""
+    rank outage.rank's link down for outage.seconds from the start of step outage.step (None: no outage).
+    `probe`: a list that gets one dict, the link's "down" and "up" seconds on the same clock and the TCP timers
+    read PROBE_AFTER_S after the link went down ("tcp": tcp_probe's connections, each with its "rank")."""
     config = strategies.make(strategy, **params)
     world = config.world_size(workers)
     if outage is not None:
@@ -81,7 +93,7 @@ def kernel_outage_run(strategy: str, params: dict, workers: int, steps: int, num
                              outage.step if outage is not None and outage.rank == rank else None)
                  for rank in range(world)]
         try:
-            return _collect(cluster, procs, outage, workers, timeout + 60)
+            return _collect(cluster, procs, outage, workers, timeout + 60, probe)
         finally:
             if outage is not None:
                 netns.set_link(cluster, cluster.nodes[outage.rank].name, up_=True)
@@ -115,10 +127,16 @@ def stop_ranks(procs) -> None:
         proc.wait()
 
 
-def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, limit: float) -> dict:
+def _collect(cluster: Cluster, procs, outage: LinkOutage | None, workers: int, limit: float,
+             probe: list | None = None) -> dict:
     """Serve the outage when its rank asks, then every rank's result; ClusterError naming a rank that failed."""
-    results = collect_ranks(procs, limit, lambda proc, message: _outage(cluster, outage, proc))
+    seen: dict = {}
+    results = collect_ranks(procs, limit, lambda proc, message: _outage(cluster, outage, proc,
+                                                                        seen if probe is not None else None))
     start = min(results[rank]["start"] for rank in range(workers))
+    if probe is not None and seen:
+        probe.append({"down": seen["down"] - start, "up": seen["up"] - start, "tcp": seen["tcp"],
+                      "before_up": seen.get("before_up", [])})
     return {rank: [t - start for t in results[rank]["ends"]] for rank in range(workers)}
 
 
@@ -160,16 +178,77 @@ def _exit(proc) -> int | None:
         return None
 
 
-def _outage(cluster: Cluster, outage: LinkOutage, proc) -> None:
+def _outage(cluster: Cluster, outage: LinkOutage, proc, seen: dict | None = None) -> None:
     """Take the rank's link down, let it go on, and bring the link up `outage.seconds` later (on a timer: this
-    reader keeps reading)."""
+    reader keeps reading). `seen`: gets the link's down and up times (monotonic) and the TCP probe."""
     node = cluster.nodes[outage.rank].name
     netns.set_link(cluster, node, up_=False)
+    down = time.monotonic()
     proc.stdin.write("\n")
     proc.stdin.flush()
-    timer = threading.Timer(outage.seconds, netns.set_link, args=(cluster, node, True))
+
+    def up() -> None:
+        netns.set_link(cluster, node, True)
+        if seen is not None:
+            seen["up"] = time.monotonic()
+
+    def before_up() -> None:  # the timers just before the link comes back: when each connection would resend
+        seen["before_up"] = _probe_all(cluster, down)
+
+    timer = threading.Timer(max(0.0, down + outage.seconds - time.monotonic()), up)
     timer.daemon = True
     timer.start()
+    # on a timer of its own, so that a slow probe never delays the link's return
+    late = threading.Timer(max(0.0, down + outage.seconds - 0.25 - time.monotonic()), before_up)
+    late.daemon = True
+    if seen is not None and outage.seconds > 0.5:
+        late.start()
+    if seen is not None:
+        seen["down"] = down
+        time.sleep(max(0.0, down + min(PROBE_AFTER_S, outage.seconds / 2) - time.monotonic()))
+        seen["tcp"] = _probe_all(cluster, down)
+    if late.is_alive():
+        late.join()
     timer.join()  # the rank's later lines wait (it prints only at its end)
 
 
+def _probe_all(cluster: Cluster, down: float) -> list[dict]:
+    """tcp_probe in every rank's namespace, each connection with its rank and the seconds since the link went down."""
+    return [{**c, "rank": rank, "after_s": at - down} for rank, node in enumerate(cluster.nodes)
+            for at, found in [(time.monotonic(), tcp_probe(node.namespace))] for c in found]
+
+
+_SS_FIELDS = {"rto": r"\brto:([\d.]+)", "rtt": r"\brtt:([\d.]+)/", "rttvar": r"\brtt:[\d.]+/([\d.]+)",
+              "backoff": r"\bbackoff:(\d+)", "unacked": r"\bunacked:(\d+)"}
+_TIMER = re.compile(r"timer:\((\w+),([^,]*),(\d+)\)")
+# ss's print_ms_timer: "204ms", "1.376ms" (1 s 376 ms), "12sec", "2min", "1min5sec"
+_SS_TIME = re.compile(r"(?:(\d+)min)?(?:(\d+)sec)?(?:(\d+)\.)?(?:(\d+)ms)?$")
+
+
+def tcp_probe(namespace: str) -> list[dict]:
+    """Every TCP connection of `namespace` as `ss -tino` shows it: peer, rto/rtt/rttvar (seconds), backoff,
+    unacked segments, and its timer: kind ("on" = retransmission), seconds left, retransmissions so far."""
+    text = subprocess.run(["ip", "netns", "exec", namespace, "ss", "-tino"], capture_output=True, text=True,
+                          timeout=10).stdout
+    found = []
+    for block in re.split(r"\n(?=\S)", text)[1:]:  # a connection: its line, then its indented details
+        head = block.split()
+        item: dict = {"local": head[3], "peer": head[4]} if len(head) > 4 else {}
+        for key, pattern in _SS_FIELDS.items():
+            m = re.search(pattern, block)
+            item[key] = (float(m.group(1)) / (1000 if key in ("rto", "rtt", "rttvar") else 1)) if m else None
+        m = _TIMER.search(block)
+        if m:
+            item.update(timer=m.group(1), timer_left_s=ss_seconds(m.group(2)), retransmits=int(m.group(3)))
+        found.append(item)
+    return found
+
+
+def ss_seconds(text: str) -> float:
+    """ss's timer text in seconds: "204ms" 0.204, "1.376ms" 1.376 (seconds, a dot, milliseconds), "12sec", "2min",
+    "1min5sec"; NaN for anything else."""
+    m = _SS_TIME.match(text)
+    if not text or not m or not any(m.groups()):
+        return float("nan")
+    minutes, secs, dotted, ms = (int(g) if g else 0 for g in m.groups())
+    return minutes * 60 + secs + dotted + ms / 1000

@@ -191,3 +191,21 @@ def parse_mtbf(value) -> float:
     if isinstance(value, bool) or not math.isfinite(seconds) or not MTBF_RANGE_S[0] <= seconds <= MTBF_RANGE_S[1]:
         raise ValueError(f"failures.mtbf = {value!r}: accepted is {help_}")
     return seconds
+
+
+COST_NAMES = {"detect": "detect_s", "restart": "restart_s", "checkpoint": "checkpoint_s", "reform": "reform_s",
+              "rejoin": "rejoin_s"}
+
+
+def parse_costs(text: str) -> dict[str, float]:
+    """--costs 'detect=5,restart=60,...' -> FaultCosts' keyword arguments, each name and number checked."""
+    costs = {}
+    for pair in text.split(","):
+        key, _, value = pair.partition("=")
+        if key.strip() not in COST_NAMES:
+            raise ValueError(f"--costs {text!r}: {key.strip()!r} is not one of {', '.join(COST_NAMES)}")
+        try:
+            costs[COST_NAMES[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"--costs {text!r}: {value!r} is not a number of seconds") from None
+    return costs

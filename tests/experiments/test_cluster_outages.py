@@ -24,12 +24,20 @@ def left_behind() -> list[str]:
 
 def test_a_ring_over_tcp_stalls_by_at_least_the_outage_and_everything_is_removed():
     """One run (its ranks' start-up is most of the cost): the outage's step against the others' median."""
+    probe = []
     out = kernel_outage_run("ring", {}, 4, 6, 100_000, LinkOutage(step=3, rank=1, seconds=0.5),
-                            parse_bandwidth("100Mbit"), timeout=30, name=NAME)
+                            parse_bandwidth("100Mbit"), timeout=30, name=NAME, probe=probe)
     for rank, ends in out.items():
         steps = np.diff([0.0, *ends])
         usual = float(np.median(np.delete(steps, 3)))
         assert steps[3] - usual > 0.45, (rank, steps)  # TCP's retransmission backoff may add to it, never less
+    # the TCP probe: the link down for the outage, and the connections into and out of rank 1 retransmitting,
+    # their RTO at least Linux's 200 ms floor
+    [seen] = probe
+    assert 0.45 < seen["up"] - seen["down"] < 1.0, seen
+    retransmitting = [c for c in seen["tcp"] if c.get("timer") == "on" and c["unacked"]]
+    assert {c["rank"] for c in retransmitting} & {0, 1}, seen["tcp"]  # rank 0 sends to 1, rank 1 to 2
+    assert all(c["rto"] >= 0.2 for c in retransmitting), retransmitting
     assert left_behind() == []
 
 

@@ -41,6 +41,30 @@ def test_a_small_table_on_emulated_links(capsys):
                            "--strategy", "ring", "--strategy", "parameter_server:staleness=async")) == 0
     out = capsys.readouterr().out
     ring = next(line for line in out.splitlines() if line.startswith("ring "))
-    assert ring.split()[6:8] == ["all", "0.100"], ring  # the model: every rank stalls by the outage
+    assert ring.split()[7:9] == ["all", "0.100"], ring  # the model: every rank stalls by the outage
     ps = next(line for line in out.splitlines() if line.startswith("parameter_server:staleness=async"))
-    assert ps.split()[6] == "1", ps  # only worker 1
+    assert ps.split()[7] == "1", ps  # only worker 1
+
+
+@pytest.mark.skipif(__import__("experiments.cluster.host", fromlist=["support_problem"]).support_problem() is not None,
+                    reason="no kernel-shaped network here")
+@pytest.mark.parametrize("argv, fragment", [
+    (("--rto", "0"), "--rto 0.0: accepted are seconds in (0, 120]"),
+    # 25 s outage, RTO 20 s: the retransmissions at 20 (link still down) and 60 s; the timeout is 60 s
+    (("--outage", "1@1:25", "--rto", "20", "--timeout", "60"), "comes 60 s into the outage, not before the timeout"),
+])
+def test_over_tcp_a_retransmission_past_the_timeout_is_refused_before_any_work(argv, fragment, capsys):
+    argv = ("--outage", "1@1:0.5", "--on", "kernel", *argv) if argv[0] != "--outage" else (*argv, "--on", "kernel")
+    with pytest.raises(ValueError) as info:
+        faults.run(args(*argv))
+    assert fragment in str(info.value)
+    assert capsys.readouterr().out == ""
+
+
+def test_ss_timer_texts_are_read_as_seconds():
+    from experiments.cluster.outages import ss_seconds
+
+    # iproute2's print_ms_timer: seconds and milliseconds joined by a dot still end in "ms"
+    assert [ss_seconds(t) for t in ("204ms", "1.376ms", "12sec", "2min", "1min5sec")] == [0.204, 1.376, 12.0, 120.0,
+                                                                                         65.0]
+    assert all(ss_seconds(t) != ss_seconds(t) for t in ("", "soon"))  # NaN
