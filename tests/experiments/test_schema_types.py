@@ -114,6 +114,7 @@ consensus_distance double
 spectral_gap double
 recovery_mode string
 failure_setting string
+failure_mtbf_s double
 failure_count int64
 failure_steps list<item: int64>
 failure_ranks list<item: int64>
