@@ -230,7 +230,10 @@ class SweepSegments(fault_runs.Segments):
         self.dying: dict[int, int] = {}
 
     def run(self):
-        if self.spec.dataset == "digits":  # sklearn's import (2-5 s, once a process) is no run's time to a step
+        # what a process imports once, at its first run, is no run's time to a step: torch.optim's first optimizer
+        # imports torch._dynamo, digits imports sklearn (together 5-20 s on a loaded machine)
+        import torch._dynamo  # noqa: F401
+        if self.spec.dataset == "digits":
             import sklearn.model_selection  # noqa: F401
         self.began = self.clock()
         return super().run()
@@ -465,6 +468,8 @@ def _fault_columns(spec, out, rows: list[dict], row: dict) -> dict:
     columns = {
         "recovery_mode": (spec.recovery or {"mode": "none"})["mode"], "failure_setting": failure_setting(spec),
         "failure_mtbf_s": float((spec.failures or {}).get("mtbf_s", math.nan)),
+        "recovery_checkpoint_every": (spec.recovery or {}).get("checkpoint_every") or 0,
+        "recovery_rejoin_steps": -1 if (r := (spec.recovery or {}).get("rejoin_steps")) is None else r,
         "failure_count": len(failures), "failure_steps": tuple(f.step for f in failures),
         "failure_ranks": tuple(f.rank for f in failures), "completed_steps": completed,
         "steps_run": out.steps_run if out is not None else 0,
