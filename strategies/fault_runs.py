@@ -167,7 +167,7 @@ class Segments:
         if not self.alive:
             raise RunEnded(f"rank(s) {dead} failed during step {step}: no worker left", step)
         for slot in dead:
-            self.params.pop(slot)
+            self.params.pop(slot, None)  # a replacement that dies in its first step has kept no state yet
         if mode in (ELASTIC, PS_SHRINK) and self.recovery.rejoin_steps is not None:
             self.rejoins += [(step + self.recovery.rejoin_steps, slot) for slot in dead]
         if mode == REWEIGHT:
