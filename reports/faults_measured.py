@@ -19,7 +19,7 @@ import pandas as pd
 from strategies.fault_cost import FaultCosts, expected_time
 from strategies.faults import CHECKPOINT_RESTART, ELASTIC, PS_SHRINK
 
-COLUMNS = {"strategy_label": "strategy", "recovery_mode": "mode", "failure_setting": "failures",
+COLUMNS = {"strategy_label": "strategy", "recovery_mode": "mode", "failure_setting": "failures", "status": "status",
            "failure_count": "failed", "model_failures": "model failed", "completed_steps": "steps done",
            "steps_lost": "steps lost", "detection_s": "detection s", "recovery_s": "recovery s",
            "time_to_step_s": "s to last step", "model_s": "model s to last step", "model_ratio": "measured / model",
@@ -131,10 +131,12 @@ def _weighted(values: pd.Series, weights: pd.Series) -> float:
 # -- the verdicts: who is first per failure setting, with the spread, and where that changes ----------------------
 
 def cells(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per (failure setting, strategy, mode): runs, how many reached `metric`, and its mean, lowest and highest."""
+    """Per (failure setting, strategy, mode): runs, how many reached `metric` (and passed the run's checks), and
+    its mean, lowest and highest."""
     rows = []
     for (setting, strategy, mode), group in frame.groupby(["failures", *CELL], sort=False):
-        values = group[metric].dropna() if metric in group else pd.Series(dtype=float)
+        ok = group[group["status"] == "ok"] if "status" in group else group  # a failed check: not a result
+        values = ok[metric].dropna() if metric in ok else pd.Series(dtype=float)
         rows.append({"failures": setting, "strategy": strategy, "mode": mode, "runs": len(group),
                      "reached": len(values), "mean": values.mean() if len(values) else math.nan,
                      "low": values.min() if len(values) else math.nan,
@@ -190,8 +192,9 @@ def verdicts(frame: pd.DataFrame) -> list[str]:
             elif clear:
                 lead = f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) beyond the spread"
             elif top["reached"] < 2 or second["reached"] < 2:
-                lead = (f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) on one run each: "
-                        f"the spread is not measured")
+                lead = (f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) with a single run "
+                        f"on {'both sides' if top['reached'] < 2 and second['reached'] < 2 else 'one side'}: the "
+                        f"spread is not measured")
             else:
                 lead = (f"within the spread of {second['strategy']} with {second['mode']} ({_spread(second)}): "
                         f"not a measured lead")

@@ -59,8 +59,8 @@ def test_strategies_by_mode_the_fastest_and_the_ended_runs(tmp_path):
     assert "model s to last step" not in frame  # a schedule, no rate: nothing for the model to price
     [verdict] = body["verdicts"]
     assert verdict.startswith("rank 2 at step 5, time to the last step: ring with elastic first (6.00 s, one run), "
-                              "ahead of ring with checkpoint_restart (7.50 s, one run) on one run each: the spread "
-                              "is not measured; 1 run(s) did not reach it (ring with none).")
+                              "ahead of ring with checkpoint_restart (7.50 s, one run) with a single run on both "
+                              "sides: the spread is not measured; 1 run(s) did not reach it (ring with none).")
     assert verdict.endswith("Order on the mean: ring with elastic < ring with checkpoint_restart < parameter_server "
                             "with ps_shrink.")
     html = ENV.get_template("sections/faults-measured.html.j2").render(**body)
@@ -77,6 +77,8 @@ def _rates(slow_ps_at_60=(7.0, 7.2)):
             _fault("b1", "parameter_server", "ps_shrink", slow_ps_at_60[1], mild, mtbf=60.0, to_target=5.5),
             _fault("c0", "ring", "elastic", 9.0, harsh, mtbf=5.0, to_target=7.0),
             _fault("c1", "ring", "elastic", 9.5, harsh, mtbf=5.0),  # did not reach the target
+            _fault("c2", "ring", "elastic", 5.0, harsh, mtbf=5.0, to_target=3.0, status="failed",
+                   error="strategy 'ring' is declared exact and identical, but ..."),  # a failed check: no result
             _fault("d0", "parameter_server", "ps_shrink", 8.0, harsh, mtbf=5.0, to_target=6.0),
             _fault("d1", "parameter_server", "ps_shrink", 8.2, harsh, mtbf=5.0, to_target=6.1)]
 
@@ -99,10 +101,10 @@ def test_the_ranking_that_changes_between_failure_rates_beyond_the_spread_is_sai
                                       "(4.10 s, 4.00-4.20 over 2 runs), ahead of parameter_server")
     assert target_lines[1].startswith("MTBF 5 s per worker, seed 0, time to the target: parameter_server with "
                                       "ps_shrink first (6.05 s, 6.00-6.10 over 2 runs), the only one to reach it in "
-                                      "every run; 1 run(s) did not reach it (ring with elastic).")
+                                      "every run; 2 run(s) did not reach it (ring with elastic).")
     assert target_lines[-1] == changes.format("the target")
     frame = body["table"].frame
-    assert frame["s to target"].isna().sum() == 1 and "s to target" in frame
+    assert frame["s to target"].isna().sum() == 1 and (frame["status"] == "failed").sum() == 1
 
 
 def test_a_change_within_the_spread_is_not_called_a_ranking_change(tmp_path):
