@@ -190,7 +190,8 @@ def verdicts(frame: pd.DataFrame) -> list[str]:
             if second is None:
                 lead = "the only one to reach it in every run"
             elif clear:
-                lead = f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) beyond the spread"
+                lead = (f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) beyond the repeats' "
+                        f"spread")
             elif top["reached"] < 2 or second["reached"] < 2:
                 lead = (f"ahead of {second['strategy']} with {second['mode']} ({_spread(second)}) with a single run "
                         f"on {'both sides' if top['reached'] < 2 and second['reached'] < 2 else 'one side'}: the "
@@ -210,17 +211,29 @@ def _ordered(group: pd.DataFrame):
 
 
 def _changes(firsts: dict, what: str) -> list[str]:
+    """Between each two neighbouring settings (mildest first) where the first changes: a measured change when
+    both leads are clear of the rest, else one within the spread."""
     if len(firsts) < 2:
         return []
-    names = {setting: f"{s} with {m}" for setting, (s, m, _) in firsts.items()}
-    if len(set(names.values())) == 1:
-        return [f"Time to {what}: {next(iter(names.values()))} is first under every failure setting of the sweep."]
-    listed = "; ".join(f"{setting}: {name}" for setting, name in names.items())
-    if all(clear for *_, clear in firsts.values()):
-        return [f"The ranking changes with the failures (time to {what}; each first clear of the rest: beyond the "
-                f"spread, or the only one to reach it in every run): {listed}."]
-    return [f"The first to {what} on the mean changes with the failures ({listed}), but not every lead is beyond "
-            f"the run-to-run spread: not a measured change of the ranking."]
+    items = list(firsts.items())
+    if len({(s, m) for s, m, _ in firsts.values()}) == 1:
+        (s, m, _), clear = items[0][1], sum(c for *_, c in firsts.values())
+        spread = ("beyond the repeats' spread at every one" if clear == len(items) else
+                  f"beyond the repeats' spread at {clear} of {len(items)}")
+        return [f"Time to {what}: {s} with {m} is first under every failure setting of the sweep ({spread})."]
+    out = []
+    for (a, (sa, ma, ca)), (b, (sb, mb, cb)) in zip(items, items[1:]):
+        if (sa, ma) == (sb, mb):
+            continue
+        if ca and cb:
+            out.append(f"The ranking changes with the failures (time to {what}), measured: from {a} ({sa} with {ma} "
+                       f"first) to {b} ({sb} with {mb} first), each first clear of the rest (beyond the repeats' "
+                       f"spread, or the only one to reach it in every run).")
+        else:
+            which = "neither lead is" if not (ca or cb) else "one lead is not"
+            out.append(f"The first to {what} on the mean changes from {a} ({sa} with {ma}) to {b} ({sb} with {mb}), "
+                       f"but {which} beyond the run-to-run spread: not a measured change of the ranking.")
+    return out
 
 
 def section(r):

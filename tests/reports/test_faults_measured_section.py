@@ -91,10 +91,10 @@ def test_the_ranking_that_changes_between_failure_rates_beyond_the_spread_is_sai
     step_lines = [v for v in body["verdicts"] if "last step" in v]
     assert step_lines[0].startswith("MTBF 60 s per worker, seed 0, time to the last step: ring with elastic first "
                                     "(6.20 s, 6.00-6.40 over 2 runs), ahead of parameter_server with ps_shrink "
-                                    "(7.10 s, 7.00-7.20 over 2 runs) beyond the spread.")
-    changes = ("The ranking changes with the failures (time to {}; each first clear of the rest: beyond the spread, "
-               "or the only one to reach it in every run): MTBF 60 s per worker, seed 0: ring with elastic; MTBF 5 s "
-               "per worker, seed 0: parameter_server with ps_shrink.")
+                                    "(7.10 s, 7.00-7.20 over 2 runs) beyond the repeats' spread.")
+    changes = ("The ranking changes with the failures (time to {}), measured: from MTBF 60 s per worker, seed 0 "
+               "(ring with elastic first) to MTBF 5 s per worker, seed 0 (parameter_server with ps_shrink first), each "
+               "first clear of the rest (beyond the repeats' spread, or the only one to reach it in every run).")
     assert step_lines[-1] == changes.format("the last step")
     target_lines = [v for v in body["verdicts"] if "the target" in v]
     assert target_lines[0].startswith("MTBF 60 s per worker, seed 0, time to the target: ring with elastic first "
@@ -113,9 +113,19 @@ def test_a_change_within_the_spread_is_not_called_a_ranking_change(tmp_path):
     assert "within the spread of parameter_server with ps_shrink (7.15 s, 6.30-8.00 over 2 runs): not a measured " \
            "lead" in mild
     assert body["verdicts"][2] == (
-        "The first to the last step on the mean changes with the failures (MTBF 60 s per worker, seed 0: ring with "
-        "elastic; MTBF 5 s per worker, seed 0: parameter_server with ps_shrink), but not every lead is beyond the "
-        "run-to-run spread: not a measured change of the ranking.")
+        "The first to the last step on the mean changes from MTBF 60 s per worker, seed 0 (ring with elastic) to MTBF "
+        "5 s per worker, seed 0 (parameter_server with ps_shrink), but one lead is not beyond the run-to-run spread: "
+        "not a measured change of the ranking.")
+
+
+def test_the_same_first_at_every_rate_says_where_its_lead_is_beyond_the_spread(tmp_path):
+    rows = [r for r in _rates() if r["run_id"][0] in "ab"]  # the mild rate, and the same at a third rate
+    rows += [{**r, "run_id": r["run_id"] + "x", "failure_setting": "MTBF 30 s per worker, seed 0",
+              "failure_mtbf_s": 30.0, "time_to_step_s": r["time_to_step_s"] + (1.0 if r["run_id"] == "a1" else 0)}
+             for r in rows]
+    lines = [v for v in faults_measured.section(_results(tmp_path, rows))["verdicts"] if "last step" in v]
+    assert lines[-1] == ("Time to the last step: ring with elastic is first under every failure setting of the sweep "
+                         "(beyond the repeats' spread at 1 of 2).")  # at 30 s its 6.0-7.4 overlaps 7.0-7.2
 
 
 def test_the_model_prices_each_run_with_the_sweeps_own_costs(tmp_path):
