@@ -211,8 +211,9 @@ def _ordered(group: pd.DataFrame):
 
 
 def _changes(firsts: dict, what: str) -> list[str]:
-    """Between each two neighbouring settings (mildest first) where the first changes: a measured change when
-    both leads are clear of the rest, else one within the spread."""
+    """Where the first changes (settings mildest first): a measured change between two settings whose firsts are
+    clear of the rest (the next such setting, neighbour or not); between neighbours where a lead is not clear, a
+    change within the spread."""
     if len(firsts) < 2:
         return []
     items = list(firsts.items())
@@ -222,14 +223,14 @@ def _changes(firsts: dict, what: str) -> list[str]:
                   f"beyond the repeats' spread at {clear} of {len(items)}")
         return [f"Time to {what}: {s} with {m} is first under every failure setting of the sweep ({spread})."]
     out = []
-    for (a, (sa, ma, ca)), (b, (sb, mb, cb)) in zip(items, items[1:]):
-        if (sa, ma) == (sb, mb):
-            continue
-        if ca and cb:
+    clear = [(k, v) for k, v in items if v[2]]  # a change between two clear firsts is measured, neighbours or not
+    for (a, (sa, ma, _)), (b, (sb, mb, _)) in zip(clear, clear[1:]):
+        if (sa, ma) != (sb, mb):
             out.append(f"The ranking changes with the failures (time to {what}), measured: from {a} ({sa} with {ma} "
                        f"first) to {b} ({sb} with {mb} first), each first clear of the rest (beyond the repeats' "
                        f"spread, or the only one to reach it in every run).")
-        else:
+    for (a, (sa, ma, ca)), (b, (sb, mb, cb)) in zip(items, items[1:]):
+        if (sa, ma) != (sb, mb) and not (ca and cb):
             which = "neither lead is" if not (ca or cb) else "one lead is not"
             out.append(f"The first to {what} on the mean changes from {a} ({sa} with {ma}) to {b} ({sb} with {mb}), "
                        f"but {which} beyond the run-to-run spread: not a measured change of the ranking.")

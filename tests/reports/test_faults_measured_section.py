@@ -163,3 +163,19 @@ def test_absent_without_failures_and_the_model_prices_failure_free_runs_only(tmp
     with_faults = plain + [_fault("slow", "parameter_server", "ps_shrink", 9.0)]
     frame = faults.section(_results(tmp_path, with_faults))["table"].frame
     assert "parameter_server" not in set(frame["strategy"])
+
+
+def test_a_change_between_two_clear_firsts_is_measured_across_an_unclear_rate_between_them(tmp_path):
+    """ring first beyond the spread at 60 s, on the mean only at 30 s, the server first beyond it at 5 s."""
+    rows = _rates()
+    rows += [{**r, "run_id": r["run_id"] + "x", "failure_setting": "MTBF 30 s per worker, seed 0",
+              "failure_mtbf_s": 30.0, "time_to_step_s": r["time_to_step_s"] + (1.0 if r["run_id"] == "a1" else 0)}
+             for r in rows if r["run_id"][0] in "ab"]
+    lines = [v for v in faults_measured.section(_results(tmp_path, rows))["verdicts"] if "last step" in v]
+    assert lines[-2:] == [
+        "The ranking changes with the failures (time to the last step), measured: from MTBF 60 s per worker, seed 0 "
+        "(ring with elastic first) to MTBF 5 s per worker, seed 0 (parameter_server with ps_shrink first), each first "
+        "clear of the rest (beyond the repeats' spread, or the only one to reach it in every run).",
+        "The first to the last step on the mean changes from MTBF 30 s per worker, seed 0 (ring with elastic) to MTBF "
+        "5 s per worker, seed 0 (parameter_server with ps_shrink), but one lead is not beyond the run-to-run spread: "
+        "not a measured change of the ranking."]
