@@ -126,6 +126,11 @@ class Segments:
                 self.pending = [f for f in self.pending if not (f.step == failed_step and f.rank in dead)]
                 try:
                     death = self._recover(failed_step, dead, self._died_at, self._detected_at)
+                    # a replacement whose segment was cut before it kept a state (the sweep keeps one per completed
+                    # step) joins again, fetching from a peer, at the step redone: else it would start afresh
+                    again = [s for s in joining if s in self.alive and s not in self.params]
+                    self.alive = [s for s in self.alive if s not in again]
+                    self.rejoins += [(self.step, s) for s in again]
                 except RunEnded as ended:  # recorded with its cause; no recovery, so no recovery seconds
                     self.out.ended = ended
                     self.out.failures += [FailureRecord(failed_step, rank, 0, math.nan, len(self.alive),
@@ -167,7 +172,7 @@ class Segments:
         if not self.alive:
             raise RunEnded(f"rank(s) {dead} failed during step {step}: no worker left", step)
         for slot in dead:
-            self.params.pop(slot)
+            self.params.pop(slot, None)  # a replacement that dies in its first step has kept no state yet
         if mode in (ELASTIC, PS_SHRINK) and self.recovery.rejoin_steps is not None:
             self.rejoins += [(step + self.recovery.rejoin_steps, slot) for slot in dead]
         if mode == REWEIGHT:

@@ -39,12 +39,13 @@ import numpy as np
 import torch
 
 import strategies.fault_runs as fault_runs
+from experiments.pipeline.fault_rows import fault_columns, last_attempts, step_traffic
 from experiments.pipeline.measured import MeasuredCompute, ShardUpdate
 from experiments.pipeline.servers import serve_steps
 from experiments.pipeline.summary import summarize
 from experiments.pipeline.train import _INIT_LOCK, run_steps
 from strategies.fault_records import RankFailed
-from strategies.faults import FAILURE, Failure, Recovery, RunEnded, check_fits, check_schedule
+from strategies.faults import Failure, Recovery, RunEnded, check_fits, check_schedule
 from strategies.transport.communicator import RankAborted
 from strategies.transport.threads import run_threads
 from workloads.buckets import make_buckets
@@ -224,6 +225,11 @@ class SweepSegments(fault_runs.Segments):
         self.dying: dict[int, int] = {}
 
     def run(self):
+        # what a process imports once, at its first run, is no run's time to a step: torch.optim's first optimizer
+        # imports torch._dynamo, digits imports sklearn (together 5-20 s on a loaded machine)
+        import torch._dynamo  # noqa: F401
+        if self.spec.dataset == "digits":
+            import sklearn.model_selection  # noqa: F401
         self.began = self.clock()
         return super().run()
 
@@ -382,11 +388,11 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
         out = segments.run()
     except Exception as e:  # noqa: BLE001 - the run fails (its completed steps kept), the sweep goes on
         out, error = None, f"{type(e).__name__}: {e}"
-    rows = _last_attempts(segments.rows)
+    rows = last_attempts(segments.rows)
     meta = {**meta, "duration_s": segments.clock() - segments.began}
     if not rows:
         row, _ = summarize(spec, None, error or _ended(out), meta)
-        return {**row, **_fault_columns(spec, out, rows, row, segments)}, [], []
+        return {**row, **fault_columns(spec, out, rows, row, segments)}, [], []
     sizes: dict[int, int] = {}  # step -> the workers that ran it
     for r in rows:
         sizes[r["step"]] = sizes.get(r["step"], 0) + 1
@@ -395,37 +401,13 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
     results = [{"steps": rows + segments.server_rows, "final": finals[0]}] + [{"steps": [], "final": f}
                                                                              for f in finals[1:]]
     row, steps = summarize(spec, results, error, meta,
-                           step_traffic=lambda numels: _step_traffic(segments.config, sizes, mixings, numels))
-    row.update(_fault_columns(spec, out, rows, row, segments))
+                           step_traffic=lambda numels: step_traffic(segments.config, sizes, mixings, numels))
+    row.update(fault_columns(spec, out, rows, row, segments))
     if mixings and row["status"] == "ok":
         row["spectral_gap"] = mixings[-1].spectral_gap  # the survivors' mixing at the end
     if row["status"] == "ok" and (error or _ended(out)):
         row.update(status="failed", error=error or _ended(out))
     return row, steps, []
-
-
-def _step_traffic(config, sizes: dict[int, int], mixings, numels: list[int]) -> dict[int, dict]:
-    """Each step's declared traffic: the strategy's at the step's group size; after a re-weighting, each survivor
-    sends its buffers to, and receives them from, its neighbours in the survivors' graph."""
-    from experiments.pipeline.summary import analytic_traffic
-
-    by_size = {m: analytic_traffic(config, m, numels) for m in set(sizes.values())}
-    out = {}
-    for step, m in sizes.items():
-        mixing = next((x for x in reversed(mixings) if x.step <= step), None)
-        if mixing is None:
-            out[step] = by_size[m]
-            continue
-        degrees = [int(np.count_nonzero(row)) - 1 for row in mixing.matrix]
-        payload = 4 * sum(numels)
-        out[step] = {**by_size[m], "ranks": [("worker", d * payload, d * payload) for d in degrees]}
-    return out
-
-
-def _last_attempts(rows: list[dict]) -> list[dict]:
-    """Each (step, rank)'s last attempt (checkpoint_restart redoes the steps since its checkpoint), in step order."""
-    last = {(r["step"], r["rank"]): r for r in rows}
-    return [last[k] for k in sorted(last)]
 
 
 def _ended(out) -> str:
@@ -447,52 +429,3 @@ def _final(segments: SweepSegments, slot, rows: list[dict]) -> dict:
             "trained": True, "consensus_distance": math.nan,
             "param_norm": float(params.norm()) if params is not None else math.nan,
             "params_digest": params_digest(params) if params is not None else ""}
-
-
-def failure_setting(spec) -> str:
-    """The run's failures as set, for display."""
-    failures = spec.failures or {}
-    if "mtbf_s" in failures:
-        return f"MTBF {failures['mtbf_s']:g} s per worker, seed {failures.get('seed', 0)}"
-    return ", ".join([f"rank {rank} at step {step}" for step, rank in failures.get("schedule", [])]
-                     + [f"rank {rank}'s link down {seconds:g} s at step {step}"
-                        for step, rank, seconds in failures.get("outages", [])])
-
-
-def _fault_columns(spec, out, rows: list[dict], row: dict, segments=None) -> dict:
-    """The failures' columns of the run's row: what happened, what it cost, the time to the last step."""
-    failures = out.failures if out is not None else []
-    completed = out.completed_steps if out is not None else 0
-    last_wall = max((r["wall_s"] for r in rows), default=math.nan)
-    warm = spec.warmup_steps  # throughput over the timed steps, as the run's: from the end of its warm-up
-    warm_end = max((r["wall_s"] for r in rows if r["step"] == warm - 1), default=0.0) if warm else 0.0
-    samples = sum(r["samples"] for r in rows if r["step"] >= warm)
-    detection = [f.detection_s for f in failures if math.isfinite(f.detection_s)]
-    recovery = [f.recovery_s for f in failures if math.isfinite(f.recovery_s)]
-    columns = {
-        **outage_columns(segments),
-        "recovery_mode": (spec.recovery or {"mode": "none"})["mode"], "failure_setting": failure_setting(spec),
-        "failure_count": len(failures), "failure_steps": tuple(f.step for f in failures),
-        "failure_ranks": tuple(f.rank for f in failures), "completed_steps": completed,
-        "steps_run": out.steps_run if out is not None else 0,
-        "steps_lost": sum(f.steps_lost for f in failures),
-        "detection_s": float(np.mean(detection)) if detection else math.nan,
-        "recovery_s": float(np.mean(recovery)) if recovery else math.nan,
-        "recovery_max_s": max((f.detection_s + f.recovery_s for f in failures
-                               if math.isfinite(f.detection_s + f.recovery_s)), default=math.nan),
-        "time_to_step_s": last_wall if completed == spec.steps else math.nan,
-        "run_throughput": samples / (last_wall - warm_end) if samples and last_wall > warm_end else math.nan,
-    }
-    if row.get("target_reached"):  # on the run's clock: the wall time its target was met, recoveries included
-        reached = int(row["steps_to_target"]) - 1
-        columns["time_to_target_s"] = max(r["wall_s"] for r in rows if r["step"] == reached)
-    return columns
-
-
-def outage_columns(segments) -> dict:
-    """The run row's outage columns: how many outages happened, the seconds their links held messages, how many
-    became failures (none recorded on segments without outages)."""
-    records = getattr(segments, "out_outages", [])
-    return {"outage_count": len(records),
-            "outage_held_s": float(sum(r.held_s for r in records)) if records else math.nan,
-            "outage_failures": sum(1 for r in records if r.outcome == FAILURE)}

@@ -163,6 +163,11 @@ RUNS: tuple[Column, ...] = (
                                  "('' for a run without failures)"),
     Column("failure_setting", STR, "the run's failures as set: 'rank r at step s, ...' (a schedule) or 'MTBF x s "
                                    "per worker, seed k' ('' for a run without failures)"),
+    Column("failure_mtbf_s", FLOAT, "the failures' mean time between failures per worker, seconds (NaN: a schedule "
+                                    "or no failures)"),
+    Column("recovery_checkpoint_every", INT, "checkpoint_restart: steps between checkpoints (0: another mode)"),
+    Column("recovery_rejoin_steps", INT, "elastic, ps_shrink: steps until a replacement joins (-1: never or another "
+                                         "mode)"),
     Column("failure_count", INT, "failures that happened in the run"),
     Column("failure_steps", INTS, "the step each failure happened in (0-based), in order"),
     Column("failure_ranks", INTS, "the worker slot of each failure, in order"),

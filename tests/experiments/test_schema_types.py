@@ -114,6 +114,9 @@ consensus_distance double
 spectral_gap double
 recovery_mode string
 failure_setting string
+failure_mtbf_s double
+recovery_checkpoint_every int64
+recovery_rejoin_steps int64
 failure_count int64
 failure_steps list<item: int64>
 failure_ranks list<item: int64>

@@ -121,6 +121,29 @@ def test_checkpoint_restart_resumes_bit_identically(strategy):
         assert torch.equal(torch.as_tensor(run.params[slot]), plain[slot])
 
 
+def test_a_replacement_that_dies_in_the_step_it_joins_is_lost_again_not_a_crash():
+    """An mtbf can take a replacement before it completes a step (its clock starts at the death it replaces): it
+    had kept no state, and the survivors go on without it (the run once ended with a KeyError)."""
+    row, steps, _ = execute(spec_of("ring", [(2, 1), (4, 1)], mode="elastic", rejoin_steps=2), META)
+    assert row["status"] == "ok", row["error"]
+    assert (row["failure_steps"], row["failure_ranks"], row["steps_lost"]) == ((2, 4), (1, 1), 0)
+    workers = pd.DataFrame(steps).query("role == 'worker'").groupby("step").size()
+    assert list(workers) == [4, 4, 3, 3, 3, 3]  # back at step 4, lost in it; its next replacement is due after 6
+
+
+def test_a_replacement_whose_first_segment_is_cut_by_another_failure_joins_again_from_a_peer():
+    """Slot 1 dies in step 2 and its replacement joins at step 4, where slot 2 dies before any step completes: the
+    replacement had kept no state, so it fetches again at the redone step 4 (it once restarted from the initial
+    weights, and the run failed its exactness check)."""
+    spec = spec_of("ring", [(2, 1), (4, 2)], mode="elastic", rejoin_steps=2)
+    run = SweepSegments(spec).run()
+    assert (run.completed_steps, run.ended, [(f.step, f.rank) for f in run.failures]) == (6, None, [(2, 1), (4, 2)])
+    expected = reference(spec, lambda s: [0, 1, 2, 3] if s < 2 else [0, 2, 3] if s < 4 else [0, 1, 3],
+                         lambda s: {1: 0} if s == 4 else {})
+    for slot in (0, 1, 3):
+        torch.testing.assert_close(torch.as_tensor(run.params[slot]), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_reweight_mixes_with_the_survivors_metropolis_weights():
     row, steps, _ = execute(spec_of("decentralized", [(3, 2)], mode="reweight"), META)
     assert row["status"] == "ok", row["error"]  # every step's bytes matched its graph's: 1 or 2 neighbours
