@@ -114,7 +114,8 @@ def test_mpich_allred_float_identical_on_every_rank(name, params):
     for op, inputs in calls:
         by_world.setdefault(len(inputs), []).append((op, inputs))
     for sequence in by_world.values():
-        for (op, inputs), (outputs, _) in zip(sequence, run_sequence(name, sequence, timeout=30, **params)):
+        for (op, inputs), (outputs, _) in zip(sequence, run_sequence(name, sequence, timeout=30, **params),
+                                               strict=True):
             case = f"allred_float.c: {name}{params or ''} n={len(inputs)} op={op} dtype={inputs[0].dtype}"
             check_identical(outputs, case)
             np.testing.assert_allclose(outputs[0].astype(np.float64), reference(inputs, op).astype(np.float64),
