@@ -86,6 +86,31 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """make test-fast's reduced validation matrix (the tests asking for `reduced_matrix`) starts computing in a
+    process of its own as soon as collection ends, on the core make test-fast's thread-rank tests leave idle
+    (tests/experiments/reduced_matrix.py); only where no test selected measures wall-clock time or starts Ray, so
+    that nothing runs beside those, and SimGrid is usable (else the matrix's tests skip with the reason)."""
+    items = session.items
+    wanted = any("reduced_matrix" in getattr(item, "fixturenames", ()) for item in items)
+    beside = any(item.get_closest_marker(marker) for item in items for marker in ("timing", "ray"))
+    if not wanted or beside or session.config.option.collectonly:
+        return
+    from strategies.transport.simgrid import simgrid_available
+
+    if simgrid_available():
+        return
+    from tests.experiments.reduced_matrix import Background
+
+    session.config._syncbench_matrix = Background()
+
+
+def pytest_unconfigure(config):
+    background = getattr(config, "_syncbench_matrix", None)
+    if background is not None:
+        background.stop()
+
+
 TIMING_SKIPPED = ("SYNCBENCH_SKIP_TIMING_TESTS is set: this test asserts on measured wall-clock time (marker "
                   "`timing`), which a loaded machine stretches; run it on a quiet one")
 

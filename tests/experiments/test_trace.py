@@ -60,6 +60,12 @@ def traced(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def untraced(tmp_path_factory):
+    """ring on thread ranks with trace_steps = 0 (read only by the tests that share it)."""
+    return _sweep(tmp_path_factory.mktemp("untraced"), extra="trace_steps = 0", strategies='["ring"]')
+
+
 # -- the critical path of a scripted run ------------------------------------------------------------------------
 
 
@@ -178,10 +184,9 @@ def test_overlapped_buckets_record_readiness_and_hidden_communication(tmp_path):
     assert (totals["busy_s"] >= totals["hidden_s"]).all()
 
 
-def test_no_trace_steps_records_nothing(tmp_path):
-    out = _sweep(tmp_path, extra="trace_steps = 0", strategies='["ring"]')
-    assert read_events(out).empty
-    assert not (out / "events").exists() or not any((out / "events").iterdir())
+def test_no_trace_steps_records_nothing(untraced):
+    assert read_events(untraced).empty
+    assert not (untraced / "events").exists() or not any((untraced / "events").iterdir())
 
 
 def test_trace_steps_is_capped_before_work():
@@ -296,11 +301,10 @@ def test_chakra_traces_read_back_with_their_own_reader(traced, tmp_path, strateg
     assert sends == recvs and sends  # every send has its receive on the peer, same tag and size
 
 
-def test_trace_refuses_an_unknown_run_and_a_run_without_events(traced, tmp_path, capsys):
+def test_trace_refuses_an_unknown_run_and_a_run_without_events(traced, untraced, tmp_path, capsys):
     assert cli(["trace", str(traced), "no-such-run", "--format", "chrome"]) == 2
     assert "run 'no-such-run' is not in" in capsys.readouterr().err
-    off = _sweep(tmp_path, extra="trace_steps = 0", strategies='["ring"]')
-    assert cli(["trace", str(off), _run_id(off, "ring"), "--format", "chrome"]) == 2
+    assert cli(["trace", str(untraced), _run_id(untraced, "ring"), "--format", "chrome"]) == 2
     assert "recorded no events" in capsys.readouterr().err
     assert cli(["trace", str(traced), _run_id(traced, "ring"), "--format", "chrome", "--step", "0"]) == 2
     assert "traced steps 1, 2" in capsys.readouterr().err

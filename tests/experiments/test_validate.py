@@ -73,17 +73,14 @@ def _cells() -> list[tuple[str, int, int, str, str]]:
 
 
 @pytest.fixture(scope="module")
-def reduced_matrix() -> dict:
-    """Every cell's row, two simulations at a time (`syncbench validate --jobs 2`: on 2 cores half the wall time of
-    one at a time); asked for by one cell, it runs them all."""
-    import io
+def reduced_matrix(request) -> dict:
+    """Every cell's row: from the process tests/conftest.py started for make test-fast's selection
+    (tests/experiments/reduced_matrix.py), or else computed here two simulations at a time (`syncbench validate
+    --jobs 2`: on 2 cores half the wall time of one at a time); asked for by one cell, it runs them all."""
+    from tests.experiments.reduced_matrix import compute
 
-    from experiments.validate import validate
-
-    cells = _cells()
-    frame = validate([Cell(BY_LABEL[label], n, b, lat, k) for label, n, k, b, lat in cells], jobs=2,
-                     log=io.StringIO())
-    return dict(zip(cells, frame.to_dict("records")))
+    background = getattr(request.config, "_syncbench_matrix", None)
+    return background.rows() if background is not None else compute(jobs=2)
 
 
 @pytest.mark.simgrid_fast

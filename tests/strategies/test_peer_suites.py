@@ -110,11 +110,17 @@ def test_mpich_allred_float_identical_on_every_rank(name, params):
             if accepts(config, op, dtype):
                 scale = 0.05 if op == "prod" else 1.0
                 calls.append((op, [(1 + scale * rng.standard_normal(1009)).astype(dtype) for _ in range(8)]))
+    by_world: dict[int, list] = {}  # one sequence per world size, on one strategy object per rank (3 and 8 ranks)
     for op, inputs in calls:
-        outputs = run_sequence(name, [(op, inputs)], timeout=30, **params)[0][0]
-        check_identical(outputs, f"allred_float.c: {name}{params or ''} op={op} dtype={inputs[0].dtype}")
-        np.testing.assert_allclose(outputs[0].astype(np.float64), reference(inputs, op).astype(np.float64),
-                                   rtol=2e-2 if inputs[0].dtype == np.float16 else 1e-5, atol=1e-2)
+        by_world.setdefault(len(inputs), []).append((op, inputs))
+    for sequence in by_world.values():
+        for (op, inputs), (outputs, _) in zip(sequence, run_sequence(name, sequence, timeout=30, **params),
+                                               strict=True):
+            case = f"allred_float.c: {name}{params or ''} n={len(inputs)} op={op} dtype={inputs[0].dtype}"
+            check_identical(outputs, case)
+            np.testing.assert_allclose(outputs[0].astype(np.float64), reference(inputs, op).astype(np.float64),
+                                       rtol=2e-2 if inputs[0].dtype == np.float16 else 1e-5, atol=1e-2,
+                                       err_msg=case)
 
 
 # -- mpi4py test/test_cco_buf.py (testAllreduce): every count below the world size, every typecode --------
