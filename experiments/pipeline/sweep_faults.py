@@ -354,15 +354,19 @@ class SweepSegments(fault_runs.Segments):
         return True
 
 
-def release_frames(error: BaseException) -> None:
+def release_frames(error: BaseException, tracebacks: bool = False) -> None:
     """Drop the locals of the frames `error` (and the errors it was raised from) passed through: a failed member's
     model, optimizer and step tensors, which its traceback would otherwise hold until the interpreter's cycle
     collector runs (the thread ranks keep each failure, and its traceback refers back to them), so a failed
-    segment's models outlive it by several runs. The traceback still names every file and line."""
+    segment's models outlive it by several runs. The traceback still names every file and line. `tracebacks`:
+    drop the tracebacks too (an error kept for its message by what its frames refer to: the run's end, kept by
+    the segments whose methods raised it, a cycle even through the frames that were still running)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         traceback.clear_frames(error.__traceback__)  # frames still running (the caller's) are left as they are
+        if tracebacks:
+            error.__traceback__ = None
         error = error.__cause__ or error.__context__
 
 
@@ -405,6 +409,8 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
         out, error = None, f"{type(e).__name__}: {e}"
     rows = _last_attempts(segments.rows)
     meta = {**meta, "duration_s": segments.clock() - segments.began}
+    if out is not None and out.ended is not None:  # kept for its message; its traceback's frames hold the segments
+        release_frames(out.ended, tracebacks=True)
     gc.collect()  # each failure's record on the thread ranks is a reference cycle (its traceback refers back to the
     # ranks' run, whose function holds these segments): freed here, after the run's clock, not runs later
     if not rows:
