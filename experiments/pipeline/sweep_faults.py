@@ -29,9 +29,11 @@ A failure the mode cannot recover from ends the run: its completed steps are kep
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import threading
 import time
+import traceback
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -96,15 +98,27 @@ class SlotState:
         return self.params.numpy()
 
 
-def capture(compute: MeasuredCompute) -> SlotState:
+def capture(compute: MeasuredCompute, into=None) -> SlotState:
+    """The slot's state now. `into`: its state kept after the previous step, overwritten in place (no new copy of
+    the model per step; nothing else may hold it), else a new one."""
     optimizer = compute._optimizer
     momentum = None
     if optimizer is not None:
         (param,) = optimizer.param_groups[0]["params"]  # the flat buffers as one parameter
         momentum = optimizer.state.get(param, {}).get("momentum_buffer")
-    return SlotState(compute.flat.params.detach().clone(), [b.detach().clone() for b in compute.model.buffers()],
-                     None if momentum is None else momentum.clone(),
-                     {k: copy.deepcopy(getattr(compute.data, k)) for k in DATA_POSITION if hasattr(compute.data, k)})
+    data = {k: copy.deepcopy(getattr(compute.data, k)) for k in DATA_POSITION if hasattr(compute.data, k)}
+    buffers = [b.detach() for b in compute.model.buffers()]
+    if isinstance(into, SlotState) and (into.momentum is None) == (momentum is None):
+        with torch.no_grad():
+            into.params.copy_(compute.flat.params)
+            for kept, buffer in zip(into.buffers, buffers, strict=True):
+                kept.copy_(buffer)
+            if momentum is not None:
+                into.momentum.copy_(momentum)
+        into.data = data
+        return into
+    return SlotState(compute.flat.params.detach().clone(), [b.clone() for b in buffers],
+                     None if momentum is None else momentum.clone(), data)
 
 
 def restore(compute: MeasuredCompute, state: SlotState) -> None:
@@ -283,9 +297,11 @@ class SweepSegments(fault_runs.Segments):
                     return self._server(comm, spec, config, comm.rank - m, start)
                 return self._worker(comm, spec, config, alive, start, joining, donor, ready, finished)
             except threading.BrokenBarrierError as e:  # a consequence of the rank that failed, never the cause
+                release_frames(e)
                 raise RankAborted("the step's barrier broke: a peer failed") from e
-            except BaseException:
+            except BaseException as e:
                 finished.abort()
+                release_frames(e)
                 raise
 
         try:
@@ -341,6 +357,22 @@ class SweepSegments(fault_runs.Segments):
         return True
 
 
+def release_frames(error: BaseException, tracebacks: bool = False) -> None:
+    """Drop the locals of the frames `error` (and the errors it was raised from) passed through: a failed member's
+    model, optimizer and step tensors, which its traceback would otherwise hold until the interpreter's cycle
+    collector runs (the thread ranks keep each failure, and its traceback refers back to them), so a failed
+    segment's models outlive it by several runs. The traceback still names every file and line. `tracebacks`:
+    drop the tracebacks too (an error kept for its message by what its frames refer to: the run's end, kept by
+    the segments whose methods raised it, a cycle even through the frames that were still running)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # frames still running (the caller's) are left as they are
+        if tracebacks:
+            error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+
+
 class _Hooks:
     """A member's begin and end of each step (train.run_steps calls them)."""
 
@@ -357,7 +389,7 @@ class _Hooks:
         run, timeout = self.run, self.run.spec.timeout
         row["wall_s"] = run.clock() - run.began  # on the run's clock, recoveries included
         self.finished.wait(timeout)  # every member has the step's result: none is kept before all are
-        run.params[self.slot] = capture(self.compute)
+        run.params[self.slot] = capture(self.compute, run.params.get(self.slot))  # the slot's one kept state
         with run.lock:
             run.rows.append(row)
         self.finished.wait(timeout)
@@ -390,6 +422,10 @@ def execute(spec, meta: dict, segments: SweepSegments | None = None) -> tuple[di
         out, error = None, f"{type(e).__name__}: {e}"
     rows = last_attempts(segments.rows)
     meta = {**meta, "duration_s": segments.clock() - segments.began}
+    if out is not None and out.ended is not None:  # kept for its message; its traceback's frames hold the segments
+        release_frames(out.ended, tracebacks=True)
+    gc.collect()  # each failure's record on the thread ranks is a reference cycle (its traceback refers back to the
+    # ranks' run, whose function holds these segments): freed here, after the run's clock, not runs later
     if not rows:
         row, _ = summarize(spec, None, error or _ended(out), meta)
         return {**row, **fault_columns(spec, out, rows, row, segments)}, [], []
