@@ -83,9 +83,9 @@ def add_arguments(p) -> None:
                         "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
                         "simulation where both run)")
     p.add_argument("--replay-shrunk", action="store_true",
-                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated, the steps at "
-                        "fewer workers replayed by the ring's exact event recursion, used only once it gives the "
-                        "simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
+                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated (lazy sharing: "
+                        "no link carries two flows), fewer workers' replayed by the ring's exact event recursion, "
+                        "used only once it gives the simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
     p.add_argument("--servers-fail", action="store_true",
                    help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
                         "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
@@ -443,9 +443,9 @@ def simulate(args) -> int:
         if args.compose:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
-            if getattr(table, "replayed", None):
-                print(f"#   replayed, not simulated: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
-                      f"workers (the replay at {sim.workers}: {table.agreement:.2g} from the simulated step)")
+            if isinstance(getattr(table, "replayed", None), set):  # the step at n with sharing = lazy, checked
+                print(f"#   replayed: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
+                      f"(at {sim.workers}: {table.agreement:.2g} from SimGrid's step, {sim.platform.sharing} sharing)")
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
@@ -456,6 +456,7 @@ def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
     does not fit is not a row, replicas that do not fit the servers are an error."""
     from experiments.simulate.fault_servers import ServerFaultSim
     from experiments.simulate.faults import FaultSim
+    from experiments.simulate.platform import Platform
 
     plan = []
     for item in args.strategy or ("ring", "parameter_server"):
@@ -463,6 +464,8 @@ def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
         for mode in modes:
             every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
             kind, extra = FaultSim, {}
+            if args.replay_shrunk and (name, params) == ("ring", {}):  # checked against the exact replay at n
+                extra["platform"] = Platform(network_model="alpha_beta", sharing="lazy")
             if args.servers_fail:
                 kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
             try:
