@@ -444,7 +444,7 @@ def simulate(args) -> int:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
             if isinstance(getattr(table, "replayed", None), set):  # the step at n with sharing = lazy, checked
-                print(f"#   replayed: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
+                print(f"#   replayed: {', '.join(map(str, sorted(table.replayed, reverse=True))) or 'none'} "
                       f"(at {sim.workers}: {table.agreement:.2g} from SimGrid's step, {sim.platform.sharing} sharing)")
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
