@@ -83,9 +83,9 @@ def add_arguments(p) -> None:
                         "instead of simulating every step (what makes 1,024 ranks feasible; equal to the full "
                         "simulation where both run)")
     p.add_argument("--replay-shrunk", action="store_true",
-                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated, the steps at "
-                        "fewer workers replayed by the ring's exact event recursion, used only once it gives the "
-                        "simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
+                   help="with --compose, ring on the alpha-beta star: the step at --workers simulated (lazy sharing: "
+                        "no link carries two flows), fewer workers' replayed by the ring's exact event recursion, "
+                        "used only once it gives the simulated step to 1e-9 (experiments/simulate/ring_replay.py)")
     p.add_argument("--servers-fail", action="store_true",
                    help="with --simulate: a parameter server's dedicated servers fail too, as often as a worker; "
                         "ps_shrink covers a server's failure by a chain replica (--replicas), checkpoint_restart by "
@@ -407,17 +407,16 @@ def simulate(args) -> int:
         if args.compose:  # one table per strategy: its modes share the steps
             key = (item, getattr(sim, "replicas", 0))  # replicas make a longer step
             table = tables[key] if key in tables else tables.setdefault(key, _table(sim, args.replay_shrunk))
-            cpu0, wall0 = table.cpu_s, table.wall_s
+            cpu0 = table.cpu_s
+        started = time.perf_counter()  # the row's wall: its step simulations (the first row's) and its composition
         if daly:
             step_s = table(sim.workers) if table else _one_step(sim)
             every = max(1, round(daly_interval(sim.costs.checkpoint_s, sim.mtbf_s / sim.failing_slots()) / step_s))
             sim = replace(sim, checkpoint_every=every)
-        started = time.perf_counter()
         got = compare(sim, range(args.simulate), composed=args.compose, steps=table)
         cpu, wall = got.cpu_s, got.wall_s
         if table is not None:  # this row's step simulations, and the composition's own time
-            cpu, wall = table.cpu_s - cpu0, table.wall_s - wall0
-            wall = time.perf_counter() - started + wall
+            cpu, wall = table.cpu_s - cpu0, time.perf_counter() - started
         print(f"{item:<20} {sim.mode:<18} {sim.checkpoint_every or '-':>5} {got.failures:>12.2f} "
               f"{got.simulated_s:>12.2f} {got.stderr_s:>6.2f} {got.model_s:>9.2f} {got.ratio:>9.4f} "
               f"{got.overhead_ratio:>8.3f} {cpu:>7.1f} {wall:>7.1f}")
@@ -428,9 +427,9 @@ def simulate(args) -> int:
         if args.compose:
             shown = ", ".join(f"{m}: {s:.6g}" for m, s in sorted(got.step_s.items(), reverse=True))
             print(f"#   simulated seconds a step at each world size: {shown}")
-            if getattr(table, "replayed", None):
-                print(f"#   replayed, not simulated: {', '.join(map(str, sorted(table.replayed, reverse=True)))} "
-                      f"workers (the replay at {sim.workers}: {table.agreement:.2g} from the simulated step)")
+            if isinstance(getattr(table, "replayed", None), set):  # the step at n with sharing = lazy, checked
+                print(f"#   replayed: {', '.join(map(str, sorted(table.replayed, reverse=True))) or 'none'} "
+                      f"(at {sim.workers}: {table.agreement:.2g} from SimGrid's step, {sim.platform.sharing} sharing)")
     print("# overhead: (simulated - failure-free) / (model - failure-free), what failures cost against the model's "
           "price; CPU s: the SimGrid simulations (composed: of this row's new world sizes)")
     return 0
@@ -441,6 +440,7 @@ def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
     does not fit is not a row, replicas that do not fit the servers are an error."""
     from experiments.simulate.fault_servers import ServerFaultSim
     from experiments.simulate.faults import FaultSim
+    from experiments.simulate.platform import Platform
 
     plan = []
     for item in args.strategy or ("ring", "parameter_server"):
@@ -448,6 +448,8 @@ def _simulated_plan(args, modes, mtbf, costs, replicas) -> list:
         for mode in modes:
             every = max(1, args.checkpoint_every) if mode == CHECKPOINT_RESTART else 0
             kind, extra = FaultSim, {}
+            if args.replay_shrunk and (name, params) == ("ring", {}):  # checked against the exact replay at n
+                extra["platform"] = Platform(network_model="alpha_beta", sharing="lazy")
             if args.servers_fail:
                 kind, extra = ServerFaultSim, {"replicas": replicas if mode != CHECKPOINT_RESTART else 0}
             try:

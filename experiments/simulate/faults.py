@@ -66,6 +66,10 @@ class FaultSim:
         if config.asynchronous:
             raise FaultSettingError("a barrier-free parameter server is not simulated with failures: its servers "
                                     "serve a whole run at once")
+        if self.platform.sharing == "lazy" and (self.strategy != "ring" or self.params):
+            raise ValueError(f"platform sharing = 'lazy' with {self.strategy} {self.params or ''}: accepted for ring "
+                             f"(no settings) only, whose links never carry two flows at once; the others share "
+                             f"links, where SimGrid's lazy update can leave one over its capacity (use 'full')")
         if self.mode == CHECKPOINT_RESTART and self.checkpoint_every < 1:
             raise FaultSettingError(f"checkpoint_every = {self.checkpoint_every!r}: checkpoint_restart needs >= 1")
 

@@ -33,13 +33,17 @@ TOPOLOGIES = ("star", "fat_tree", "nodes")
 # and can leave a link over its capacity: a node's ring of 4 ranks started, then its 4 messages to the next node, at
 # 100 Gbit/s everywhere, got 6.25 GB/s each through the 12.5 GB/s NIC (hierarchical on 2 nodes of 4: 7% fast; 4 ranks
 # in nodes of 2 at 10 Gbit/s, pipelined: 40% fast, under the NIC's bound). Full re-solves every flow at every event
-# (max-min exactly; simulations take about 1.2-1.5x the CPU).
+# (max-min exactly; simulations take about 1.2-1.5x the CPU). sharing = "lazy" keeps SimGrid's lazy update: only on
+# the alpha-beta star with shared split-duplex NICs, and only for a strategy no link of which carries two flows at
+# once (the ring: FaultSim refuses the rest), where there is nothing to share and the lazy update cannot err.
 _EXACT_SHARING = ("network/optim:Full",)
 NETWORK_MODELS = {
-    "tcp": ("network/model:LV08",) + _EXACT_SHARING,
+    "tcp": ("network/model:LV08",),
     "alpha_beta": ("network/model:CM02", "network/crosstraffic:0", "network/TCP-gamma:0",
-                   "network/latency-factor:1", "network/bandwidth-factor:1") + _EXACT_SHARING,
+                   "network/latency-factor:1", "network/bandwidth-factor:1"),
 }
+SHARING = ("full", "lazy")
+LAZY_PLATFORM = ("star", "alpha_beta", "shared")  # (topology, network_model, nic) where sharing = "lazy" is accepted
 NETWORK_MODEL_HELP = ("'tcp' (SimGrid's default LV08: 97% goodput, latency x 13.01, crosstraffic, TCP-gamma 4 MiB) "
                       "or 'alpha_beta' (CM02, corrections off: latency + bytes / bandwidth exactly)")
 _HOST_SPEED = 1e9  # flop/s; nothing computes in flops (compute is simulated sleep), but hosts need a speed
@@ -59,6 +63,7 @@ class Platform:
     gpus_per_node: int = 8
     intra_bandwidth: float = 150e9
     intra_latency: float = 2e-6
+    sharing: str = "full"
 
     def __post_init__(self):
         problems = []
@@ -72,6 +77,13 @@ class Platform:
                             f"buffering switch, drained one at a time per receiver: the link emulation's model)")
         if self.nic == "buffered" and self.topology != "star":
             problems.append(f"nic = 'buffered' is modelled on the star only, not on topology = {self.topology!r}")
+        if self.sharing not in SHARING:
+            problems.append(f"sharing = {self.sharing!r}: accepted are 'full' (SimGrid re-solves every flow's share at "
+                            f"every event) or 'lazy' (its lazy update, on {'/'.join(LAZY_PLATFORM)} only)")
+        elif self.sharing == "lazy" and (self.topology, self.network_model, self.nic) != LAZY_PLATFORM:
+            problems.append(f"sharing = 'lazy' on {self.topology}, {self.network_model}, nic {self.nic}: accepted on "
+                            f"the star, alpha_beta, nic shared only (split-duplex NICs, no TCP corrections), where a "
+                            f"ring's links never carry two flows")
         for key in ("hosts_per_leaf", "gpus_per_node"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -106,8 +118,8 @@ class Platform:
 
     @property
     def config(self) -> tuple[str, ...]:
-        """SimGrid settings of the network model."""
-        return NETWORK_MODELS[self.network_model]
+        """SimGrid settings of the network model and its sharing."""
+        return NETWORK_MODELS[self.network_model] + (_EXACT_SHARING if self.sharing == "full" else ())
 
     def label(self) -> str:
         link = f"{self.bandwidth * 8 / 1e9:g}Gbit {self.latency * 1e6:g}us"
