@@ -139,9 +139,9 @@ def _server(ctx, plan: _Plan) -> _Report:
     report = _Report(slot, None, plan.start)
     spec = replace(plan.spec, workers=plan.workers, steps=plan.end)
     try:
-        if slot in plan.load:
+        if slot in plan.load:  # FRESH or a checkpoint's snapshot (FRESH arrives as a copy: not compared by identity)
             ctx.state[SERVER] = update = fresh_server(spec)
-            if plan.load[slot] is not FRESH:
+            if isinstance(plan.load[slot], dict):
                 server_restore(update, plan.load[slot])
         update = ctx.state[SERVER]
         buckets = make_buckets([p.numel() for p in update.flat.trainable], spec.bucket_mb)
