@@ -11,9 +11,19 @@ actor runs the sweep's real step loop (train.run_steps) on its slot's model and 
 parameters, buffers, momentum, data position) stays in the actor between segments and comes back to the driver
 with its step rows at the segment's end.
 
-Times are time.time() on each process (one machine, or the emulated cluster's: one clock). Refused here, each with
-its reason (problems()): parameter servers with failures (their servers' shards are not yet carried from segment
-to segment on actors), device = "cuda" (a slot's state travels through the driver as it is, on the GPU).
+A synchronous parameter server's dedicated servers are actors n..n+s-1 of the group, in every segment after the
+live workers: each runs the thread ranks' loop (servers.serve_steps) on its shards, which stay in its actor with
+their momentum from segment to segment, so a worker's death shrinks the barrier to the survivors (ps_shrink) and
+the servers go on; each server writes its shards to the run's log with the workers' checkpoint, and a restart
+hands them back. Servers do not fail in a sweep (a server rank in the schedule is refused, as on thread ranks).
+
+With an mtbf the driver hands each member its slot's time (seconds from the run's start, drawn per slot from the
+seed as on thread ranks); a rank dies at the first step it starts after it; the death joins the schedule and the
+replacement's time is drawn from the slot's stream.
+
+Times are time.time() on each process (one machine, or the emulated cluster's: one clock). Refused here (beyond
+the thread ranks' list, problems()): device = "cuda" (a slot's state travels through the driver as it is, on the
+GPU).
 """
 
 from __future__ import annotations
@@ -25,11 +35,26 @@ import numpy as np
 import ray
 
 from experiments.pipeline.ray_faults import ActorSegments, attribute, collect, completed_steps, die, form, hang_up
-from experiments.pipeline.sweep_faults import FRESH, SlotState, SweepSegments, _Mixed, build, capture, fetch, restore
+from experiments.pipeline.servers import serve_steps
+from experiments.pipeline.sweep_faults import (
+    FRESH,
+    SlotState,
+    SweepSegments,
+    _Mixed,
+    build,
+    capture,
+    fetch,
+    fresh_server,
+    restore,
+    server_restore,
+    server_snapshot,
+)
 from experiments.pipeline.train import run_steps
 from strategies.faults import Failure
+from workloads.buckets import make_buckets
 
-STATE = "sweep_fault_state"  # the actor's state key: its slot's SlotState after its last completed step
+STATE = "sweep_fault_state"  # a worker actor's state key: its slot's SlotState after its last completed step
+SERVER = "sweep_fault_server"  # a server actor's: its ShardUpdate (shards and momentum) after its last served step
 
 
 def problems(spec) -> list[str]:
@@ -38,10 +63,6 @@ def problems(spec) -> list[str]:
         return []
     what = f"run {spec.strategy} x {spec.workers} workers with failures on the ray substrate"
     found = []
-    if spec.strategy_config().num_servers(spec.workers):
-        found.append(f"{what}: strategy {spec.strategy!r} has server ranks, whose shards and checkpoint are not "
-                     f"yet carried from segment to segment on actors; accepted are strategies without servers, or "
-                     f"--substrate threads")
     if spec.device != "cpu":
         found.append(f"{what}: device = {spec.device!r}; a slot's state travels through the driver between "
                      f"segments and is not moved back to the GPU; accepted is device = 'cpu', or --substrate threads")
@@ -58,7 +79,8 @@ class _Plan:
 
     spec: object  # the run's (n workers): slot k's data shard is k of n whatever the group's size
     config: object
-    members: tuple[int, ...]  # the slot at each rank
+    members: tuple[int, ...]  # the actor at each rank: the live worker slots, then the servers (n + j)
+    workers: int  # how many members are workers (ranks 0..workers-1)
     start: int
     end: int
     dying: dict  # slot -> the step it dies in (scheduled)
@@ -67,7 +89,7 @@ class _Plan:
     joining: tuple[int, ...]  # replacements that fetch the state from `donor`
     donor: int | None
     has_momentum: bool
-    load: dict  # slot -> SlotState or FRESH the driver hands it; the others keep their own
+    load: dict  # slot -> SlotState or FRESH the driver hands it (a server: its snapshot or FRESH); the others keep
     mixing: np.ndarray | None
     checkpoint_every: int  # 0: none
     log: object
@@ -88,6 +110,8 @@ class _Report:
 def _member(ctx, plan: _Plan) -> _Report:
     """One member actor's segment; returns what it completed, even when a peer's death stops it."""
     comm = ctx.comm
+    if comm.rank >= plan.workers:
+        return _server(ctx, plan)
     slot = plan.members[comm.rank]
     report = _Report(slot, None, plan.start)
     config = plan.config if plan.mixing is None else _Mixed(plan.config, plan.mixing)
@@ -101,7 +125,7 @@ def _member(ctx, plan: _Plan) -> _Report:
             fetch(comm, compute, list(plan.members), slot, plan.joining, plan.donor, plan.has_momentum)
         comm.allgather_object(None)  # the group is formed: every rank built, the replacements hold the state
         report.ready = time.time()
-        spec = replace(plan.spec, workers=len(plan.members), steps=plan.end)
+        spec = replace(plan.spec, workers=plan.workers, steps=plan.end)
         result = run_steps(comm, spec, config, compute, buckets, hooks=_Hooks(plan, ctx, slot, compute, report))
         report.final = result["final"]
     except Exception as e:  # noqa: BLE001 - a peer's death: reported with what this rank completed
@@ -109,6 +133,55 @@ def _member(ctx, plan: _Plan) -> _Report:
         report.error = f"{type(e).__name__}: {e}"
         hang_up(comm)
     return report
+
+
+def _server(ctx, plan: _Plan) -> _Report:
+    """A server actor's segment: the thread ranks' serve_steps on its shards, which stay in the actor from segment
+    to segment (the run's start and a restart hand it fresh ones or the checkpoint's)."""
+    comm = ctx.comm
+    slot = plan.members[comm.rank]
+    report = _Report(slot, None, plan.start)
+    spec = replace(plan.spec, workers=plan.workers, steps=plan.end)
+    try:
+        if slot in plan.load:  # FRESH or a checkpoint's snapshot (FRESH arrives as a copy: not compared by identity)
+            ctx.state[SERVER] = update = fresh_server(spec)
+            if isinstance(plan.load[slot], dict):
+                server_restore(update, plan.load[slot])
+        update = ctx.state[SERVER]
+        buckets = make_buckets([p.numel() for p in update.flat.trainable], spec.bucket_mb)
+        comm.allgather_object(None)  # the group is formed (the workers' side: _member)
+        report.ready = time.time()
+        serve_steps(comm, spec, plan.config, buckets, update, first=plan.start,
+                    hooks=_ServerHooks(plan, comm, slot, update, report))
+    except Exception as e:  # noqa: BLE001 - a worker's death: reported with what this server completed
+        report.noticed = time.time()
+        report.error = f"{type(e).__name__}: {e}"
+        hang_up(comm)
+    return report
+
+
+def _counted(plan: _Plan, comm, slot: int, step: int, row: dict, report: _Report, take):
+    """The end of a step on any member: the step counts once every rank has it; then the member keeps `take()`
+    (its state) and, at a checkpoint step, writes it to the run's log before going on. Returns the state."""
+    row["wall_s"] = time.time() - plan.began  # on the run's clock, recoveries included
+    comm.barrier()  # every rank has the step's result: none keeps it before all do
+    state = take()
+    if plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:  # written before going on
+        ray.get(plan.log.save_latest.remote(slot, step + 1, state))
+    report.rows.append(row)
+    report.done = step + 1
+    comm.barrier()  # every rank kept it: a death after this cannot catch a peer still in the one before
+    return state
+
+
+class _ServerHooks:
+    """A server's end of each step (servers.serve_steps calls it); servers do not fail in a sweep."""
+
+    def __init__(self, plan: _Plan, comm, slot: int, update, report: _Report):
+        self.plan, self.comm, self.slot, self.update, self.report = plan, comm, slot, update, report
+
+    def end(self, step: int, row: dict) -> None:
+        _counted(self.plan, self.comm, self.slot, step, row, self.report, lambda: server_snapshot(self.update))
 
 
 class _Hooks:
@@ -126,20 +199,16 @@ class _Hooks:
             die(plan.log, self.slot, step)
 
     def end(self, step: int, row: dict) -> None:
-        plan, comm = self.plan, self.ctx.comm
-        row["wall_s"] = time.time() - plan.began  # on the run's clock, recoveries included
-        comm.barrier()  # every rank has the step's result: none keeps it before all do
-        self.ctx.state[STATE] = state = capture(self.compute)
-        if plan.checkpoint_every and (step + 1) % plan.checkpoint_every == 0:  # written before going on
-            ray.get(plan.log.save_latest.remote(self.slot, step + 1, state))
-        self.report.rows.append(row)
-        self.report.state, self.report.done = state, step + 1
-        comm.barrier()  # every rank kept it: a death after this cannot catch a peer still in the one before
+        def take():
+            self.ctx.state[STATE] = state = capture(self.compute)
+            return state
+
+        self.report.state = _counted(self.plan, self.ctx.comm, self.slot, step, row, self.report, take)
 
 
 class RaySweepSegments(ActorSegments, SweepSegments):
-    """SweepSegments whose segments run on the actors of `group` (actor k is worker slot k); `log`: the run's
-    ray_faults.RunLog; `schedule`: failures in place of the spec's (as SweepSegments)."""
+    """SweepSegments whose segments run on the actors of `group` (actor k is worker slot k, actor n + j server j);
+    `log`: the run's ray_faults.RunLog; `schedule`: failures in place of the spec's (as SweepSegments)."""
 
     def __init__(self, spec, group, log, schedule=None):
         super().__init__(spec, schedule)
@@ -152,19 +221,33 @@ class RaySweepSegments(ActorSegments, SweepSegments):
                 self.pending.append(Failure(step, slot))
                 self.due[slot] = at - self.began + self.rngs[slot].exponential(self.mtbf)
 
+    def _completed(self, step: int, saved: dict | None = None) -> None:
+        """As SweepSegments', the servers' part of a checkpoint taken from what their actors wrote to the log."""
+        super()._completed(step, saved)
+        if self.checkpoints_at(self.step) and saved:
+            self.server_checkpoint = {slot - self.workers: state for slot, state in saved.items()
+                                      if slot >= self.workers} or None
+
     def _segment(self, start: int, end: int, joining: list[int], ready: list[float]) -> None:
         left = self.time_left(start)
-        members = list(self.alive)
+        m = len(self.alive)
+        servers = [self.workers + j for j in range(self.config.num_servers(m))]
+        members = list(self.alive) + servers
         form(self, members)
         dying: dict[int, int] = {}
         for f in sorted(self.pending):
             if start <= f.step < end:
                 dying.setdefault(f.rank, f.step)
-        load = {s: self.params[s] for s in members} if self.load_all else {s: FRESH for s in joining}
+        if self.load_all:  # the run's start or a restart: every worker its state, every server fresh or checkpointed
+            load = {s: self.params[s] for s in self.alive}
+            checkpoint = self.server_checkpoint or {}
+            load |= {s: checkpoint.get(s - self.workers, FRESH) for s in servers}
+        else:
+            load = {s: FRESH for s in joining}
         self.load_all = False
-        donor = next((s for s in members if s not in joining), None)
+        donor = next((s for s in self.alive if s not in joining), None)
         source = self.params.get(donor)
-        plan = _Plan(self.spec, self.config, tuple(members), start, end, dying, dict(self.due), self.began,
+        plan = _Plan(self.spec, self.config, tuple(members), m, start, end, dying, dict(self.due), self.began,
                      tuple(joining), donor, isinstance(source, SlotState) and source.momentum is not None, load,
                      None if self.mixing is None else self.mixing.matrix, self.recovery.checkpoint_every, self.log)
         spec = self.spec
@@ -183,8 +266,12 @@ class RaySweepSegments(ActorSegments, SweepSegments):
                                f"{ {slot: at for slot, (at, _) in latest.items()} } (slot: steps completed)")
         for step in range(start, completed):
             self._completed(step, saved if self.checkpoints_at(step + 1) else None)
-        rows = [row for r in reports.values() for row in r.rows] + ray.get(self.log.kept.remote())  # the dead's
+        rows = [row for r in reports.values() if r.slot < self.workers for row in r.rows]
+        rows += ray.get(self.log.kept.remote())  # the dead's
         self.rows += [row for row in rows if row["step"] < completed]
+        # the servers' rows of the completed steps, each step's last attempt (a restart redoes steps from start)
+        self.server_rows = [row for row in self.server_rows if row["step"] < start] + [
+            row for r in reports.values() if r.slot >= self.workers for row in r.rows if row["step"] < completed]
         for r in reports.values():
             if r.state is not None:
                 self.params[r.slot] = r.state
@@ -194,7 +281,8 @@ class RaySweepSegments(ActorSegments, SweepSegments):
 
 
 def execute(spec, meta: dict, group) -> tuple[dict, list[dict], list]:
-    """Run `spec` with its failures on `group` (a WorkerGroup of spec.workers actors): sweep_faults.execute's row.
+    """Run `spec` with its failures on `group` (a WorkerGroup of spec.world_size() actors: workers, then servers):
+    sweep_faults.execute's row.
     Afterwards the killed actors are replaced and the whole group re-formed for the next run (or, where that
     fails, the group is marked broken: the next run starts a fresh one); the run's log actor is killed."""
     from experiments.pipeline.ray_faults import RunLog

@@ -15,11 +15,13 @@ from strategies.parameter_server_async import unit_buckets
 from strategies.transport.ops import wire_dtype
 
 
-def serve_steps(comm, spec, config, buckets, update, first: int = 0) -> dict:
+def serve_steps(comm, spec, config, buckets, update, first: int = 0, hooks=None) -> dict:
     """A parameter server rank: per step, serve the buckets in bucket order as the workers push them (per
     bucket, as BytePS does); `update(bucket, reduced, where)` steps this server's shard and returns the
     parameters to send back, timing itself on `update.clock` (its time is the server's compute). `first`: the step
-    it starts at (a run with failures resumes its servers at a step; experiments/pipeline/sweep_faults.py)."""
+    it starts at (a run with failures resumes its servers at a step; experiments/pipeline/sweep_faults.py);
+    `hooks.end(step, row)` after each step, where given (on Ray actors the step is counted there once every rank
+    has it, as the workers' hooks count it: experiments/pipeline/ray_sweep_faults.py)."""
     clock = update.clock
     runtimes = [config.bind(comm, spec.workers) for _ in buckets]
     rows = []
@@ -41,6 +43,8 @@ def serve_steps(comm, spec, config, buckets, update, first: int = 0) -> dict:
         trace.end()
         rows.append(step_row(spec, step, comm.rank, "server", update.busy_s, total - update.busy_s, comm.counters(),
                              clock() - run_start, comm_busy_s=total))
+        if hooks is not None:
+            hooks.end(step, rows[-1])
     return {"steps": rows, "final": {"loss": math.nan, "param_norm": math.nan, "numel": update.numel,
                                      "consensus_distance": math.nan, "buckets": len(buckets),
                                      "bucket_numels": [b.numel for b in buckets], "trained": False},

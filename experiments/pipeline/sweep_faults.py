@@ -154,6 +154,15 @@ def server_restore(update: ShardUpdate, snapshot: dict) -> None:
         update.shards[key] = (param, optimizer)
 
 
+def fresh_server(spec) -> ShardUpdate:
+    """A server's state before its first step: its shards are taken from the seeded initial parameters at their
+    first update."""
+    with _INIT_LOCK:  # build_model restores the global stream after it: not while a worker seeds its own
+        model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
+                            seed=spec.seed).to(torch.device(spec.device))
+    return ShardUpdate(spec, FlatModel(model))
+
+
 def build(comm, slot: int, spec, config):
     """Worker slot `slot`'s model, compute and buckets as train() builds them (the same seeds, so a slot's fresh
     model is its failure-free one); `spec` is the run's, its data shard slot of the run's n workers."""
@@ -336,11 +345,8 @@ class SweepSegments(fault_runs.Segments):
 
     def _server(self, comm, spec, config, index: int, start: int) -> dict:
         update = self.servers.get(index)
-        if update is None:  # its shards are taken from the seeded initial parameters at their first update
-            with _INIT_LOCK:  # build_model restores the global stream after it: not while a worker seeds its own
-                model = build_model(spec.workload, num_classes=spec.num_classes, image_size=spec.image_size,
-                                    seed=spec.seed).to(torch.device(spec.device))
-            update = self.servers[index] = ShardUpdate(spec, FlatModel(model))
+        if update is None:
+            update = self.servers[index] = fresh_server(spec)
         buckets = make_buckets([p.numel() for p in update.flat.trainable], spec.bucket_mb)
         comm.allgather_object(None)  # the group is formed (the workers' side: _worker)
         return serve_steps(comm, spec, config, buckets, update, first=start)

@@ -33,6 +33,16 @@ def group(ray_session):
     group.shutdown()
 
 
+@pytest.fixture(scope="module")
+def group_ps(ray_session):
+    """3 workers and the parameter server's 1 server."""
+    from experiments.cluster.group import WorkerGroup
+
+    group = WorkerGroup(4, num_cpus=0.5, timeout=60)
+    yield group
+    group.shutdown()
+
+
 def on_ray(group, spec, schedule=None):
     """The run on the actors (`schedule`: in place of the spec's): (its result, the segments), its log killed
     after."""
@@ -47,7 +57,7 @@ def on_ray(group, spec, schedule=None):
         ray.kill(log)
         for index in sorted(segments.dead):
             group.replace(index)
-        group.reform([0, 1, 2])
+        group.reform(list(range(group.world_size)))
 
 
 def test_elastic_survivors_on_actors_train_as_on_thread_ranks(group):
@@ -105,13 +115,74 @@ def test_the_run_row_on_ray_and_no_actor_left_behind(group):
     assert alive == []
 
 
+def test_the_servers_barrier_shrinks_on_actors_and_they_keep_their_shards(group_ps):
+    # slot 1's actor dies in step 1; the server (actor 3) serves 0 and 2 from step 1 on, its shards and momentum
+    # kept in its actor; slot 1's replacement joins at step 3, fetching the state from slot 0
+    spec = spec_of("parameter_server", [(1, 1)], mode="ps_shrink", rejoin_steps=2)
+    run, segments = on_ray(group_ps, spec)
+    assert (run.completed_steps, run.steps_run, run.ended) == (4, 4, None), str(run.ended)
+    [failure] = run.failures
+    assert (failure.step, failure.rank, failure.steps_lost, failure.survivors) == (1, 1, 0, 2)
+    threads = SweepSegments(spec).run()
+    expected = reference(spec, lambda s: [0, 2] if s in (1, 2) else [0, 1, 2], lambda s: {1: 0} if s == 3 else {})
+    assert sorted(run.params) == sorted(threads.params) == [0, 1, 2]
+    for slot in range(3):
+        torch.testing.assert_close(torch.as_tensor(run.params[slot]), torch.as_tensor(threads.params[slot]),
+                                   rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(torch.as_tensor(run.params[slot]), expected, rtol=1e-5, atol=1e-6)
+    # every completed step's server row, its rank after the workers of that step's group
+    assert [(r["step"], r["rank"], r["role"]) for r in segments.server_rows] == [
+        (0, 3, "server"), (1, 2, "server"), (2, 2, "server"), (3, 3, "server")]
+
+
+def test_a_restart_reloads_the_servers_checkpoint_on_actors_bit_identically(group_ps):
+    # slot 2 dies in step 3; the checkpoint after step 1 (workers' and server's) is reloaded, steps 2 redone
+    spec = spec_of("parameter_server", [(3, 2)], mode="checkpoint_restart", checkpoint_every=2)
+    run, segments = on_ray(group_ps, spec)
+    assert (run.completed_steps, run.steps_run) == (4, 5)
+    assert [(f.step, f.rank, f.steps_lost) for f in run.failures] == [(3, 2, 1)]
+    assert sorted(segments.server_checkpoint) == [0]  # the server's part of the checkpoint after step 3
+    assert [r["step"] for r in segments.server_rows] == [0, 1, 2, 3]  # step 2's last attempt only
+    clean, _ = on_ray(group_ps, spec, schedule=[])
+    threads = SweepSegments(spec).run()  # the same failure on thread ranks
+    for slot in range(3):
+        assert torch.equal(torch.as_tensor(run.params[slot]), torch.as_tensor(clean.params[slot]))
+        torch.testing.assert_close(torch.as_tensor(run.params[slot]), torch.as_tensor(threads.params[slot]),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_an_mtbf_run_on_actors_fails_where_its_draws_say_and_its_row_records_it(group):
+    from experiments.pipeline.ray_sweep_faults import RaySweepSegments, execute
+
+    spec = RunSpec(strategy="ring", failures={"mtbf_s": 200.0, "seed": 3},
+                   recovery={"mode": "elastic", "rejoin_steps": 2}, **BASE)
+    # the run's own draws: a slot dies at the first step it starts after its time (seconds from the run's start),
+    # and no step starts within 10 ms of it (the group is formed and every model built first); a time past the
+    # run's timeout never comes (the timeout bounds the whole run)
+    draws = RaySweepSegments(spec, group=None, log=None)
+    early = sorted(slot for slot, due in draws.due.items() if due < 0.01)
+    assert early == [2] and all(due > spec.timeout for slot, due in draws.due.items() if slot != 2)
+    assert draws.rngs[2].exponential(200.0) > spec.timeout  # the replacement's, drawn at the death: never comes
+    # so slot 2 dies in step 0, once; it rejoins at step 2 and lives
+    row, steps, _ = execute(spec, META, group)
+    assert row["status"] == "ok", row["error"]
+    assert (row["failure_setting"], row["failure_count"], row["failure_steps"], row["failure_ranks"],
+            row["steps_lost"], row["completed_steps"]) == ("MTBF 200 s per worker, seed 3", 1, (0,), (2,), 0, 4)
+    assert row["detection_s"] >= 0 and row["recovery_s"] >= 0 and row["time_to_step_s"] > 0
+    workers = [r["step"] for r in steps if r["role"] == "worker"]
+    assert [workers.count(step) for step in range(4)] == [2, 2, 3, 3]
+
+
 def test_ray_refuses_what_its_actors_cannot_recover_yet():
     from experiments.pipeline.ray_substrate import RaySubstrate
     from experiments.pipeline.substrate import Run
 
     substrate = RaySubstrate()
     ps = spec_of("parameter_server", [(2, 1)], mode="ps_shrink")
-    assert any("server ranks" in p for p in substrate.problems(Run(ps.run_id, ps)))
+    assert substrate.problems(Run(ps.run_id, ps)) == []  # synchronous, dedicated servers: their shards on actors
+    cuda = RunSpec(strategy="ring", failures={"schedule": [[2, 1]]}, recovery={"mode": "elastic"},
+                   **{**BASE, "device": "cuda"})
+    assert any("device = 'cuda'" in p for p in substrate.problems(Run(cuda.run_id, cuda)))
     mtbf = RunSpec(strategy="ring", failures={"mtbf_s": 5.0, "seed": 1}, recovery={"mode": "elastic"}, **BASE)
     assert substrate.problems(Run(mtbf.run_id, mtbf)) == []
     ring = spec_of("ring", [(2, 1)], mode="elastic")
