@@ -71,8 +71,9 @@ def _batch_scheduling() -> tuple | None:
     condition variable's signal, the mutex's unlock) followed by a wait. Under the default policy the woken thread
     preempts the waker on the one CPU at the signal, finds the mutex still held, and sleeps on it again: about four
     switches a hand-over where one does. A batch thread never preempts on wake-up: the waker finishes its release
-    and sleeps, then the woken one runs. Measured on a 128-rank ring step: 7 switches a message instead of 15,
-    25-30% less CPU. Simulated time does not depend on it (SimGrid's threads run one at a time, in its order).
+    and sleeps, then the woken one runs. Measured on a ring step: 7 switches a message instead of 15 at 128 ranks,
+    15-20% less CPU at 64-128 ranks, 6-15% at 256 (docs/simulation.md). Simulated time does not depend on it
+    (SimGrid's threads run one at a time, in its order).
     Changing between SCHED_OTHER and SCHED_BATCH at the same nice value needs no privilege."""
     if not hasattr(os, "SCHED_BATCH"):
         return None
