@@ -47,6 +47,7 @@ def simgrid_process(threads: int, config: tuple[str, ...] = ()):
     if pin:
         os.sched_setaffinity(0, {_current_cpu(cpus)})
     gc.disable()
+    policy = _batch_scheduling()
     _size_futex_hash(threads)
     try:
         args = ["syncbench", "--log=root.thres:critical"] + [f"--cfg={c}" for c in config]
@@ -54,10 +55,36 @@ def simgrid_process(threads: int, config: tuple[str, ...] = ()):
             engine = sg.Engine(args)
         yield sg, engine
     finally:
+        if policy is not None:
+            os.sched_setscheduler(0, *policy)
         if gc_was_enabled:
             gc.enable()
         if pin:
             os.sched_setaffinity(0, cpus)
+
+
+def _batch_scheduling() -> tuple | None:
+    """Run this thread, and the actor threads SimGrid starts from it (they inherit it), under SCHED_BATCH; return
+    the policy to restore (None where the platform has none, or the change is refused).
+
+    Every hand-over between SimGrid's threads (maestro to an actor and back) is a semaphore release (a mutex, a
+    condition variable's signal, the mutex's unlock) followed by a wait. Under the default policy the woken thread
+    preempts the waker on the one CPU at the signal, finds the mutex still held, and sleeps on it again: about four
+    switches a hand-over where one does. A batch thread never preempts on wake-up: the waker finishes its release
+    and sleeps, then the woken one runs. Measured on a ring step: 7 switches a message instead of 15 at 128 ranks,
+    15-20% less CPU at 64-128 ranks, 6-15% at 256 (docs/simulation.md). Simulated time does not depend on it
+    (SimGrid's threads run one at a time, in its order).
+    Changing between SCHED_OTHER and SCHED_BATCH at the same nice value needs no privilege."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return None
+    try:
+        saved = (os.sched_getscheduler(0), os.sched_getparam(0))
+        if saved[0] == os.SCHED_BATCH:
+            return None
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        return None
+    return saved
 
 
 def _size_futex_hash(threads: int) -> None:

@@ -352,22 +352,24 @@ def test_messages_from_one_peer_match_receives_in_posting_order():
 
 def test_a_simulation_runs_on_one_cpu_and_gives_the_others_back():
     """SimGrid's actor threads run one at a time: the simulation pins itself to one CPU (threads hand over
-    without cross-CPU wake-ups) and restores the process's CPUs and garbage collector when it ends."""
+    without cross-CPU wake-ups), runs its threads under SCHED_BATCH (a woken thread does not preempt its waker)
+    and restores the process's CPUs, scheduling policy and garbage collector when it ends."""
     import gc
 
     def fn(comm):
-        return sorted(os.sched_getaffinity(0)), gc.isenabled()
+        return sorted(os.sched_getaffinity(0)), gc.isenabled(), os.sched_getscheduler(0)
 
     def child():
-        before = os.sched_getaffinity(0)
+        before = os.sched_getaffinity(0), os.sched_getscheduler(0)
         inside = run_simgrid(2, fn, lambda sg: Platform().build(sg, 2), Platform().config)
-        return inside, os.sched_getaffinity(0) == before, gc.isenabled()
+        return inside, (os.sched_getaffinity(0), os.sched_getscheduler(0)) == before, gc.isenabled(), before[1]
 
     result, error, _ = run_in_child(child)
     assert not error, error
-    inside, restored, gc_back = result
-    for cpus, gc_on in inside:
+    inside, restored, gc_back, policy_before = result
+    for cpus, gc_on, policy in inside:
         assert len(cpus) == 1 and cpus[0] in os.sched_getaffinity(0) and not gc_on
+        assert policy == getattr(os, "SCHED_BATCH", policy_before)
     assert restored and gc_back
 
 
