@@ -63,7 +63,7 @@ def test_a_setting_added_later_is_left_out_of_the_run_id_at_its_omitted_value(ch
 
 
 def test_every_shipped_run_keeps_its_id():
-    """The 367 runs of the shipped sweeps (run and simulate) keep the ids they had before the RunSpec was made from
+    """The runs of the shipped sweeps (417; a new sweep appends its lines) (run and simulate) keep the ids they had before the RunSpec was made from
     the table (tests/experiments/shipped_run_ids.txt, written at that commit): their results still resume."""
     from experiments.simulate.substrate import load as load_simulated
 
