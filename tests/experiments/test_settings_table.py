@@ -64,7 +64,8 @@ def test_a_setting_added_later_is_left_out_of_the_run_id_at_its_omitted_value(ch
 
 def test_every_shipped_run_keeps_its_id():
     """The runs of the shipped sweeps (run and simulate; 417, a new sweep appends its lines) keep the ids they had
-    before the RunSpec was made from the table (tests/experiments/shipped_run_ids.txt, written at that commit): their results still resume."""
+    before the RunSpec was made from the table (tests/experiments/shipped_run_ids.txt, written at that commit):
+    their results still resume."""
     from experiments.simulate.substrate import load as load_simulated
 
     got = []
